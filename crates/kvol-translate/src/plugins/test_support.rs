@@ -1,0 +1,37 @@
+//! Helpers for the plugins' data-driven test tables: objects from JSON, readable mismatches.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
+use k8s_openapi::api::storage::v1::StorageClass;
+use serde_json::Value;
+
+/// A PersistentVolume from its JSON form (`serde_json::json!`), as the API would send it.
+pub(crate) fn pv(json: Value) -> PersistentVolume {
+    serde_json::from_value(json).expect("test table holds an invalid PersistentVolume")
+}
+
+/// A pod volume from its JSON form.
+pub(crate) fn vol(json: Value) -> Volume {
+    serde_json::from_value(json).expect("test table holds an invalid Volume")
+}
+
+/// A StorageClass from its JSON form. `provisioner` may be left out; it defaults to "".
+pub(crate) fn sc(mut json: Value) -> StorageClass {
+    if let Value::Object(map) = &mut json {
+        map.entry("provisioner").or_insert(Value::String(String::new()));
+    }
+    serde_json::from_value(json).expect("test table holds an invalid StorageClass")
+}
+
+/// Asserts equality of two API objects, printing both as JSON when they differ.
+/// Equality is on the Rust values, so an absent map and an empty one differ, as upstream's
+/// `reflect.DeepEqual` makes them differ.
+#[track_caller]
+pub(crate) fn assert_same<T: PartialEq + serde::Serialize>(case: &str, got: &T, want: &T) {
+    if got != want {
+        panic!(
+            "case {case:?}: translation differs\n got: {}\nwant: {}",
+            serde_json::to_string(got).unwrap(),
+            serde_json::to_string(want).unwrap()
+        );
+    }
+}

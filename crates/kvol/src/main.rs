@@ -1,0 +1,2 @@
+//! The kvol command line.
+fn main() {}
