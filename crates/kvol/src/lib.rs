@@ -1,0 +1,160 @@
+//! The kvol command line: argument parsing and the commands, over the kvol libraries.
+
+pub mod documents;
+pub mod gates_cmd;
+pub mod translate_cmd;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use kvol_api::{FeatureGates, KvolConfig};
+
+use crate::documents::Format;
+use crate::translate_cmd::Direction;
+
+/// kvol: the storage half of a kubelet.
+#[derive(Debug, Parser)]
+#[command(name = "kvol", version, about)]
+pub struct Cli {
+    /// Configuration file (YAML); its featureGates are applied before --feature-gates.
+    #[arg(long, global = true, env = "KVOL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Feature gates, e.g. CSIMigrationRBD=true,InTreePluginRBDUnregister=true. Validated at start.
+    #[arg(long, global = true, env = "KVOL_FEATURE_GATES", value_name = "A=true,B=false")]
+    pub feature_gates: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Translate in-tree volume specs (PersistentVolume, StorageClass, Pod inline volumes) to CSI, or back.
+    Translate(TranslateArgs),
+    /// Show the feature gates in effect and what they decide for each migratable plugin.
+    Gates(GatesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TranslateArgs {
+    /// Files or directories (their *.yaml, *.yml, *.json files, in name order) to read; `-` or
+    /// nothing reads standard input.
+    pub inputs: Vec<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+    pub output: Format,
+    /// Translate CSI PersistentVolumes of migrated drivers back to their in-tree form.
+    #[arg(long)]
+    pub to_in_tree: bool,
+    /// Namespace for Pods that do not name one (it must agree with those that do).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GatesArgs {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: gates_cmd::GatesFormat,
+}
+
+/// Loads the configuration and validates the feature gates; every command starts here.
+pub fn load_gates(cli: &Cli) -> anyhow::Result<FeatureGates> {
+    let config = match &cli.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            serde_saphyr::from_str::<KvolConfig>(&text)
+                .map_err(|e| anyhow::anyhow!("invalid config file {}: {e}", path.display()))?
+        }
+        None => KvolConfig::default(),
+    };
+    Ok(config.feature_gates(cli.feature_gates.as_deref())?)
+}
+
+/// Runs the command line; returns the process exit code (0 ok, 1 failed, 2 bad usage or config).
+pub fn run(cli: Cli) -> ExitCode {
+    let gates = match load_gates(&cli) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("kvol: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match &cli.command {
+        Command::Translate(args) => run_translate(args),
+        Command::Gates(args) => gates_cmd::run(&gates, args.output),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kvol: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The input files of `translate`, directories expanded.
+fn input_files(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(input)
+                .with_context(|| format!("cannot read directory {}", input.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                bail!("directory {} holds no .yaml, .yml or .json file", input.display());
+            }
+            files.extend(found);
+        } else {
+            files.push(input.clone());
+        }
+    }
+    Ok(files)
+}
+
+fn read_input(path: &Path) -> anyhow::Result<String> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("cannot read standard input")?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn run_translate(args: &TranslateArgs) -> anyhow::Result<ExitCode> {
+    let stdin = [PathBuf::from("-")];
+    let inputs = if args.inputs.is_empty() { &stdin[..] } else { &args.inputs[..] };
+    let mut docs = Vec::new();
+    for path in input_files(inputs)? {
+        let text = read_input(&path)?;
+        let name = if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
+        let mut more = documents::read_stream(&text, &name)?;
+        // Positions count across all inputs, so a message points at one document.
+        for d in &mut more {
+            d.position += docs.len();
+        }
+        docs.extend(more);
+    }
+    let direction = if args.to_in_tree { Direction::ToInTree } else { Direction::ToCsi };
+    match translate_cmd::translate_documents(docs, direction, args.namespace.as_deref()) {
+        Ok(results) => {
+            let text = documents::render(&results, args.output).map_err(anyhow::Error::msg)?;
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|()| out.flush()).context("cannot write standard output")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("kvol: {e}");
+            }
+            eprintln!("kvol: {} document(s) could not be translated; nothing was written", errors.len());
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! End-to-end tests of the real `kvol` binary: files, stdin, formats, exit codes, messages.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn kvol(args: &[&str], stdin: Option<&str>) -> Output {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(args)
+        .current_dir(root)
+        .env_remove("KVOL_CONFIG")
+        .env_remove("KVOL_FEATURE_GATES")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the kvol binary runs");
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn json_stream(out: &[u8]) -> Vec<serde_json::Value> {
+    serde_json::Deserializer::from_slice(out).into_iter().collect::<Result<_, _>>().expect("stdout is a JSON stream")
+}
+
+const NFS_PV: &str = "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: nfs}\nspec: {nfs: {server: s, path: /x}}\n";
+
+#[test]
+fn a_malformed_stream_fails_with_nothing_on_stdout() {
+    let out = kvol(&["translate"], Some("apiVersion: v1\nkind: [PersistentVolume\n"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(text(&out.stderr).contains("cannot parse standard input as YAML or JSON"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn an_untranslatable_document_names_its_position_and_kind() {
+    let out = kvol(&["translate", "-"], Some(NFS_PV));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = text(&out.stderr);
+    assert!(err.contains("document 1 (PersistentVolume/nfs): persistent volume \"nfs\" has no in-tree source"), "{err}");
+    assert!(err.contains("1 document(s) could not be translated; nothing was written"), "{err}");
+}
+
+#[test]
+fn invalid_gates_stop_every_command_with_exit_2() {
+    for args in [
+        &["--feature-gates", "CSIMigrationFoo=true", "gates"][..],
+        &["--feature-gates", "CSIMigrationAWS=false", "translate", "examples/in-tree"][..],
+        &["--feature-gates", "InTreePluginRBDUnregister=true", "gates"][..],
+    ] {
+        let out = kvol(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(text(&out.stderr).starts_with("kvol: invalid feature gates: "), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn a_bad_config_file_is_named() {
+    let dir = std::env::temp_dir().join(format!("kvol-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("kvol.yaml");
+    std::fs::write(&cfg, "featureGatess: {}\n").unwrap();
+    let out = kvol(&["--config", cfg.to_str().unwrap(), "gates"], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("invalid config file {}", cfg.display())), "{err}");
+    std::fs::write(&cfg, "featureGates: {CSIMigrationRBD: true}\n").unwrap();
+    let out = kvol(&["--config", cfg.to_str().unwrap(), "gates", "-o", "json"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rbd = report["plugins"].as_array().unwrap().iter().find(|p| p["plugin"] == "kubernetes.io/rbd").unwrap();
+    assert_eq!(rbd["migrated"], true);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[cfg(feature = "all-plugins")]
+mod with_plugins {
+    use super::*;
+
+    #[test]
+    fn the_readme_command_translates_every_example() {
+        let out = kvol(&["translate", "examples/in-tree", "-o", "json"], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let docs = json_stream(&out.stdout);
+        // 8 PVs + 2 PVs from the pod's inline volumes (its emptyDir is left alone) + 4 StorageClasses,
+        // in file-name order: persistentvolumes, pod-inline, storageclasses.
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, [vec!["PersistentVolume"; 10], vec!["StorageClass"; 4]].concat());
+        let drivers: Vec<&str> = docs[..10].iter().map(|d| d["spec"]["csi"]["driver"].as_str().unwrap()).collect();
+        assert_eq!(
+            drivers,
+            [
+                "ebs.csi.aws.com",
+                "pd.csi.storage.gke.io",
+                "disk.csi.azure.com",
+                "file.csi.azure.com",
+                "cinder.csi.openstack.org",
+                "csi.vsphere.vmware.com",
+                "pxd.portworx.com",
+                "rbd.csi.ceph.com",
+                "pd.csi.storage.gke.io",
+                "file.csi.azure.com",
+            ]
+        );
+        // The pod's namespace reaches the Azure File handle.
+        assert_eq!(docs[9]["spec"]["csi"]["volumeHandle"], "#media#media#media#shop");
+        // In-tree sources are gone.
+        assert!(docs[..10].iter().all(|d| d["spec"].as_object().unwrap().keys().all(|k| k != "awsElasticBlockStore")));
+    }
+
+    #[test]
+    fn yaml_and_json_carry_the_same_objects_in_the_same_order() {
+        let yaml = kvol(&["translate", "examples/in-tree/persistentvolumes.yaml"], None);
+        let json = kvol(&["translate", "-o", "json", "examples/in-tree/persistentvolumes.yaml"], None);
+        assert!(yaml.status.success() && json.status.success());
+        let from_yaml: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text(&yaml.stdout)).unwrap();
+        assert_eq!(from_yaml, json_stream(&json.stdout));
+    }
+
+    #[test]
+    fn stdin_and_to_in_tree_round_trip() {
+        let csi = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/csi/persistentvolumes.yaml"),
+        )
+        .unwrap();
+        let out = kvol(&["translate", "--to-in-tree", "-o", "json"], Some(&csi));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let docs = json_stream(&out.stdout);
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["spec"]["awsElasticBlockStore"]["volumeID"], "vol-0123456789abcdef0");
+        assert_eq!(docs[0]["metadata"]["labels"]["topology.kubernetes.io/region"], "us-west-2");
+        assert_eq!(docs[1]["spec"]["gcePersistentDisk"]["pdName"], "pd-1");
+        assert!(docs.iter().all(|d| d["spec"].get("csi").is_none()));
+    }
+
+    #[test]
+    fn one_bad_document_among_good_ones_writes_nothing() {
+        let good = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/in-tree/persistentvolumes.yaml"),
+        )
+        .unwrap();
+        let input = format!("{good}---\n{NFS_PV}");
+        let out = kvol(&["translate"], Some(&input));
+        assert_eq!(out.status.code(), Some(1));
+        assert!(out.stdout.is_empty());
+        assert!(text(&out.stderr).contains("document 9 (PersistentVolume/nfs)"), "{}", text(&out.stderr));
+    }
+}
+
+#[cfg(not(feature = "all-plugins"))]
+#[test]
+fn a_build_without_plugins_says_which_feature_is_missing() {
+    let out = kvol(&["translate", "examples/in-tree/persistentvolumes.yaml"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("document 1 (PersistentVolume/ebs-data): kubernetes.io/aws-ebs translation is not compiled into this build (cargo feature \"aws-ebs\" of kvol-translate)"),
+        "{err}"
+    );
+}
