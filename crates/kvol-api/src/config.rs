@@ -36,19 +36,24 @@ mod tests {
 
     #[test]
     fn config_gates_then_flag() {
-        let cfg: KvolConfig =
-            serde_saphyr::from_str("featureGates:\n  CSIMigrationRBD: true\n  InTreePluginRBDUnregister: true\n")
-                .unwrap();
+        let cfg: KvolConfig = serde_saphyr::from_str(
+            "featureGates:\n  CSIMigrationRBD: true\n  InTreePluginRBDUnregister: true\n",
+        )
+        .unwrap();
         let gates = cfg.feature_gates(None).unwrap();
         assert!(gates.is_in_tree_off(MigratablePlugin::Rbd));
         // The flag turns migration off again, which makes the config's unregister invalid.
         let err = cfg.feature_gates(Some("CSIMigrationRBD=false")).unwrap_err().to_string();
-        assert!(err.contains("InTreePluginRBDUnregister=true turns off the in-tree code of kubernetes.io/rbd"), "{err}");
+        assert!(
+            err.contains("InTreePluginRBDUnregister=true turns off the in-tree code of kubernetes.io/rbd"),
+            "{err}"
+        );
     }
 
     #[test]
     fn unknown_fields_are_rejected() {
-        let err = serde_saphyr::from_str::<KvolConfig>("featureGate:\n  CSIMigrationRBD: true\n").unwrap_err();
+        let err =
+            serde_saphyr::from_str::<KvolConfig>("featureGate:\n  CSIMigrationRBD: true\n").unwrap_err();
         assert!(err.to_string().contains("featureGate"), "{err}");
         assert_eq!(serde_saphyr::from_str::<KvolConfig>("{}\n").unwrap(), KvolConfig::default());
     }

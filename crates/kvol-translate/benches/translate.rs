@@ -29,16 +29,25 @@ fn record(name: &'static str, d: Duration, n: u64) {
 /// The in-tree source of each plugin, as a PV spec fragment and an inline volume fragment.
 fn sources() -> Vec<(&'static str, Value)> {
     vec![
-        ("awsElasticBlockStore", json!({"volumeID": "aws://us-east-1a/vol-0a1b2c3d4e5f67890", "fsType": "ext4"})),
+        (
+            "awsElasticBlockStore",
+            json!({"volumeID": "aws://us-east-1a/vol-0a1b2c3d4e5f67890", "fsType": "ext4"}),
+        ),
         ("gcePersistentDisk", json!({"pdName": "data-pd", "fsType": "ext4", "partition": 1})),
         (
             "azureDisk",
             json!({"diskName": "d", "diskURI": "/subscriptions/1/resourceGroups/rg/providers/Microsoft.Compute/disks/d",
                    "kind": "Managed", "cachingMode": "ReadOnly", "fsType": "ext4"}),
         ),
-        ("azureFile", json!({"secretName": "azure-storage-account-acct-secret", "shareName": "share", "secretNamespace": "web"})),
+        (
+            "azureFile",
+            json!({"secretName": "azure-storage-account-acct-secret", "shareName": "share", "secretNamespace": "web"}),
+        ),
         ("cinder", json!({"volumeID": "6e8c5b8d-1c51-4b7e-9d6b-2f7a1f5a9c11", "fsType": "xfs"})),
-        ("vsphereVolume", json!({"volumePath": "[vsanDatastore] kubevols/data.vmdk", "fsType": "ext4", "storagePolicyName": "gold"})),
+        (
+            "vsphereVolume",
+            json!({"volumePath": "[vsanDatastore] kubevols/data.vmdk", "fsType": "ext4", "storagePolicyName": "gold"}),
+        ),
         ("portworxVolume", json!({"volumeID": "pxvol-1234", "fsType": "ext4"})),
         (
             "rbd",
@@ -97,14 +106,29 @@ fn inline_corpus() -> Vec<Volume> {
 
 fn sc_corpus() -> Vec<(String, StorageClass)> {
     let params: Vec<(&str, Value)> = vec![
-        ("kubernetes.io/aws-ebs", json!({"type": "gp3", "FSType": "ext4", "iopsPerGB": "10", "zones": "us-east-1a,us-east-1b"})),
-        ("kubernetes.io/gce-pd", json!({"type": "pd-balanced", "replication-type": "none", "zone": "us-central1-a"})),
+        (
+            "kubernetes.io/aws-ebs",
+            json!({"type": "gp3", "FSType": "ext4", "iopsPerGB": "10", "zones": "us-east-1a,us-east-1b"}),
+        ),
+        (
+            "kubernetes.io/gce-pd",
+            json!({"type": "pd-balanced", "replication-type": "none", "zone": "us-central1-a"}),
+        ),
         ("kubernetes.io/azure-disk", json!({"skuname": "Premium_LRS", "zones": "1,2"})),
         ("kubernetes.io/azure-file", json!({"skuName": "Standard_LRS"})),
         ("kubernetes.io/cinder", json!({"type": "fast", "availability": "nova", "fstype": "ext4"})),
-        ("kubernetes.io/vsphere-volume", json!({"storagePolicyName": "gold", "datastore": "vsan", "diskformat": "thin"})),
-        ("kubernetes.io/portworx-volume", json!({"repl": "2", "openstorage.io/auth-secret-name": "s", "openstorage.io/auth-secret-namespace": "n"})),
-        ("kubernetes.io/rbd", json!({"monitors": "10.0.0.10:6789", "adminId": "admin", "adminSecretName": "s", "pool": "rbd"})),
+        (
+            "kubernetes.io/vsphere-volume",
+            json!({"storagePolicyName": "gold", "datastore": "vsan", "diskformat": "thin"}),
+        ),
+        (
+            "kubernetes.io/portworx-volume",
+            json!({"repl": "2", "openstorage.io/auth-secret-name": "s", "openstorage.io/auth-secret-namespace": "n"}),
+        ),
+        (
+            "kubernetes.io/rbd",
+            json!({"monitors": "10.0.0.10:6789", "adminId": "admin", "adminSecretName": "s", "pool": "rbd"}),
+        ),
     ];
     params
         .into_iter()
@@ -150,13 +174,15 @@ fn main() {
         })
         .collect();
     for v in &inline {
-        kvol_translate::translate_in_tree_inline_volume_to_csi(v, "web").unwrap_or_else(|e| panic!("{}: {e}", v.name));
+        kvol_translate::translate_in_tree_inline_volume_to_csi(v, "web")
+            .unwrap_or_else(|e| panic!("{}: {e}", v.name));
     }
     for (p, sc) in &scs {
         kvol_translate::translate_in_tree_storage_class_to_csi(p, sc).unwrap_or_else(|e| panic!("{p}: {e}"));
     }
     for pv in &csi_pvs {
-        kvol_translate::translate_csi_pv_to_in_tree(pv).unwrap_or_else(|e| panic!("{:?}: {e}", pv.metadata.name));
+        kvol_translate::translate_csi_pv_to_in_tree(pv)
+            .unwrap_or_else(|e| panic!("{:?}: {e}", pv.metadata.name));
     }
 
     let mut c = Criterion::default().configure_from_args();
@@ -183,7 +209,12 @@ fn main() {
     let totals = TOTALS.lock().unwrap();
     let ns = |name: &str| totals.get(name).map(|(d, n)| d.as_nanos() as f64 / (*n).max(1) as f64);
     let Some(baseline) = ns("baseline/clone_pv") else { return };
-    println!("\nsummary (mean over every measured iteration; {} PVs, {} inline volumes, {} classes)", pvs.len(), inline.len(), scs.len());
+    println!(
+        "\nsummary (mean over every measured iteration; {} PVs, {} inline volumes, {} classes)",
+        pvs.len(),
+        inline.len(),
+        scs.len()
+    );
     println!("{:<24} {:>10} {:>14}", "operation", "ns/object", "x clone(PV)");
     for (name, _) in totals.iter() {
         let v = ns(name).unwrap();

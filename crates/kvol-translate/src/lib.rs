@@ -9,14 +9,26 @@
 //! a plugin's feature reports its specs as [`TranslateError::NotCompiledIn`].
 
 // A build that leaves plugins out leaves some shared helpers unused; that is expected.
-#![cfg_attr(not(all(feature = "aws-ebs", feature = "gce-pd", feature = "azure-disk", feature = "azure-file", feature = "cinder", feature = "vsphere", feature = "portworx", feature = "rbd")), allow(dead_code))]
+#![cfg_attr(
+    not(all(
+        feature = "aws-ebs",
+        feature = "gce-pd",
+        feature = "azure-disk",
+        feature = "azure-file",
+        feature = "cinder",
+        feature = "vsphere",
+        feature = "portworx",
+        feature = "rbd"
+    )),
+    allow(dead_code)
+)]
 
 mod error;
 mod plugins;
 mod source;
-mod topology;
 #[cfg(test)]
 mod tests;
+mod topology;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use k8s_openapi::api::storage::v1::StorageClass;

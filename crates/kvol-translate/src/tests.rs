@@ -71,9 +71,16 @@ fn pv_dispatch_errors_name_the_volume() {
 fn csi_to_in_tree_dispatch_errors() {
     let not_csi = pv(json!({"metadata": {"name": "x"}, "spec": {"nfs": {"server": "s", "path": "/"}}}));
     assert_eq!(translate_csi_pv_to_in_tree(&not_csi), Err(TranslateError::NotCsi { name: "x".into() }));
-    let native = pv(json!({"metadata": {"name": "y"}, "spec": {"csi": {"driver": "d.example", "volumeHandle": "h"}}}));
-    assert_eq!(translate_csi_pv_to_in_tree(&native), Err(TranslateError::UnknownCsiDriver("d.example".into())));
-    assert_eq!(repair_volume_handle("d.example", "h", "n"), Err(TranslateError::UnknownCsiDriver("d.example".into())));
+    let native =
+        pv(json!({"metadata": {"name": "y"}, "spec": {"csi": {"driver": "d.example", "volumeHandle": "h"}}}));
+    assert_eq!(
+        translate_csi_pv_to_in_tree(&native),
+        Err(TranslateError::UnknownCsiDriver("d.example".into()))
+    );
+    assert_eq!(
+        repair_volume_handle("d.example", "h", "n"),
+        Err(TranslateError::UnknownCsiDriver("d.example".into()))
+    );
 }
 
 #[test]
@@ -86,7 +93,11 @@ fn inline_dispatch_errors_name_the_volume() {
     let two = vol(json!({"name": "v", "emptyDir": {}, "cinder": {"volumeID": "x"}}));
     assert_eq!(
         translate_in_tree_inline_volume_to_csi(&two, "ns"),
-        Err(TranslateError::MultipleSources { what: "inline volume", name: "v".into(), sources: vec!["cinder", "emptyDir"] })
+        Err(TranslateError::MultipleSources {
+            what: "inline volume",
+            name: "v".into(),
+            sources: vec!["cinder", "emptyDir"]
+        })
     );
     assert!(!is_inline_migratable(&empty));
 }
@@ -104,8 +115,16 @@ fn storage_class_of_an_unknown_plugin_is_refused() {
 fn inline_pairs() -> Vec<(MigratablePlugin, serde_json::Value, serde_json::Value)> {
     use MigratablePlugin::*;
     vec![
-        (AwsEbs, json!({"awsElasticBlockStore": {"volumeID": "vol-1"}}), json!({"awsElasticBlockStore": {"volumeID": "vol-2"}})),
-        (GcePd, json!({"gcePersistentDisk": {"pdName": "pd-1"}}), json!({"gcePersistentDisk": {"pdName": "pd-2"}})),
+        (
+            AwsEbs,
+            json!({"awsElasticBlockStore": {"volumeID": "vol-1"}}),
+            json!({"awsElasticBlockStore": {"volumeID": "vol-2"}}),
+        ),
+        (
+            GcePd,
+            json!({"gcePersistentDisk": {"pdName": "pd-1"}}),
+            json!({"gcePersistentDisk": {"pdName": "pd-2"}}),
+        ),
         (
             AzureDisk,
             json!({"azureDisk": {"diskName": "a", "diskURI": "/subscriptions/1/resourceGroups/r/providers/Microsoft.Compute/disks/a"}}),
@@ -117,8 +136,16 @@ fn inline_pairs() -> Vec<(MigratablePlugin, serde_json::Value, serde_json::Value
             json!({"azureFile": {"secretName": "s", "shareName": "two"}}),
         ),
         (Cinder, json!({"cinder": {"volumeID": "c-1"}}), json!({"cinder": {"volumeID": "c-2"}})),
-        (Vsphere, json!({"vsphereVolume": {"volumePath": "[ds] a.vmdk"}}), json!({"vsphereVolume": {"volumePath": "[ds] b.vmdk"}})),
-        (Portworx, json!({"portworxVolume": {"volumeID": "px-1"}}), json!({"portworxVolume": {"volumeID": "px-2"}})),
+        (
+            Vsphere,
+            json!({"vsphereVolume": {"volumePath": "[ds] a.vmdk"}}),
+            json!({"vsphereVolume": {"volumePath": "[ds] b.vmdk"}}),
+        ),
+        (
+            Portworx,
+            json!({"portworxVolume": {"volumeID": "px-1"}}),
+            json!({"portworxVolume": {"volumeID": "px-2"}}),
+        ),
         (
             Rbd,
             json!({"rbd": {"monitors": ["m:6789"], "image": "img-1", "pool": "p"}}),
@@ -163,6 +190,9 @@ fn dispatch_knows_which_plugin_a_spec_belongs_to() {
             assert_eq!(got, Err(TranslateError::NotCompiledIn { plugin, feature: cargo_feature(plugin) }));
         }
         let persistent = pv(json!({"metadata": {"name": "p"}, "spec": a}));
-        assert_eq!(in_tree_plugin_from_spec(VolumeSpecRef::Persistent(&persistent)).is_ok(), is_compiled_in(plugin));
+        assert_eq!(
+            in_tree_plugin_from_spec(VolumeSpecRef::Persistent(&persistent)).is_ok(),
+            is_compiled_in(plugin)
+        );
     }
 }

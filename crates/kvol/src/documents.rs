@@ -34,7 +34,8 @@ pub struct StreamError {
 /// but is not a supported object is returned with its error, so one bad document does not hide
 /// the others.
 pub fn read_stream(text: &str, source_name: &str) -> Result<Vec<Document>, StreamError> {
-    let values = parse_values(text).map_err(|reason| StreamError { source_name: source_name.to_string(), reason })?;
+    let values =
+        parse_values(text).map_err(|reason| StreamError { source_name: source_name.to_string(), reason })?;
     let mut docs = Vec::new();
     for value in values {
         match value {
@@ -84,21 +85,31 @@ fn type_document(position: usize, value: Value) -> Document {
 
 fn type_object(value: Value) -> Result<Object, String> {
     if !value.is_object() {
-        return Err(format!("not a Kubernetes object: a document must be a mapping, found {}", json_type(&value)));
+        return Err(format!(
+            "not a Kubernetes object: a document must be a mapping, found {}",
+            json_type(&value)
+        ));
     }
     let kind = value.get("kind").and_then(Value::as_str).ok_or("missing \"kind\"")?.to_string();
-    let api_version = value.get("apiVersion").and_then(Value::as_str).ok_or("missing \"apiVersion\"")?.to_string();
+    let api_version =
+        value.get("apiVersion").and_then(Value::as_str).ok_or("missing \"apiVersion\"")?.to_string();
     let want = match kind.as_str() {
         "PersistentVolume" | "Pod" => "v1",
         "StorageClass" => "storage.k8s.io/v1",
-        _ => return Err(format!("unsupported kind {kind:?}: kvol translates PersistentVolume, StorageClass and Pod")),
+        _ => {
+            return Err(format!(
+                "unsupported kind {kind:?}: kvol translates PersistentVolume, StorageClass and Pod"
+            ));
+        }
     };
     if api_version != want {
         return Err(format!("unsupported apiVersion {api_version:?} for {kind}: want {want:?}"));
     }
     let invalid = |e: serde_json::Error| format!("invalid {kind}: {e}");
     Ok(match kind.as_str() {
-        "PersistentVolume" => Object::PersistentVolume(Box::new(serde_json::from_value(value).map_err(invalid)?)),
+        "PersistentVolume" => {
+            Object::PersistentVolume(Box::new(serde_json::from_value(value).map_err(invalid)?))
+        }
         "StorageClass" => Object::StorageClass(Box::new(serde_json::from_value(value).map_err(invalid)?)),
         _ => Object::Pod(Box::new(serde_json::from_value(value).map_err(invalid)?)),
     })
@@ -136,7 +147,9 @@ pub fn render<T: serde::Serialize>(results: &[T], format: Format) -> Result<Stri
                 out.push_str(&serde_saphyr::to_string(r).map_err(|e| format!("cannot write yaml: {e}"))?);
             }
             Format::Json => {
-                out.push_str(&serde_json::to_string_pretty(r).map_err(|e| format!("cannot write json: {e}"))?);
+                out.push_str(
+                    &serde_json::to_string_pretty(r).map_err(|e| format!("cannot write json: {e}"))?,
+                );
                 out.push('\n');
             }
         }
@@ -178,9 +191,16 @@ mod tests {
             ),
             (
                 "apiVersion: storage.k8s.io/v1beta1\nkind: StorageClass\nmetadata: {name: old}\nprovisioner: x\n",
-                &["1 StorageClass/old error: unsupported apiVersion \"storage.k8s.io/v1beta1\" for StorageClass: want \"storage.k8s.io/v1\""],
+                &[
+                    "1 StorageClass/old error: unsupported apiVersion \"storage.k8s.io/v1beta1\" for StorageClass: want \"storage.k8s.io/v1\"",
+                ],
             ),
-            ("- a\n- b\n", &["1 <no kind>/<no name> error: not a Kubernetes object: a document must be a mapping, found a list"]),
+            (
+                "- a\n- b\n",
+                &[
+                    "1 <no kind>/<no name> error: not a Kubernetes object: a document must be a mapping, found a list",
+                ],
+            ),
             ("kind: Pod\nmetadata: {name: p}\n", &["1 Pod/p error: missing \"apiVersion\""]),
             ("", &[]),
         ];
@@ -192,8 +212,11 @@ mod tests {
 
     #[test]
     fn invalid_fields_name_the_kind() {
-        let docs = read_stream("apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: a}\nspec: {capacity: 5}\n", "t")
-            .unwrap();
+        let docs = read_stream(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: a}\nspec: {capacity: 5}\n",
+            "t",
+        )
+        .unwrap();
         let err = docs[0].object.as_ref().unwrap_err();
         assert!(err.starts_with("invalid PersistentVolume: "), "{err}");
     }

@@ -87,7 +87,8 @@ mod tests {
     fn report_reflects_the_gates() {
         let gates = FeatureGates::parse("CSIMigrationRBD=true,InTreePluginRBDUnregister=true").unwrap();
         let r = report(&gates);
-        let rbd = r["plugins"].as_array().unwrap().iter().find(|p| p["plugin"] == "kubernetes.io/rbd").unwrap();
+        let rbd =
+            r["plugins"].as_array().unwrap().iter().find(|p| p["plugin"] == "kubernetes.io/rbd").unwrap();
         assert_eq!(rbd["migrated"], true);
         assert_eq!(rbd["inTreeOff"], true);
         assert_eq!(rbd["migrationComplete"], true);

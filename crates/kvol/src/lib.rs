@@ -104,7 +104,10 @@ fn input_files(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             let mut found: Vec<PathBuf> = std::fs::read_dir(input)
                 .with_context(|| format!("cannot read directory {}", input.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
+                .filter(|p| {
+                    p.is_file()
+                        && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"))
+                })
                 .collect();
             found.sort();
             if found.is_empty() {
@@ -133,7 +136,8 @@ fn run_translate(args: &TranslateArgs) -> anyhow::Result<ExitCode> {
     let mut docs = Vec::new();
     for path in input_files(inputs)? {
         let text = read_input(&path)?;
-        let name = if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
+        let name =
+            if path == Path::new("-") { "standard input".to_string() } else { path.display().to_string() };
         let mut more = documents::read_stream(&text, &name)?;
         // Positions count across all inputs, so a message points at one document.
         for d in &mut more {
@@ -146,7 +150,9 @@ fn run_translate(args: &TranslateArgs) -> anyhow::Result<ExitCode> {
         Ok(results) => {
             let text = documents::render(&results, args.output).map_err(anyhow::Error::msg)?;
             let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes()).and_then(|()| out.flush()).context("cannot write standard output")?;
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .context("cannot write standard output")?;
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {

@@ -53,7 +53,11 @@ fn to_value<T: serde::Serialize>(object: &T) -> Result<Value, String> {
     serde_json::to_value(object).map_err(|e| format!("cannot serialise the result: {e}"))
 }
 
-fn translate_object(object: Object, direction: Direction, namespace: Option<&str>) -> Result<Vec<Value>, String> {
+fn translate_object(
+    object: Object,
+    direction: Direction,
+    namespace: Option<&str>,
+) -> Result<Vec<Value>, String> {
     match (direction, object) {
         (Direction::ToCsi, Object::PersistentVolume(pv)) => {
             let out = translate::translate_in_tree_pv_to_csi_owned(*pv).map_err(|e| e.to_string())?;
@@ -61,8 +65,8 @@ fn translate_object(object: Object, direction: Direction, namespace: Option<&str
         }
         (Direction::ToCsi, Object::StorageClass(sc)) => {
             let plugin = sc.provisioner.clone();
-            let out =
-                translate::translate_in_tree_storage_class_to_csi_owned(&plugin, *sc).map_err(|e| e.to_string())?;
+            let out = translate::translate_in_tree_storage_class_to_csi_owned(&plugin, *sc)
+                .map_err(|e| e.to_string())?;
             Ok(vec![to_value(&out)?])
         }
         (Direction::ToCsi, Object::Pod(pod)) => translate_pod(&pod, namespace),
@@ -113,7 +117,8 @@ mod tests {
 
     fn run(input: &str, direction: Direction, ns: Option<&str>) -> Result<Vec<Value>, Vec<String>> {
         let docs = read_stream(input, "test").unwrap();
-        translate_documents(docs, direction, ns).map_err(|errs| errs.iter().map(ToString::to_string).collect())
+        translate_documents(docs, direction, ns)
+            .map_err(|errs| errs.iter().map(ToString::to_string).collect())
     }
 
     const POD_NS: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team}\nspec:\n  containers: []\n  volumes:\n  - {name: scratch, emptyDir: {}}\n";
@@ -139,16 +144,27 @@ mod tests {
     #[test]
     fn namespace_flag_must_agree_with_the_pod() {
         let errs = run(POD_NS, Direction::ToCsi, Some("other")).unwrap_err();
-        assert_eq!(errs, vec!["document 1 (Pod/p): the pod is in namespace \"team\" but --namespace says \"other\""]);
+        assert_eq!(
+            errs,
+            vec!["document 1 (Pod/p): the pod is in namespace \"team\" but --namespace says \"other\""]
+        );
         assert!(run(POD_NS, Direction::ToCsi, Some("team")).is_ok());
     }
 
     #[test]
     fn to_in_tree_takes_only_persistent_volumes() {
         let errs = run(POD_NS, Direction::ToInTree, None).unwrap_err();
-        assert_eq!(errs, vec!["document 1 (Pod/p): --to-in-tree translates only PersistentVolumes with a CSI source"]);
+        assert_eq!(
+            errs,
+            vec!["document 1 (Pod/p): --to-in-tree translates only PersistentVolumes with a CSI source"]
+        );
         let native = "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: n}\nspec: {csi: {driver: hostpath.csi.kvol.io, volumeHandle: h}}\n";
         let errs = run(native, Direction::ToInTree, None).unwrap_err();
-        assert_eq!(errs, vec!["document 1 (PersistentVolume/n): no in-tree plugin translation for CSI driver \"hostpath.csi.kvol.io\""]);
+        assert_eq!(
+            errs,
+            vec![
+                "document 1 (PersistentVolume/n): no in-tree plugin translation for CSI driver \"hostpath.csi.kvol.io\""
+            ]
+        );
     }
 }

@@ -27,17 +27,25 @@ fn text(b: &[u8]) -> String {
 }
 
 fn json_stream(out: &[u8]) -> Vec<serde_json::Value> {
-    serde_json::Deserializer::from_slice(out).into_iter().collect::<Result<_, _>>().expect("stdout is a JSON stream")
+    serde_json::Deserializer::from_slice(out)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("stdout is a JSON stream")
 }
 
-const NFS_PV: &str = "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: nfs}\nspec: {nfs: {server: s, path: /x}}\n";
+const NFS_PV: &str =
+    "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: nfs}\nspec: {nfs: {server: s, path: /x}}\n";
 
 #[test]
 fn a_malformed_stream_fails_with_nothing_on_stdout() {
     let out = kvol(&["translate"], Some("apiVersion: v1\nkind: [PersistentVolume\n"));
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
-    assert!(text(&out.stderr).contains("cannot parse standard input as YAML or JSON"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot parse standard input as YAML or JSON"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -46,7 +54,10 @@ fn an_untranslatable_document_names_its_position_and_kind() {
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
     let err = text(&out.stderr);
-    assert!(err.contains("document 1 (PersistentVolume/nfs): persistent volume \"nfs\" has no in-tree source"), "{err}");
+    assert!(
+        err.contains("document 1 (PersistentVolume/nfs): persistent volume \"nfs\" has no in-tree source"),
+        "{err}"
+    );
     assert!(err.contains("1 document(s) could not be translated; nothing was written"), "{err}");
 }
 
@@ -78,7 +89,8 @@ fn a_bad_config_file_is_named() {
     let out = kvol(&["--config", cfg.to_str().unwrap(), "gates", "-o", "json"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rbd = report["plugins"].as_array().unwrap().iter().find(|p| p["plugin"] == "kubernetes.io/rbd").unwrap();
+    let rbd =
+        report["plugins"].as_array().unwrap().iter().find(|p| p["plugin"] == "kubernetes.io/rbd").unwrap();
     assert_eq!(rbd["migrated"], true);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -96,7 +108,8 @@ mod with_plugins {
         // in file-name order: persistentvolumes, pod-inline, storageclasses.
         let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
         assert_eq!(kinds, [vec!["PersistentVolume"; 10], vec!["StorageClass"; 4]].concat());
-        let drivers: Vec<&str> = docs[..10].iter().map(|d| d["spec"]["csi"]["driver"].as_str().unwrap()).collect();
+        let drivers: Vec<&str> =
+            docs[..10].iter().map(|d| d["spec"]["csi"]["driver"].as_str().unwrap()).collect();
         assert_eq!(
             drivers,
             [
@@ -115,7 +128,13 @@ mod with_plugins {
         // The pod's namespace reaches the Azure File handle.
         assert_eq!(docs[9]["spec"]["csi"]["volumeHandle"], "#media#media#media#shop");
         // In-tree sources are gone.
-        assert!(docs[..10].iter().all(|d| d["spec"].as_object().unwrap().keys().all(|k| k != "awsElasticBlockStore")));
+        assert!(
+            docs[..10].iter().all(|d| d["spec"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .all(|k| k != "awsElasticBlockStore"))
+        );
     }
 
     #[test]
