@@ -24,6 +24,7 @@
 )]
 
 mod error;
+mod go;
 mod plugins;
 mod source;
 #[cfg(test)]
@@ -138,6 +139,7 @@ pub fn translate_in_tree_inline_volume_to_csi(vol: &Volume, pod_namespace: &str)
     let plugin = inline_plugin(vol)?;
     let mut pv = translator(plugin)?.inline_to_csi(vol, pod_namespace)?;
     let spec = pv.spec.get_or_insert_with(Default::default);
+    go::clear_csi_zeros(spec);
     if spec.volume_mode.is_none() {
         spec.volume_mode = Some("Filesystem".to_string());
     }
@@ -147,25 +149,36 @@ pub fn translate_in_tree_inline_volume_to_csi(vol: &Volume, pod_namespace: &str)
 /// Translates a PersistentVolume with an in-tree source into one with a CSI source.
 pub fn translate_in_tree_pv_to_csi(pv: &PersistentVolume) -> Result<PersistentVolume> {
     let plugin = pv_plugin(pv)?;
-    translator(plugin)?.pv_to_csi(pv.clone())
+    translator(plugin)?.pv_to_csi(pv.clone()).map(|pv| clear_zeros(pv, go::clear_csi_zeros))
+}
+
+/// Applies a Go zero-value clearing pass to a translated PV's spec.
+fn clear_zeros(
+    mut pv: PersistentVolume,
+    clear: fn(&mut k8s_openapi::api::core::v1::PersistentVolumeSpec),
+) -> PersistentVolume {
+    if let Some(spec) = pv.spec.as_mut() {
+        clear(spec);
+    }
+    pv
 }
 
 /// [`translate_in_tree_pv_to_csi`], consuming its input.
 pub fn translate_in_tree_pv_to_csi_owned(pv: PersistentVolume) -> Result<PersistentVolume> {
     let plugin = pv_plugin(&pv)?;
-    translator(plugin)?.pv_to_csi(pv)
+    translator(plugin)?.pv_to_csi(pv).map(|pv| clear_zeros(pv, go::clear_csi_zeros))
 }
 
 /// Translates a PersistentVolume with the CSI source of a migrated driver back to its in-tree source.
 pub fn translate_csi_pv_to_in_tree(pv: &PersistentVolume) -> Result<PersistentVolume> {
     let plugin = csi_pv_plugin(pv)?;
-    translator(plugin)?.csi_pv_to_in_tree(pv.clone())
+    translator(plugin)?.csi_pv_to_in_tree(pv.clone()).map(|pv| clear_zeros(pv, go::clear_in_tree_zeros))
 }
 
 /// [`translate_csi_pv_to_in_tree`], consuming its input.
 pub fn translate_csi_pv_to_in_tree_owned(pv: PersistentVolume) -> Result<PersistentVolume> {
     let plugin = csi_pv_plugin(&pv)?;
-    translator(plugin)?.csi_pv_to_in_tree(pv)
+    translator(plugin)?.csi_pv_to_in_tree(pv).map(|pv| clear_zeros(pv, go::clear_in_tree_zeros))
 }
 
 fn csi_pv_plugin(pv: &PersistentVolume) -> Result<MigratablePlugin> {

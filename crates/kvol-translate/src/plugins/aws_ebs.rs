@@ -13,6 +13,7 @@ use kvol_api::MigratablePlugin;
 use kvol_api::keys::PARAM_CSI_FSTYPE;
 
 use super::Translator;
+use crate::go::key_is;
 use crate::topology::{
     topology_selector, translate_allowed_topologies, translate_topology_csi_to_in_tree,
     translate_topology_in_tree_to_csi,
@@ -39,13 +40,13 @@ impl Translator for AwsEbs {
         // `iopsPerGB` and an explicit `allowautoiopspergbincrease`), the last key in BTreeMap
         // key order wins here.
         for (key, value) in sc.parameters.take().unwrap_or_default() {
-            if key.eq_ignore_ascii_case("fstype") {
+            if key_is(&key, "fstype") {
                 params.insert(PARAM_CSI_FSTYPE.to_string(), value);
-            } else if key.eq_ignore_ascii_case("zone") {
+            } else if key_is(&key, "zone") {
                 zones = Some(vec![value]);
-            } else if key.eq_ignore_ascii_case("zones") {
+            } else if key_is(&key, "zones") {
                 zones = Some(value.split(',').map(str::to_string).collect());
-            } else if is_iops_per_gb(&key) {
+            } else if key_is(&key, "iopspergb") {
                 params.insert(key, value);
                 params.insert(ALLOW_AUTO_IOPS.to_string(), "true".to_string());
             } else {
@@ -161,15 +162,6 @@ fn csi_source(
         )])),
         ..Default::default()
     }
-}
-
-/// Whether a StorageClass parameter key is `iopsPerGB` under Go's `strings.ToLower`, which
-/// also folds `İ` (U+0130) to `i`.
-fn is_iops_per_gb(key: &str) -> bool {
-    const WANT: &str = "iopspergb";
-    key.len() <= WANT.len() + 1
-        && key.chars().count() == WANT.len()
-        && key.chars().zip(WANT.chars()).all(|(c, w)| c.to_ascii_lowercase() == w || (c == 'İ' && w == 'i'))
 }
 
 /// The partition attribute as Go's `strconv.Atoi` then `int32(...)` reads it: optional sign,
@@ -1089,7 +1081,7 @@ mod tests {
                     "nodeStageSecretRef": {"name": "s", "namespace": "n"}
                 }}}),
                 want: Some(json!({"spec": {"awsElasticBlockStore": {
-                    "volumeID": "vol-1", "fsType": "xfs", "readOnly": false
+                    "volumeID": "vol-1", "fsType": "xfs"
                 }}})),
             },
             Case {
@@ -1154,9 +1146,9 @@ mod tests {
         assert_eq!(parse_partition("1_0"), None);
         assert_eq!(go_string(b"a\xe2\x82b"), "a\u{FFFD}\u{FFFD}b");
         assert_eq!(go_string(b"ok\xff"), "ok\u{FFFD}");
-        assert!(is_iops_per_gb("IopsPerGB"));
-        assert!(!is_iops_per_gb("iopspergb2"));
-        assert!(!is_iops_per_gb("\u{131}opspergb"));
+        assert!(key_is("IopsPerGB", "iopspergb"));
+        assert!(!key_is("iopspergb2", "iopspergb"));
+        assert!(!key_is("\u{131}opspergb", "iopspergb"));
         assert_eq!(AwsEbs.repair_volume_handle("vol-1", "node").unwrap(), "vol-1");
     }
 }

@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvol_api::MigratablePlugin;
 
 use super::Translator;
+use crate::go::{key_is, zero_bool, zero_string};
 use crate::topology::{topology_selector, translate_allowed_topologies};
 use crate::{Result, TranslateError};
 
@@ -85,16 +86,6 @@ fn unmanaged_disk_name(uri: &str) -> Option<&str> {
     })
 }
 
-/// `Some(s)` unless `s` is Go's zero string.
-fn go_string(s: String) -> Option<String> {
-    (!s.is_empty()).then_some(s)
-}
-
-/// A Go `bool` copied from an optional one: only `true` is kept.
-fn go_bool(b: Option<bool>) -> Option<bool> {
-    b.filter(|b| *b)
-}
-
 /// Refuses every kind but Managed; an absent kind means Managed.
 fn check_kind(kind: Option<&str>) -> Result<()> {
     match kind {
@@ -141,7 +132,7 @@ fn csi_source(
         attributes.insert(ATTR_CACHING_MODE.to_string(), mode);
     }
     let fs_type = fs_type.and_then(|fs| {
-        let csi_fs_type = go_string(fs.clone());
+        let csi_fs_type = zero_string(Some(fs.clone()));
         attributes.insert(ATTR_FS_TYPE.to_string(), fs);
         csi_fs_type
     });
@@ -149,7 +140,7 @@ fn csi_source(
         driver: DRIVER.to_string(),
         volume_handle: disk_uri,
         fs_type,
-        read_only: go_bool(read_only),
+        read_only: zero_bool(read_only),
         volume_attributes: Some(attributes),
         ..Default::default()
     }
@@ -178,9 +169,9 @@ impl Translator for AzureDisk {
         // With both `zone` and `zones` (in any case) upstream keeps whichever Go's random map
         // order visits last; here the last in key order wins.
         for (key, value) in sc.parameters.take().into_iter().flatten() {
-            if key.eq_ignore_ascii_case("zone") {
+            if key_is(&key, "zone") {
                 zones = Some(vec![value]);
-            } else if key.eq_ignore_ascii_case("zones") {
+            } else if key_is(&key, "zones") {
                 zones = Some(value.split(',').map(str::to_string).collect());
             } else {
                 params.insert(key, value);
@@ -221,7 +212,7 @@ impl Translator for AzureDisk {
         let csi = csi_source(src.disk_uri.clone(), src.fs_type.clone(), src.read_only, caching_mode);
         Ok(PersistentVolume {
             // The disk URI is unique per disk, as the staging path needs.
-            metadata: ObjectMeta { name: go_string(csi.volume_handle.clone()), ..Default::default() },
+            metadata: ObjectMeta { name: zero_string(Some(csi.volume_handle.clone())), ..Default::default() },
             spec: Some(PersistentVolumeSpec {
                 csi: Some(csi),
                 access_modes: Some(vec!["ReadWriteOnce".to_string()]),

@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvol_api::MigratablePlugin;
 
 use super::Translator;
+use crate::go::{zero_bool, zero_string};
 use crate::{Result, TranslateError};
 
 pub(crate) struct AzureFile;
@@ -38,16 +39,6 @@ const SECRET_SUFFIX: &str = "-secret";
 const ATTR_SHARE_NAME: &str = "sharename";
 const ATTR_SECRET_NAME: &str = "secretname";
 const ATTR_SECRET_NAMESPACE: &str = "secretnamespace";
-
-/// `Some(s)` unless `s` is Go's zero string.
-fn go_string(s: String) -> Option<String> {
-    (!s.is_empty()).then_some(s)
-}
-
-/// A Go `bool` copied from an optional one: only `true` is kept.
-fn go_bool(b: Option<bool>) -> Option<bool> {
-    b.filter(|b| *b)
-}
 
 /// The storage account in a secret name, as the unanchored pattern
 /// `azure-storage-account-(.+)-secret` finds it: the leftmost prefix, then the longest
@@ -95,11 +86,11 @@ fn csi_source(
     CSIPersistentVolumeSource {
         driver: DRIVER.to_string(),
         volume_handle: handle,
-        read_only: go_bool(read_only),
+        read_only: zero_bool(read_only),
         volume_attributes: Some(BTreeMap::from([(ATTR_SHARE_NAME.to_string(), share_name)])),
         node_stage_secret_ref: Some(SecretReference {
-            name: go_string(secret_name),
-            namespace: go_string(namespace),
+            name: zero_string(Some(secret_name)),
+            namespace: zero_string(Some(namespace)),
         }),
         ..Default::default()
     }
@@ -215,7 +206,7 @@ impl Translator for AzureFile {
             resource_group = (!rg.is_empty()).then(|| rg.to_string());
         }
         spec.azure_file = Some(AzureFilePersistentVolumeSource {
-            read_only: go_bool(csi.read_only),
+            read_only: zero_bool(csi.read_only),
             secret_name,
             secret_namespace: Some(secret_namespace.unwrap_or_else(|| DEFAULT_SECRET_NAMESPACE.to_string())),
             share_name,

@@ -11,6 +11,7 @@ use kvol_api::MigratablePlugin;
 use kvol_api::keys::PARAM_CSI_FSTYPE;
 
 use super::Translator;
+use crate::go::key_is;
 use crate::topology::{
     translate_allowed_topologies, translate_topology_csi_to_in_tree, translate_topology_in_tree_to_csi,
 };
@@ -32,7 +33,7 @@ impl Translator for Cinder {
         // set, the last key in BTreeMap key order wins here.
         for (key, value) in sc.parameters.take().unwrap_or_default() {
             // No non-ASCII letter lowercases to one of "fstype" in Go, so ASCII folding matches it.
-            if key.eq_ignore_ascii_case("fstype") {
+            if key_is(&key, "fstype") {
                 params.insert(PARAM_CSI_FSTYPE.to_string(), value);
             } else {
                 params.insert(key, value);
@@ -249,9 +250,9 @@ mod tests {
 
     #[test]
     fn pv_to_csi_and_back() {
-        let cinder = json!({"volumeID": "vol1", "fsType": "ext4", "readOnly": false});
+        let cinder = json!({"volumeID": "vol1", "fsType": "ext4"});
         let csi = json!({
-            "driver": "cinder.csi.openstack.org", "volumeHandle": "vol1", "fsType": "ext4", "readOnly": false,
+            "driver": "cinder.csi.openstack.org", "volumeHandle": "vol1", "fsType": "ext4",
             "volumeAttributes": {}
         });
         let beta_labels = json!({BETA_ZONE: "us-east-1a", BETA_REGION: "us-east-1"});

@@ -17,6 +17,7 @@ use kvol_api::keys::{
 };
 
 use super::Translator;
+use crate::go::{go_ascii_lower, zero_bool, zero_string};
 use crate::topology::{
     topology_selector, translate_allowed_topologies, translate_topology_csi_to_in_tree,
     translate_topology_in_tree_to_csi,
@@ -44,16 +45,6 @@ fn refuse(reason: String) -> TranslateError {
 
 fn name_of(pv: &PersistentVolume) -> &str {
     pv.metadata.name.as_deref().unwrap_or_default()
-}
-
-/// A Go bool field: `false` is absent.
-fn go_bool(value: Option<bool>) -> Option<bool> {
-    value.filter(|&b| b)
-}
-
-/// A Go string field: `""` is absent.
-fn go_string(value: Option<String>) -> Option<String> {
-    value.filter(|s| !s.is_empty())
 }
 
 /// `projects/{project}/{kind}/{location}/disks/{disk}`.
@@ -164,25 +155,6 @@ fn backward_compatible_access_modes(modes: Option<Vec<String>>) -> Option<Vec<St
     Some(modes)
 }
 
-/// `key` lower-cased as Go's `strings.ToLower` does it, if the result is ASCII and fits `buf`.
-/// Upstream matches StorageClass parameter keys that way; keys it would not lower-case to ASCII
-/// of that length match no known key. Besides ASCII, only `İ` (to `i`) and the Kelvin sign (to
-/// `k`) lower-case to ASCII under Go's simple case mapping.
-fn go_ascii_lower<'b>(key: &str, buf: &'b mut [u8]) -> Option<&'b str> {
-    let mut len = 0;
-    for c in key.chars() {
-        let lower = match c {
-            '\u{130}' => b'i',
-            '\u{212a}' => b'k',
-            c if c.is_ascii() => (c as u8).to_ascii_lowercase(),
-            _ => return None,
-        };
-        *buf.get_mut(len)? = lower;
-        len += 1;
-    }
-    std::str::from_utf8(buf.get(..len)?).ok()
-}
-
 impl Translator for GcePd {
     fn storage_class_to_csi(&self, mut sc: StorageClass) -> Result<StorageClass> {
         let mut params = BTreeMap::new();
@@ -236,8 +208,8 @@ impl Translator for GcePd {
                 csi: Some(CSIPersistentVolumeSource {
                     driver: DRIVER.to_string(),
                     volume_handle: volume_handle(UNSPECIFIED, "zones", UNSPECIFIED, &gce.pd_name),
-                    read_only: go_bool(gce.read_only),
-                    fs_type: go_string(gce.fs_type.clone()),
+                    read_only: zero_bool(gce.read_only),
+                    fs_type: zero_string(gce.fs_type.clone()),
                     volume_attributes: Some(partition_attributes(gce.partition)),
                     ..Default::default()
                 }),
@@ -263,8 +235,8 @@ impl Translator for GcePd {
         spec.csi = Some(CSIPersistentVolumeSource {
             driver: DRIVER.to_string(),
             volume_handle: handle,
-            read_only: go_bool(gce.read_only),
-            fs_type: go_string(gce.fs_type),
+            read_only: zero_bool(gce.read_only),
+            fs_type: zero_string(gce.fs_type),
             volume_attributes: Some(partition_attributes(gce.partition)),
             ..Default::default()
         });
@@ -291,9 +263,9 @@ impl Translator for GcePd {
         };
         let gce = GCEPersistentDiskVolumeSource {
             pd_name: pd_name.to_string(),
-            fs_type: go_string(csi.fs_type),
+            fs_type: zero_string(csi.fs_type),
             partition: partition.filter(|&p| p != 0),
-            read_only: go_bool(csi.read_only),
+            read_only: zero_bool(csi.read_only),
         };
         translate_topology_csi_to_in_tree(&mut pv, TOPOLOGY_KEY, Some(gce_region))
             .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(&pv))))?;

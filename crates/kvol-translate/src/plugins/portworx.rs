@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvol_api::MigratablePlugin;
 
 use super::Translator;
+use crate::go::{key_is, zero_bool, zero_string};
 use crate::{Result, TranslateError};
 
 pub(crate) struct Portworx;
@@ -45,35 +46,6 @@ const CSI_SECRET_NAMESPACE_KEYS: [&str; 6] = [
 const RWO: &str = "ReadWriteOnce";
 const ROX: &str = "ReadOnlyMany";
 
-/// A Go `string` field as Go's JSON writes it: `""` is left out.
-fn go_string(s: Option<String>) -> Option<String> {
-    s.filter(|s| !s.is_empty())
-}
-
-/// A Go `bool` field as Go's JSON writes it: `false` is left out.
-fn go_bool(b: Option<bool>) -> Option<bool> {
-    b.filter(|&b| b)
-}
-
-/// Whether `key` equals `lower` (ASCII, lower case) after Go's `strings.ToLower`, without allocating.
-/// Besides ASCII letters, Go lower-cases only the Kelvin sign to an ASCII letter (`k`) and, unlike
-/// Rust's `to_lowercase`, maps `İ` (U+0130) to a plain `i`.
-fn key_is(key: &str, lower: &str) -> bool {
-    let mut want = lower.bytes();
-    for c in key.chars() {
-        let folded = match c {
-            '\u{212A}' => b'k',
-            '\u{0130}' => b'i',
-            c if c.is_ascii() => (c as u8).to_ascii_lowercase(),
-            _ => return false,
-        };
-        if want.next() != Some(folded) {
-            return false;
-        }
-    }
-    want.next().is_none()
-}
-
 /// Every key is copied except the two auth-secret keys, each of which fans out to six CSI keys.
 fn translate_parameters(params: BTreeMap<String, String>) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
@@ -104,8 +76,8 @@ fn auth_secret(meta: &ObjectMeta) -> Option<SecretReference> {
     let name = annotations.get(AUTH_SECRET_NAME)?;
     let namespace = annotations.get(AUTH_SECRET_NAMESPACE)?;
     Some(SecretReference {
-        name: go_string(Some(name.clone())),
-        namespace: go_string(Some(namespace.clone())),
+        name: zero_string(Some(name.clone())),
+        namespace: zero_string(Some(namespace.clone())),
     })
 }
 
@@ -142,11 +114,11 @@ impl Translator for Portworx {
                 csi: Some(CSIPersistentVolumeSource {
                     driver: DRIVER.to_string(),
                     volume_handle: px.volume_id.clone(),
-                    fs_type: go_string(px.fs_type.clone()),
+                    fs_type: zero_string(px.fs_type.clone()),
                     // kvol departs from upstream: upstream leaves the CSI source's readOnly
                     // unset, losing a read-only inline volume's flag; kvol copies it (a
                     // `false` is left out, as Go's JSON would).
-                    read_only: go_bool(px.read_only),
+                    read_only: zero_bool(px.read_only),
                     volume_attributes: Some(BTreeMap::new()),
                     ..Default::default()
                 }),
@@ -168,11 +140,11 @@ impl Translator for Portworx {
         let csi = CSIPersistentVolumeSource {
             driver: DRIVER.to_string(),
             volume_handle: px.volume_id,
-            fs_type: go_string(px.fs_type),
+            fs_type: zero_string(px.fs_type),
             // kvol departs from upstream: upstream drops the PV's readOnly here (an apparent
             // omission, see the reference notes §4.6.7); kvol copies it to the CSI source (a
             // `false` is left out, as Go's JSON would).
-            read_only: go_bool(px.read_only),
+            read_only: zero_bool(px.read_only),
             volume_attributes: Some(BTreeMap::new()),
             controller_publish_secret_ref: secret.clone(),
             node_stage_secret_ref: secret.clone(),
@@ -197,8 +169,8 @@ impl Translator for Portworx {
         if let Some(spec) = pv.spec.as_mut() {
             spec.portworx_volume = Some(PortworxVolumeSource {
                 volume_id: csi.volume_handle,
-                fs_type: go_string(csi.fs_type),
-                read_only: go_bool(csi.read_only),
+                fs_type: zero_string(csi.fs_type),
+                read_only: zero_bool(csi.read_only),
             });
         }
         Ok(pv)

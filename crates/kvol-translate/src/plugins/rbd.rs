@@ -13,6 +13,7 @@ use kvol_api::keys::{PARAM_CSI_FSTYPE, PARAM_FSTYPE};
 use md5::{Digest, Md5};
 
 use super::Translator;
+use crate::go::{key_is, zero_bool, zero_string};
 use crate::{Result, TranslateError};
 
 pub(crate) struct Rbd;
@@ -52,35 +53,6 @@ const CONTROLLER_EXPAND_SECRET_NAMESPACE: &str = "csi.storage.k8s.io/controller-
 
 const RWO: &str = "ReadWriteOnce";
 const ROX: &str = "ReadOnlyMany";
-
-/// A Go `string` field as Go's JSON writes it: `""` is left out.
-fn go_string(s: Option<String>) -> Option<String> {
-    s.filter(|s| !s.is_empty())
-}
-
-/// A Go `bool` field as Go's JSON writes it: `false` is left out.
-fn go_bool(b: Option<bool>) -> Option<bool> {
-    b.filter(|&b| b)
-}
-
-/// Whether `key` equals `lower` (ASCII, lower case) after Go's `strings.ToLower`, without allocating.
-/// Besides ASCII letters, Go lower-cases only the Kelvin sign to an ASCII letter (`k`) and, unlike
-/// Rust's `to_lowercase`, maps `İ` (U+0130) to a plain `i`.
-fn key_is(key: &str, lower: &str) -> bool {
-    let mut want = lower.bytes();
-    for c in key.chars() {
-        let folded = match c {
-            '\u{212A}' => b'k',
-            '\u{0130}' => b'i',
-            c if c.is_ascii() => (c as u8).to_ascii_lowercase(),
-            _ => return false,
-        };
-        if want.next() != Some(folded) {
-            return false;
-        }
-    }
-    want.next().is_none()
-}
 
 /// Appends the lower-case hex digits of `bytes` to `out`, as Go's `%x` and `hex.EncodeToString` do.
 fn push_hex(out: &mut String, bytes: &[u8]) {
@@ -238,8 +210,8 @@ impl Translator for Rbd {
         // no secret; the secret is looked up in the pod's namespace.
         let secret = match &rbd.secret_ref {
             Some(local) => SecretReference {
-                name: go_string(Some(local.name.clone())),
-                namespace: go_string(Some(pod_namespace.to_string())),
+                name: zero_string(Some(local.name.clone())),
+                namespace: zero_string(Some(pod_namespace.to_string())),
             },
             None => SecretReference::default(),
         };
@@ -260,7 +232,7 @@ impl Translator for Rbd {
                 csi: Some(CSIPersistentVolumeSource {
                     driver: DRIVER.to_string(),
                     volume_handle: rbd.image.clone(),
-                    fs_type: go_string(rbd.fs_type.clone()),
+                    fs_type: zero_string(rbd.fs_type.clone()),
                     volume_attributes: Some(attributes),
                     node_stage_secret_ref: Some(secret.clone()),
                     controller_expand_secret_ref: Some(secret),
@@ -313,7 +285,7 @@ impl Translator for Rbd {
         let csi = CSIPersistentVolumeSource {
             driver: DRIVER.to_string(),
             volume_handle: handle,
-            fs_type: go_string(rbd.fs_type),
+            fs_type: zero_string(rbd.fs_type),
             volume_attributes: Some(attributes),
             node_stage_secret_ref: rbd.secret_ref.clone(),
             controller_expand_secret_ref: rbd.secret_ref,
@@ -344,10 +316,10 @@ impl Translator for Rbd {
             // Monitors cannot be recovered from the handle; upstream leaves one empty entry.
             monitors: vec![String::new()],
             image: take(IMAGE_NAME),
-            pool: go_string(Some(take(POOL))),
+            pool: zero_string(Some(take(POOL))),
             user: Some(user),
-            fs_type: go_string(csi.fs_type),
-            read_only: go_bool(csi.read_only),
+            fs_type: zero_string(csi.fs_type),
+            read_only: zero_bool(csi.read_only),
             secret_ref: csi.node_stage_secret_ref,
             keyring: None,
         };

@@ -15,6 +15,7 @@ use kvol_api::MigratablePlugin;
 use kvol_api::keys::PARAM_CSI_FSTYPE;
 
 use super::Translator;
+use crate::go::{go_ascii_lower, zero_string};
 use crate::topology::{
     add_topology, replace_topology_key, topology_labels, topology_values, translate_allowed_topologies,
 };
@@ -43,37 +44,13 @@ fn name_of(pv: &PersistentVolume) -> &str {
     pv.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// A Go string field: `""` is absent.
-fn go_string(value: Option<String>) -> Option<String> {
-    value.filter(|s| !s.is_empty())
-}
-
 /// `{storagepolicyname: name}` when the source names a policy, else an empty map.
 fn policy_attributes(policy: Option<String>) -> BTreeMap<String, String> {
     let mut attributes = BTreeMap::new();
-    if let Some(policy) = go_string(policy) {
+    if let Some(policy) = zero_string(policy) {
         attributes.insert(STORAGE_POLICY_NAME.to_string(), policy);
     }
     attributes
-}
-
-/// `key` lower-cased as Go's `strings.ToLower` does it, if the result is ASCII and fits `buf`.
-/// Upstream matches StorageClass parameter keys that way; keys it would not lower-case to ASCII
-/// of that length match no known key. Besides ASCII, only `İ` (to `i`) and the Kelvin sign (to
-/// `k`) lower-case to ASCII under Go's simple case mapping.
-fn go_ascii_lower<'b>(key: &str, buf: &'b mut [u8]) -> Option<&'b str> {
-    let mut len = 0;
-    for c in key.chars() {
-        let lower = match c {
-            '\u{130}' => b'i',
-            '\u{212a}' => b'k',
-            c if c.is_ascii() => (c as u8).to_ascii_lowercase(),
-            _ => return None,
-        };
-        *buf.get_mut(len)? = lower;
-        len += 1;
-    }
-    std::str::from_utf8(buf.get(..len)?).ok()
 }
 
 /// The CSI parameter an in-tree parameter (lower-cased) becomes; `None` drops it.
@@ -160,7 +137,7 @@ impl Translator for Vsphere {
                 csi: Some(CSIPersistentVolumeSource {
                     driver: DRIVER.to_string(),
                     volume_handle: vsphere.volume_path.clone(),
-                    fs_type: go_string(vsphere.fs_type.clone()),
+                    fs_type: zero_string(vsphere.fs_type.clone()),
                     // kvol departs from upstream: upstream reads the policy name from the new
                     // PV's (nil) vSphere source here and panics; kvol takes it from the inline
                     // source, as the PV translation does.
@@ -182,7 +159,7 @@ impl Translator for Vsphere {
         pv.spec.get_or_insert_with(Default::default).csi = Some(CSIPersistentVolumeSource {
             driver: DRIVER.to_string(),
             volume_handle: vsphere.volume_path,
-            fs_type: go_string(vsphere.fs_type),
+            fs_type: zero_string(vsphere.fs_type),
             volume_attributes: Some(policy_attributes(vsphere.storage_policy_name)),
             ..Default::default()
         });
@@ -199,7 +176,7 @@ impl Translator for Vsphere {
         topology_csi_to_in_tree(&mut pv);
         pv.spec.get_or_insert_with(Default::default).vsphere_volume = Some(VsphereVirtualDiskVolumeSource {
             volume_path,
-            fs_type: go_string(csi.fs_type),
+            fs_type: zero_string(csi.fs_type),
             ..Default::default()
         });
         Ok(pv)
