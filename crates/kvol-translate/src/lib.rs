@@ -149,36 +149,44 @@ pub fn translate_in_tree_inline_volume_to_csi(vol: &Volume, pod_namespace: &str)
 /// Translates a PersistentVolume with an in-tree source into one with a CSI source.
 pub fn translate_in_tree_pv_to_csi(pv: &PersistentVolume) -> Result<PersistentVolume> {
     let plugin = pv_plugin(pv)?;
-    translator(plugin)?.pv_to_csi(pv.clone()).map(|pv| clear_zeros(pv, go::clear_csi_zeros))
-}
-
-/// Applies a Go zero-value clearing pass to a translated PV's spec.
-fn clear_zeros(
-    mut pv: PersistentVolume,
-    clear: fn(&mut k8s_openapi::api::core::v1::PersistentVolumeSpec),
-) -> PersistentVolume {
-    if let Some(spec) = pv.spec.as_mut() {
-        clear(spec);
-    }
-    pv
+    let translator = translator(plugin)?;
+    let mut out = pv.clone();
+    translator.pv_to_csi(&mut out)?;
+    clear_zeros(&mut out, go::clear_csi_zeros);
+    Ok(out)
 }
 
 /// [`translate_in_tree_pv_to_csi`], consuming its input.
-pub fn translate_in_tree_pv_to_csi_owned(pv: PersistentVolume) -> Result<PersistentVolume> {
+pub fn translate_in_tree_pv_to_csi_owned(mut pv: PersistentVolume) -> Result<PersistentVolume> {
     let plugin = pv_plugin(&pv)?;
-    translator(plugin)?.pv_to_csi(pv).map(|pv| clear_zeros(pv, go::clear_csi_zeros))
+    translator(plugin)?.pv_to_csi(&mut pv)?;
+    clear_zeros(&mut pv, go::clear_csi_zeros);
+    Ok(pv)
+}
+
+/// Applies a Go zero-value clearing pass to a translated PV's spec.
+fn clear_zeros(pv: &mut PersistentVolume, clear: fn(&mut k8s_openapi::api::core::v1::PersistentVolumeSpec)) {
+    if let Some(spec) = pv.spec.as_mut() {
+        clear(spec);
+    }
 }
 
 /// Translates a PersistentVolume with the CSI source of a migrated driver back to its in-tree source.
 pub fn translate_csi_pv_to_in_tree(pv: &PersistentVolume) -> Result<PersistentVolume> {
     let plugin = csi_pv_plugin(pv)?;
-    translator(plugin)?.csi_pv_to_in_tree(pv.clone()).map(|pv| clear_zeros(pv, go::clear_in_tree_zeros))
+    let translator = translator(plugin)?;
+    let mut out = pv.clone();
+    translator.csi_pv_to_in_tree(&mut out)?;
+    clear_zeros(&mut out, go::clear_in_tree_zeros);
+    Ok(out)
 }
 
 /// [`translate_csi_pv_to_in_tree`], consuming its input.
-pub fn translate_csi_pv_to_in_tree_owned(pv: PersistentVolume) -> Result<PersistentVolume> {
+pub fn translate_csi_pv_to_in_tree_owned(mut pv: PersistentVolume) -> Result<PersistentVolume> {
     let plugin = csi_pv_plugin(&pv)?;
-    translator(plugin)?.csi_pv_to_in_tree(pv).map(|pv| clear_zeros(pv, go::clear_in_tree_zeros))
+    translator(plugin)?.csi_pv_to_in_tree(&mut pv)?;
+    clear_zeros(&mut pv, go::clear_in_tree_zeros);
+    Ok(pv)
 }
 
 fn csi_pv_plugin(pv: &PersistentVolume) -> Result<MigratablePlugin> {

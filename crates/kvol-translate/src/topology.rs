@@ -60,6 +60,17 @@ pub(crate) fn topology_values(pv: &PersistentVolume, key: &str) -> Vec<String> {
     values.into_iter().cloned().collect()
 }
 
+/// Whether any match expression with `key` has a value: `!topology_values(..).is_empty()`
+/// without collecting.
+pub(crate) fn has_topology_values(pv: &PersistentVolume, key: &str) -> bool {
+    terms(pv).is_some_and(|terms| {
+        terms
+            .iter()
+            .flat_map(|t| t.match_expressions.iter().flatten())
+            .any(|r| r.key == key && r.values.as_ref().is_some_and(|v| !v.is_empty()))
+    })
+}
+
 /// Appends `key In zones` (trimmed, non-empty, distinct, sorted) to every term, creating one
 /// term when there is none. Does nothing when no zone is left after filtering.
 pub(crate) fn add_topology<S: AsRef<str>>(pv: &mut PersistentVolume, key: &str, zones: &[S]) -> bool {
@@ -111,13 +122,13 @@ pub(crate) fn topology_labels(pv: &PersistentVolume) -> (&'static str, &'static 
 /// region key in node affinity becomes the GA one.
 pub(crate) fn translate_topology_in_tree_to_csi(pv: &mut PersistentVolume, csi_zone_key: &str) {
     let (zone_label, region_label) = topology_labels(pv);
-    if !topology_values(pv, zone_label).is_empty() {
+    if has_topology_values(pv, zone_label) {
         replace_topology_key(pv, zone_label, csi_zone_key);
     } else if let Some(label) = pv.metadata.labels.as_ref().and_then(|l| l.get(zone_label)) {
         let zones: Vec<String> = label.split(LABEL_MULTI_ZONE_DELIMITER).map(str::to_string).collect();
         add_topology(pv, csi_zone_key, &zones);
     }
-    if region_label == LABEL_FAILURE_DOMAIN_BETA_REGION && !topology_values(pv, region_label).is_empty() {
+    if region_label == LABEL_FAILURE_DOMAIN_BETA_REGION && has_topology_values(pv, region_label) {
         replace_topology_key(pv, region_label, LABEL_TOPOLOGY_REGION);
     }
 }

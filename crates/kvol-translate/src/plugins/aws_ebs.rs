@@ -100,18 +100,18 @@ impl Translator for AwsEbs {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(ebs) = pv.spec.as_mut().and_then(|s| s.aws_elastic_block_store.take()) else {
             return Err(no_source(&pv, "awsElasticBlockStore"));
         };
         let handle = ebs_volume_id(ebs.volume_id).map_err(|e| TranslateError::plugin(PLUGIN, e))?;
         let csi = csi_source(handle, ebs.read_only, ebs.fs_type, ebs.partition);
-        translate_topology_in_tree_to_csi(&mut pv, TOPOLOGY_KEY);
+        translate_topology_in_tree_to_csi(pv, TOPOLOGY_KEY);
         pv.spec.get_or_insert_with(Default::default).csi = Some(csi);
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
             return Err(no_source(&pv, "csi"));
         };
@@ -127,12 +127,12 @@ impl Translator for AwsEbs {
             read_only: csi.read_only,
             partition,
         };
-        translate_topology_csi_to_in_tree(&mut pv, TOPOLOGY_KEY, Some(region_from_zones)).map_err(|e| {
+        translate_topology_csi_to_in_tree(pv, TOPOLOGY_KEY, Some(region_from_zones)).map_err(|e| {
             let name = pv.metadata.name.as_deref().unwrap_or_default();
             TranslateError::plugin(PLUGIN, format!("persistent volume {name:?}: {e}"))
         })?;
         pv.spec.get_or_insert_with(Default::default).aws_elastic_block_store = Some(ebs);
-        Ok(pv)
+        Ok(())
     }
 }
 

@@ -222,7 +222,7 @@ impl Translator for AzureDisk {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let name = pv.metadata.name.as_deref().unwrap_or_default();
         let Some(spec) = pv.spec.as_mut() else {
             return Err(TranslateError::plugin(PLUGIN, format!("persistent volume {name:?} has no spec")));
@@ -235,10 +235,10 @@ impl Translator for AzureDisk {
         };
         check_kind(src.kind.as_deref())?;
         spec.csi = Some(csi_source(src.disk_uri, src.fs_type, src.read_only, src.caching_mode));
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let name = pv.metadata.name.as_deref().unwrap_or_default();
         let Some(spec) = pv.spec.as_mut() else {
             return Err(TranslateError::plugin(PLUGIN, format!("persistent volume {name:?} has no spec")));
@@ -269,7 +269,7 @@ impl Translator for AzureDisk {
             kind: Some(MANAGED.to_string()),
             read_only: Some(csi.read_only.unwrap_or_default()),
         });
-        Ok(pv)
+        Ok(())
     }
 }
 

@@ -126,7 +126,7 @@ impl Translator for AzureFile {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let name = pv.metadata.name.as_deref().unwrap_or_default();
         let Some(spec) = pv.spec.as_mut() else {
             return Err(TranslateError::plugin(PLUGIN, format!("persistent volume {name:?} has no spec")));
@@ -154,10 +154,10 @@ impl Translator for AzureFile {
         let account = account_or_secret(&src.secret_name);
         let handle = volume_handle(rg.map_or("", String::as_str), account, &src.share_name, name, &namespace);
         spec.csi = Some(csi_source(handle, src.share_name, src.secret_name, namespace, src.read_only));
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let name = pv.metadata.name.as_deref().unwrap_or_default();
         let Some(spec) = pv.spec.as_mut() else {
             return Err(TranslateError::plugin(PLUGIN, format!("persistent volume {name:?} has no spec")));
@@ -215,7 +215,7 @@ impl Translator for AzureFile {
         if let Some(rg) = resource_group {
             annotations.insert(ANN_RESOURCE_GROUP.to_string(), rg);
         }
-        Ok(pv)
+        Ok(())
     }
 }
 

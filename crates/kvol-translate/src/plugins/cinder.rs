@@ -68,18 +68,18 @@ impl Translator for Cinder {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(cinder) = pv.spec.as_mut().and_then(|s| s.cinder.take()) else {
             return Err(no_source(&pv, "cinder"));
         };
         // The secret reference has no place in the CSI source and is dropped, as upstream.
         let csi = csi_source(cinder.volume_id, cinder.read_only, cinder.fs_type);
-        translate_topology_in_tree_to_csi(&mut pv, TOPOLOGY_KEY);
+        translate_topology_in_tree_to_csi(pv, TOPOLOGY_KEY);
         pv.spec.get_or_insert_with(Default::default).csi = Some(csi);
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
             return Err(no_source(&pv, "csi"));
         };
@@ -90,12 +90,12 @@ impl Translator for Cinder {
             secret_ref: None,
         };
         // A Cinder region cannot be told from a zone, so no region is derived.
-        translate_topology_csi_to_in_tree(&mut pv, TOPOLOGY_KEY, None).map_err(|e| {
+        translate_topology_csi_to_in_tree(pv, TOPOLOGY_KEY, None).map_err(|e| {
             let name = pv.metadata.name.as_deref().unwrap_or_default();
             TranslateError::plugin(PLUGIN, format!("persistent volume {name:?}: {e}"))
         })?;
         pv.spec.get_or_insert_with(Default::default).cinder = Some(cinder);
-        Ok(pv)
+        Ok(())
     }
 }
 

@@ -221,7 +221,7 @@ impl Translator for GcePd {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(gce) = pv.spec.as_mut().and_then(|s| s.gce_persistent_disk.take()) else {
             return Err(refuse(format!(
                 "persistent volume {:?} has no gcePersistentDisk source",
@@ -230,7 +230,7 @@ impl Translator for GcePd {
         };
         let handle = handle_from_labels(&pv, &gce.pd_name)
             .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(&pv))))?;
-        translate_topology_in_tree_to_csi(&mut pv, TOPOLOGY_KEY);
+        translate_topology_in_tree_to_csi(pv, TOPOLOGY_KEY);
         let spec = pv.spec.get_or_insert_with(Default::default);
         spec.csi = Some(CSIPersistentVolumeSource {
             driver: DRIVER.to_string(),
@@ -241,10 +241,10 @@ impl Translator for GcePd {
             ..Default::default()
         });
         spec.access_modes = backward_compatible_access_modes(spec.access_modes.take());
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
             return Err(refuse(format!("persistent volume {:?} has no CSI source", name_of(&pv))));
         };
@@ -267,10 +267,10 @@ impl Translator for GcePd {
             partition: partition.filter(|&p| p != 0),
             read_only: zero_bool(csi.read_only),
         };
-        translate_topology_csi_to_in_tree(&mut pv, TOPOLOGY_KEY, Some(gce_region))
+        translate_topology_csi_to_in_tree(pv, TOPOLOGY_KEY, Some(gce_region))
             .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(&pv))))?;
         pv.spec.get_or_insert_with(Default::default).gce_persistent_disk = Some(gce);
-        Ok(pv)
+        Ok(())
     }
 
     /// Fills a handle's `UNSPECIFIED` project, zone or region from the node ID

@@ -27,16 +27,17 @@ mod vsphere;
 
 /// The translation rules of one in-tree plugin. The dispatcher in `lib.rs` has already checked
 /// that the object carries exactly this plugin's source (or, for CSI → in-tree, its driver);
-/// inputs passed by value are the caller's copies and may be reused for the output.
+/// PVs passed by `&mut` are the caller's copies and become the output.
 pub(crate) trait Translator: Sync {
     /// StorageClass parameters and topology for the CSI driver.
     fn storage_class_to_csi(&self, sc: StorageClass) -> Result<StorageClass>;
     /// A new PV with a CSI source for a pod's inline volume.
     fn inline_to_csi(&self, vol: &Volume, pod_namespace: &str) -> Result<PersistentVolume>;
-    /// The PV with its in-tree source replaced by a CSI source.
-    fn pv_to_csi(&self, pv: PersistentVolume) -> Result<PersistentVolume>;
-    /// The PV with its CSI source replaced by the in-tree source.
-    fn csi_pv_to_in_tree(&self, pv: PersistentVolume) -> Result<PersistentVolume>;
+    /// Replaces the PV's in-tree source by a CSI source, in place (a PV is 3.5 KB: moving it
+    /// through calls costs more than most translations). On error the PV is discarded.
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()>;
+    /// Replaces the PV's CSI source by the in-tree source, in place; on error it is discarded.
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()>;
     /// A volume handle completed from the node ID; most drivers need nothing.
     fn repair_volume_handle(&self, volume_handle: &str, _node_id: &str) -> Result<String> {
         Ok(volume_handle.to_string())

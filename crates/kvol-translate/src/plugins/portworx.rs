@@ -129,7 +129,7 @@ impl Translator for Portworx {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(px) = pv.spec.as_mut().and_then(|s| s.portworx_volume.take()) else {
             return Err(TranslateError::plugin(
                 PLUGIN,
@@ -155,10 +155,10 @@ impl Translator for Portworx {
         if let Some(spec) = pv.spec.as_mut() {
             spec.csi = Some(csi);
         }
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
             return Err(TranslateError::plugin(
                 PLUGIN,
@@ -173,7 +173,7 @@ impl Translator for Portworx {
                 read_only: zero_bool(csi.read_only),
             });
         }
-        Ok(pv)
+        Ok(())
     }
 }
 

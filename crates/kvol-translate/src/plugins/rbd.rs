@@ -245,7 +245,7 @@ impl Translator for Rbd {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(rbd) = pv.spec.as_mut().and_then(|s| s.rbd.take()) else {
             return Err(TranslateError::plugin(
                 PLUGIN,
@@ -295,10 +295,10 @@ impl Translator for Rbd {
             spec.access_modes = Some(access_mode(rbd.read_only));
             spec.csi = Some(csi);
         }
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
             return Err(TranslateError::plugin(
                 PLUGIN,
@@ -332,7 +332,7 @@ impl Translator for Rbd {
         if let Some(spec) = pv.spec.as_mut() {
             spec.rbd = Some(rbd);
         }
-        Ok(pv)
+        Ok(())
     }
 }
 

@@ -17,7 +17,8 @@ use kvol_api::keys::PARAM_CSI_FSTYPE;
 use super::Translator;
 use crate::go::{go_ascii_lower, zero_string};
 use crate::topology::{
-    add_topology, replace_topology_key, topology_labels, topology_values, translate_allowed_topologies,
+    add_topology, has_topology_values, replace_topology_key, topology_labels, topology_values,
+    translate_allowed_topologies,
 };
 use crate::{Result, TranslateError};
 
@@ -77,7 +78,7 @@ fn topology_in_tree_to_csi(pv: &mut PersistentVolume) {
     // add_topology does not look at labels: lend them out rather than cloning a value.
     let labels = pv.metadata.labels.take();
     for (label, csi_key) in [(zone_label, ZONE_KEY), (region_label, REGION_KEY)] {
-        if !topology_values(pv, label).is_empty() {
+        if has_topology_values(pv, label) {
             replace_topology_key(pv, label, csi_key);
         } else if let Some(value) = labels.as_ref().and_then(|l| l.get(label)) {
             // Like upstream, a value that is blank once trimmed adds nothing.
@@ -151,11 +152,11 @@ impl Translator for Vsphere {
         })
     }
 
-    fn pv_to_csi(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(vsphere) = pv.spec.as_mut().and_then(|s| s.vsphere_volume.take()) else {
             return Err(refuse(format!("persistent volume {:?} has no vsphereVolume source", name_of(&pv))));
         };
-        topology_in_tree_to_csi(&mut pv);
+        topology_in_tree_to_csi(pv);
         pv.spec.get_or_insert_with(Default::default).csi = Some(CSIPersistentVolumeSource {
             driver: DRIVER.to_string(),
             volume_handle: vsphere.volume_path,
@@ -163,23 +164,23 @@ impl Translator for Vsphere {
             volume_attributes: Some(policy_attributes(vsphere.storage_policy_name)),
             ..Default::default()
         });
-        Ok(pv)
+        Ok(())
     }
 
-    fn csi_pv_to_in_tree(&self, mut pv: PersistentVolume) -> Result<PersistentVolume> {
+    fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
             return Err(refuse(format!("persistent volume {:?} has no CSI source", name_of(&pv))));
         };
         // Without the attribute the volume path is empty; upstream does not refuse that.
         let volume_path =
             csi.volume_attributes.and_then(|mut a| a.remove(INITIAL_VOLUME_FILE_PATH)).unwrap_or_default();
-        topology_csi_to_in_tree(&mut pv);
+        topology_csi_to_in_tree(pv);
         pv.spec.get_or_insert_with(Default::default).vsphere_volume = Some(VsphereVirtualDiskVolumeSource {
             volume_path,
             fs_type: zero_string(csi.fs_type),
             ..Default::default()
         });
-        Ok(pv)
+        Ok(())
     }
 }
 
