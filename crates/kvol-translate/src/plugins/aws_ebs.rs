@@ -102,7 +102,7 @@ impl Translator for AwsEbs {
 
     fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(ebs) = pv.spec.as_mut().and_then(|s| s.aws_elastic_block_store.take()) else {
-            return Err(no_source(&pv, "awsElasticBlockStore"));
+            return Err(no_source(pv, "awsElasticBlockStore"));
         };
         let handle = ebs_volume_id(ebs.volume_id).map_err(|e| TranslateError::plugin(PLUGIN, e))?;
         let csi = csi_source(handle, ebs.read_only, ebs.fs_type, ebs.partition);
@@ -113,7 +113,7 @@ impl Translator for AwsEbs {
 
     fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
-            return Err(no_source(&pv, "csi"));
+            return Err(no_source(pv, "csi"));
         };
         let partition = match csi.volume_attributes.as_ref().and_then(|a| a.get(PARTITION)) {
             Some(text) => parse_partition(text).ok_or_else(|| {

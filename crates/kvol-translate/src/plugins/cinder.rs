@@ -70,7 +70,7 @@ impl Translator for Cinder {
 
     fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(cinder) = pv.spec.as_mut().and_then(|s| s.cinder.take()) else {
-            return Err(no_source(&pv, "cinder"));
+            return Err(no_source(pv, "cinder"));
         };
         // The secret reference has no place in the CSI source and is dropped, as upstream.
         let csi = csi_source(cinder.volume_id, cinder.read_only, cinder.fs_type);
@@ -81,7 +81,7 @@ impl Translator for Cinder {
 
     fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
-            return Err(no_source(&pv, "csi"));
+            return Err(no_source(pv, "csi"));
         };
         let cinder = CinderPersistentVolumeSource {
             volume_id: csi.volume_handle,

@@ -225,11 +225,11 @@ impl Translator for GcePd {
         let Some(gce) = pv.spec.as_mut().and_then(|s| s.gce_persistent_disk.take()) else {
             return Err(refuse(format!(
                 "persistent volume {:?} has no gcePersistentDisk source",
-                name_of(&pv)
+                name_of(pv)
             )));
         };
-        let handle = handle_from_labels(&pv, &gce.pd_name)
-            .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(&pv))))?;
+        let handle = handle_from_labels(pv, &gce.pd_name)
+            .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(pv))))?;
         translate_topology_in_tree_to_csi(pv, TOPOLOGY_KEY);
         let spec = pv.spec.get_or_insert_with(Default::default);
         spec.csi = Some(CSIPersistentVolumeSource {
@@ -246,18 +246,18 @@ impl Translator for GcePd {
 
     fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
-            return Err(refuse(format!("persistent volume {:?} has no CSI source", name_of(&pv))));
+            return Err(refuse(format!("persistent volume {:?} has no CSI source", name_of(pv))));
         };
         let Some([.., pd_name]) = first_six(&csi.volume_handle) else {
             return Err(refuse(format!(
                 "persistent volume {:?}: invalid volume handle {:?}: want {HANDLE_FORMAT}",
-                name_of(&pv),
+                name_of(pv),
                 csi.volume_handle
             )));
         };
         let partition = match csi.volume_attributes.as_ref().and_then(|a| a.get(PARTITION)) {
             Some(p) if !p.is_empty() => Some(parse_partition(p).ok_or_else(|| {
-                refuse(format!("persistent volume {:?}: partition {p:?} is not an integer", name_of(&pv)))
+                refuse(format!("persistent volume {:?}: partition {p:?} is not an integer", name_of(pv)))
             })?),
             _ => None,
         };
@@ -268,7 +268,7 @@ impl Translator for GcePd {
             read_only: zero_bool(csi.read_only),
         };
         translate_topology_csi_to_in_tree(pv, TOPOLOGY_KEY, Some(gce_region))
-            .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(&pv))))?;
+            .map_err(|e| refuse(format!("persistent volume {:?}: {e}", name_of(pv))))?;
         pv.spec.get_or_insert_with(Default::default).gce_persistent_disk = Some(gce);
         Ok(())
     }

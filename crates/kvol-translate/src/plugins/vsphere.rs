@@ -154,7 +154,7 @@ impl Translator for Vsphere {
 
     fn pv_to_csi(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(vsphere) = pv.spec.as_mut().and_then(|s| s.vsphere_volume.take()) else {
-            return Err(refuse(format!("persistent volume {:?} has no vsphereVolume source", name_of(&pv))));
+            return Err(refuse(format!("persistent volume {:?} has no vsphereVolume source", name_of(pv))));
         };
         topology_in_tree_to_csi(pv);
         pv.spec.get_or_insert_with(Default::default).csi = Some(CSIPersistentVolumeSource {
@@ -169,7 +169,7 @@ impl Translator for Vsphere {
 
     fn csi_pv_to_in_tree(&self, pv: &mut PersistentVolume) -> Result<()> {
         let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.take()) else {
-            return Err(refuse(format!("persistent volume {:?} has no CSI source", name_of(&pv))));
+            return Err(refuse(format!("persistent volume {:?} has no CSI source", name_of(pv))));
         };
         // Without the attribute the volume path is empty; upstream does not refuse that.
         let volume_path =
