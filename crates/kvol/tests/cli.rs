@@ -26,6 +26,7 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+#[cfg_attr(not(feature = "all-plugins"), allow(dead_code))]
 fn json_stream(out: &[u8]) -> Vec<serde_json::Value> {
     serde_json::Deserializer::from_slice(out)
         .into_iter()
