@@ -182,7 +182,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugins::test_support::{assert_same, pv, sc, vol};
+    use crate::plugins::test_support::{Case, assert_same, check_result, pv, sc, vol};
 
     const IN_TREE: &str = "kubernetes.io/portworx-volume";
 
@@ -309,11 +309,6 @@ mod tests {
     /// does not see; upstream's "nil" case becomes an inline volume without a Portworx source.
     #[test]
     fn inline_to_csi() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let cases = [
             Case {
                 // A `false` readOnly is left out (Go's zero value), as in upstream's expectation.
@@ -353,14 +348,7 @@ mod tests {
         for case in cases {
             let input = vol(case.input);
             let got = crate::translate_in_tree_inline_volume_to_csi(&input, "ns");
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &pv(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(pv));
         }
     }
 
@@ -368,11 +356,6 @@ mod tests {
     /// #129630), plus kvol cases. Upstream's "nil PV" case has no Rust counterpart.
     #[test]
     fn pv_to_csi() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let secret = json!({"name": "test-secret", "namespace": "test-namespace"});
         let cases = [
             Case {
@@ -486,14 +469,7 @@ mod tests {
             let before = input.clone();
             let got = crate::translate_in_tree_pv_to_csi(&input);
             assert_same(case.name, &input, &before);
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &pv(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(pv));
         }
     }
 
@@ -501,11 +477,6 @@ mod tests {
     /// case has no Rust counterpart.
     #[test]
     fn csi_pv_to_in_tree() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let cases = [
             Case {
                 name: "upstream: no CSI section",
@@ -552,14 +523,7 @@ mod tests {
         for case in cases {
             let input = pv(case.input);
             let got = crate::translate_csi_pv_to_in_tree(&input);
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &pv(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(pv));
         }
     }
 

@@ -341,7 +341,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugins::test_support::{assert_same, pv, sc, vol};
+    use crate::plugins::test_support::{Case, assert_same, check_result, pv, sc, vol};
 
     const IN_TREE: &str = "kubernetes.io/rbd";
     const IMAGE: &str = "kubernetes-dynamic-pvc-e4111eb6-4088-11ec-b823-0242ac110003";
@@ -364,11 +364,6 @@ mod tests {
     /// plus kvol cases. Upstream's "nil, err expected" case has no Rust counterpart.
     #[test]
     fn storage_class_to_csi() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let cases = [
             Case {
                 name: "upstream: correct",
@@ -459,14 +454,7 @@ mod tests {
         for case in cases {
             let input = sc(case.input);
             let got = crate::translate_in_tree_storage_class_to_csi(IN_TREE, &input);
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &sc(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(sc));
         }
     }
 
@@ -485,11 +473,6 @@ mod tests {
     /// an inline volume without an RBD source.
     #[test]
     fn inline_to_csi() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let cases = [
             Case {
                 name: "upstream: normal",
@@ -521,14 +504,7 @@ mod tests {
         for case in cases {
             let input = vol(case.input);
             let got = crate::translate_in_tree_inline_volume_to_csi(&input, "ns");
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &pv(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(pv));
         }
         // With no pod namespace and an unnamed secret the references exist but hold nothing,
         // as Go's JSON leaves their empty strings out; an empty fsType is left out too.
@@ -563,11 +539,6 @@ mod tests {
     /// has no Rust counterpart.
     #[test]
     fn pv_to_csi() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let secret = json!({"name": "ceph-secret", "namespace": "default"});
         let in_tree = |image: &str| {
             json!({"metadata": {"name": "rbd.csi.ceph.com"}, "spec": {
@@ -643,14 +614,7 @@ mod tests {
             let before = input.clone();
             let got = crate::translate_in_tree_pv_to_csi(&input);
             assert_same(case.name, &input, &before);
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &pv(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(pv));
         }
     }
 
@@ -658,11 +622,6 @@ mod tests {
     /// "nil PV" case has no Rust counterpart.
     #[test]
     fn csi_pv_to_in_tree() {
-        struct Case {
-            name: &'static str,
-            input: serde_json::Value,
-            want: Option<serde_json::Value>,
-        }
         let secret = json!({"name": "ceph-secret", "namespace": "default"});
         let cases = [
             Case {
@@ -716,14 +675,7 @@ mod tests {
         for case in cases {
             let input = pv(case.input);
             let got = crate::translate_csi_pv_to_in_tree(&input);
-            match case.want {
-                Some(want) => assert_same(
-                    case.name,
-                    &got.unwrap_or_else(|e| panic!("case {:?}: {e}", case.name)),
-                    &pv(want),
-                ),
-                None => assert!(got.is_err(), "case {:?}: want an error, got {got:?}", case.name),
-            }
+            check_result(case.name, got, case.want.map(pv));
         }
     }
 

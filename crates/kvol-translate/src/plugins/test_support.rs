@@ -35,3 +35,24 @@ pub(crate) fn assert_same<T: PartialEq + serde::Serialize>(case: &str, got: &T, 
         );
     }
 }
+
+/// One row of a translation table: the input object as JSON, and the expected output as JSON
+/// (`None` when the translation must fail).
+pub(crate) struct Case {
+    pub(crate) name: &'static str,
+    pub(crate) input: Value,
+    pub(crate) want: Option<Value>,
+}
+
+/// Checks one table row's outcome: equal to `want`, or an error when `want` is `None`.
+#[track_caller]
+pub(crate) fn check_result<T: PartialEq + serde::Serialize + std::fmt::Debug>(
+    case: &str,
+    got: crate::Result<T>,
+    want: Option<T>,
+) {
+    match want {
+        Some(want) => assert_same(case, &got.unwrap_or_else(|e| panic!("case {case:?}: {e}")), &want),
+        None => assert!(got.is_err(), "case {case:?}: want an error, got {got:?}"),
+    }
+}
