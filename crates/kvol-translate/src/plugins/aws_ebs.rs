@@ -537,28 +537,13 @@ mod tests {
 
     use super::go_url::is_ipv6_address;
     use super::*;
-    use crate::plugins::test_support::{assert_same, pv, sc, vol};
+    use crate::plugins::test_support::{affinity, assert_same, pv, sc, vol};
 
     const VOL: &str = "vol-02399794d890f9375";
     const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
     const BETA_REGION: &str = "failure-domain.beta.kubernetes.io/region";
     const GA_ZONE: &str = "topology.kubernetes.io/zone";
     const GA_REGION: &str = "topology.kubernetes.io/region";
-
-    /// A node affinity of one term per entry, each term a list of `(key, values)` requirements.
-    fn affinity(terms: &[&[(&str, &[&str])]]) -> Value {
-        let terms: Vec<Value> = terms
-            .iter()
-            .map(|reqs| {
-                let exprs: Vec<Value> = reqs
-                    .iter()
-                    .map(|(key, values)| json!({"key": key, "operator": "In", "values": values}))
-                    .collect();
-                json!({"matchExpressions": exprs})
-            })
-            .collect();
-        json!({"required": {"nodeSelectorTerms": terms}})
-    }
 
     #[test]
     fn kubernetes_volume_id_to_ebs_volume_id() {

@@ -312,7 +312,7 @@ impl Translator for GcePd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::test_support::{assert_same, pv, sc, vol};
+    use crate::plugins::test_support::{affinity, assert_same, pv, sc, vol};
     use kvol_api::keys::LABEL_TOPOLOGY_REGION;
     use serde_json::{Value, json};
 
@@ -328,19 +328,6 @@ mod tests {
 
     fn terms(key: &str, values: &[&str]) -> Value {
         json!([{"matchLabelExpressions": [{"key": key, "values": values}]}])
-    }
-
-    /// One node-selector term per element; each term holds `(key, values)` requirements.
-    fn affinity(terms: &[&[(&str, &[&str])]]) -> Value {
-        let terms: Vec<Value> = terms
-            .iter()
-            .map(|reqs| {
-                let exprs: Vec<Value> =
-                    reqs.iter().map(|(k, v)| json!({"key": k, "operator": "In", "values": v})).collect();
-                json!({"matchExpressions": exprs})
-            })
-            .collect();
-        json!({"required": {"nodeSelectorTerms": terms}})
     }
 
     fn gce_pv(labels: Value, node_affinity: Value) -> PersistentVolume {

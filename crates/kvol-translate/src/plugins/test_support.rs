@@ -56,3 +56,18 @@ pub(crate) fn check_result<T: PartialEq + serde::Serialize + std::fmt::Debug>(
         None => assert!(got.is_err(), "case {case:?}: want an error, got {got:?}"),
     }
 }
+
+/// A PV node affinity as JSON: one node-selector term per slice, each `key In values`.
+pub(crate) fn affinity(terms: &[&[(&str, &[&str])]]) -> Value {
+    let terms: Vec<Value> = terms
+        .iter()
+        .map(|reqs| {
+            let exprs: Vec<Value> = reqs
+                .iter()
+                .map(|(k, v)| serde_json::json!({"key": k, "operator": "In", "values": v}))
+                .collect();
+            serde_json::json!({"matchExpressions": exprs})
+        })
+        .collect();
+    serde_json::json!({"required": {"nodeSelectorTerms": terms}})
+}

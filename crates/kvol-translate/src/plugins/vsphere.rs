@@ -187,7 +187,7 @@ impl Translator for Vsphere {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::test_support::{assert_same, pv, sc, vol};
+    use crate::plugins::test_support::{affinity, assert_same, pv, sc, vol};
     use kvol_api::keys::{
         LABEL_FAILURE_DOMAIN_BETA_REGION, LABEL_FAILURE_DOMAIN_BETA_ZONE, LABEL_TOPOLOGY_REGION,
         LABEL_TOPOLOGY_ZONE,
@@ -205,19 +205,6 @@ mod tests {
 
     fn sc_of(params: Value, topologies: Value) -> StorageClass {
         sc(json!({"parameters": params, "allowedTopologies": topologies}))
-    }
-
-    /// One node-selector term per element; each term holds `(key, values)` requirements.
-    fn affinity(terms: &[&[(&str, &[&str])]]) -> Value {
-        let terms: Vec<Value> = terms
-            .iter()
-            .map(|reqs| {
-                let exprs: Vec<Value> =
-                    reqs.iter().map(|(k, v)| json!({"key": k, "operator": "In", "values": v})).collect();
-                json!({"matchExpressions": exprs})
-            })
-            .collect();
-        json!({"required": {"nodeSelectorTerms": terms}})
     }
 
     /// An in-tree vSphere PV like upstream's tables use.
