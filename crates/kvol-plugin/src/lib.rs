@@ -1,0 +1,18 @@
+//! kvol's plugin host: lifecycle traits, the plugin registry, migration decisions and the compiled-in plugins.
+
+pub mod error;
+pub mod host;
+pub mod intree;
+pub mod local;
+pub mod mount;
+pub mod plugin;
+pub mod registry;
+pub mod spec;
+pub mod testing;
+
+pub use error::{PluginError, Result};
+pub use host::{NodeInfo, NodePaths, PluginHost};
+pub use mount::{MountError, MountPoint, Mounter, RecordingMounter, SystemMounter};
+pub use plugin::{AccessMode, Capabilities, PluginKind, PluginRef, VolumePlugin};
+pub use registry::{DynamicSource, PluginRegistry, ProbeEvent, Snapshot};
+pub use spec::{Migrated, SourceKey, SpecSource, VolumeSpec};

@@ -1,0 +1,334 @@
+//! The mount seam: every mount and unmount kvol makes goes through [`Mounter`].
+//!
+//! [`SystemMounter`] calls mount(2)/umount2(2) and reads `/proc/thread-self/mountinfo`;
+//! [`RecordingMounter`] keeps an in-memory mount table and records every call, for unit tests.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use nix::mount::{MntFlags, MsFlags};
+
+/// A failed mount-table operation, naming what and where.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {op} {}: {source}", target.display())]
+pub struct MountError {
+    pub op: &'static str,
+    pub target: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl MountError {
+    fn new(op: &'static str, target: &Path, source: io::Error) -> MountError {
+        MountError { op, target: target.to_path_buf(), source }
+    }
+}
+
+impl From<MountError> for crate::PluginError {
+    fn from(e: MountError) -> Self {
+        crate::PluginError::Io { op: e.op, path: e.target, source: e.source }
+    }
+}
+
+/// One line of the mount table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountPoint {
+    /// What is mounted: a device, a directory (`root` of a bind mount is not resolved) or a name
+    /// such as `tmpfs`.
+    pub source: String,
+    pub target: PathBuf,
+    pub fstype: String,
+    /// Per-mount options (`rw`, `ro`, `nosuid` …) followed by the superblock options (`size=…`).
+    pub options: Vec<String>,
+}
+
+impl MountPoint {
+    /// Whether the mount is read-only.
+    pub fn read_only(&self) -> bool {
+        self.options.first().is_some_and(|o| o == "ro")
+    }
+}
+
+/// The mount seam.
+///
+/// Calls are synchronous: mount(2) of a local filesystem or a bind mount returns at once. A
+/// plugin whose mounts can hang (network filesystems) runs them off the async executor.
+pub trait Mounter: Send + Sync + fmt::Debug {
+    /// Mounts a filesystem of `fstype` from `source` on `target`, with fs-specific `data`
+    /// options (for example `size=64m` for tmpfs).
+    fn mount(&self, source: &str, target: &Path, fstype: &str, read_only: bool, data: &[String])
+    -> Result<(), MountError>;
+    /// Bind-mounts `source` (a directory or a file) on `target`; read-only takes a second
+    /// remount, as the kernel ignores read-only on the first bind.
+    fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>;
+    /// Unmounts `target` (not lazily: a busy mount is an error, not a leak).
+    fn unmount(&self, target: &Path) -> Result<(), MountError>;
+    /// The mount table as this process sees it.
+    fn mount_points(&self) -> Result<Vec<MountPoint>, MountError>;
+    /// Whether something is mounted exactly on `path`.
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        Ok(self.mount_points()?.iter().any(|m| m.target == path))
+    }
+    /// The mount points at or below `path`.
+    fn mounts_under(&self, path: &Path) -> Result<Vec<MountPoint>, MountError> {
+        Ok(self.mount_points()?.into_iter().filter(|m| m.target.starts_with(path)).collect())
+    }
+}
+
+/// The real mount table: mount(2), umount2(2) and `/proc/self/mountinfo`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemMounter;
+
+impl Mounter for SystemMounter {
+    fn mount(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        read_only: bool,
+        data: &[String],
+    ) -> Result<(), MountError> {
+        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        let data = data.join(",");
+        let data = (!data.is_empty()).then_some(data.as_str());
+        nix::mount::mount(Some(source), target, Some(fstype), flags, data)
+            .map_err(|e| MountError::new("mount", target, e.into()))
+    }
+
+    fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            .map_err(|e| MountError::new("bind-mount onto", target, e.into()))?;
+        if read_only {
+            let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+            if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+                // Never leave a writable mount where a read-only one was asked for.
+                let _ = nix::mount::umount2(target, MntFlags::empty());
+                return Err(MountError::new("remount read-only", target, e.into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<(), MountError> {
+        nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW)
+            .map_err(|e| MountError::new("unmount", target, e.into()))
+    }
+
+    fn mount_points(&self) -> Result<Vec<MountPoint>, MountError> {
+        // thread-self, not self: a thread that unshared its mount namespace (tests do) sees its
+        // own table there, while /proc/self shows the main thread's.
+        let path = Path::new("/proc/thread-self/mountinfo");
+        let text = std::fs::read_to_string(path).map_err(|e| MountError::new("read", path, e))?;
+        parse_mountinfo(&text).map_err(|reason| {
+            MountError::new("parse", path, io::Error::new(io::ErrorKind::InvalidData, reason))
+        })
+    }
+}
+
+/// Parses `/proc/<pid>/mountinfo` (proc(5)): `id parent major:minor root target options
+/// [optional fields…] - fstype source super-options`, with octal escapes in paths.
+pub fn parse_mountinfo(text: &str) -> Result<Vec<MountPoint>, String> {
+    let mut mounts = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |what: &str| format!("line {}: {what}: {line:?}", n + 1);
+        let (left, right) = line.split_once(" - ").ok_or_else(|| bad("no \" - \" separator"))?;
+        let left: Vec<&str> = left.split(' ').collect();
+        let right: Vec<&str> = right.split(' ').collect();
+        if left.len() < 6 || right.len() < 3 {
+            return Err(bad("too few fields"));
+        }
+        let mut options: Vec<String> = left[5].split(',').map(str::to_string).collect();
+        options.extend(right[2].split(',').filter(|o| !o.is_empty()).map(str::to_string));
+        mounts.push(MountPoint {
+            source: unescape_octal(right[1]),
+            target: PathBuf::from(unescape_octal(left[4])),
+            fstype: unescape_octal(right[0]),
+            options,
+        });
+    }
+    Ok(mounts)
+}
+
+/// Undoes the kernel's `\ooo` escapes of space, tab, newline and backslash.
+fn unescape_octal(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..=i + 3].iter().all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One call made through a [`RecordingMounter`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MountCall {
+    Mount { source: String, target: PathBuf, fstype: String, read_only: bool, data: Vec<String> },
+    Bind { source: PathBuf, target: PathBuf, read_only: bool },
+    Unmount { target: PathBuf },
+}
+
+/// A test double: an in-memory mount table that records every call and can be told to fail.
+#[derive(Debug, Default)]
+pub struct RecordingMounter {
+    state: Mutex<RecordingState>,
+}
+
+#[derive(Debug, Default)]
+struct RecordingState {
+    calls: Vec<MountCall>,
+    table: Vec<MountPoint>,
+    fail_next: Option<io::ErrorKind>,
+}
+
+impl RecordingMounter {
+    pub fn new() -> RecordingMounter {
+        RecordingMounter::default()
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<MountCall> {
+        self.lock().calls.clone()
+    }
+
+    /// Makes the next mount, bind or unmount fail with `kind` (and change nothing).
+    pub fn fail_next(&self, kind: io::ErrorKind) {
+        self.lock().fail_next = Some(kind);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecordingState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn record(&self, call: MountCall, op: &'static str, target: &Path, add: Option<MountPoint>) -> Result<(), MountError> {
+        let mut state = self.lock();
+        state.calls.push(call);
+        if let Some(kind) = state.fail_next.take() {
+            return Err(MountError::new(op, target, io::Error::from(kind)));
+        }
+        match add {
+            Some(point) => state.table.push(point),
+            None => match state.table.iter().rposition(|m| m.target == target) {
+                Some(i) => {
+                    state.table.remove(i);
+                }
+                None => return Err(MountError::new(op, target, io::Error::from_raw_os_error(22))),
+            },
+        }
+        Ok(())
+    }
+}
+
+impl Mounter for RecordingMounter {
+    fn mount(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        read_only: bool,
+        data: &[String],
+    ) -> Result<(), MountError> {
+        let call = MountCall::Mount {
+            source: source.to_string(),
+            target: target.to_path_buf(),
+            fstype: fstype.to_string(),
+            read_only,
+            data: data.to_vec(),
+        };
+        let mut options = vec![if read_only { "ro" } else { "rw" }.to_string()];
+        options.extend(data.iter().cloned());
+        let point = MountPoint {
+            source: source.to_string(),
+            target: target.to_path_buf(),
+            fstype: fstype.to_string(),
+            options,
+        };
+        self.record(call, "mount", target, Some(point))
+    }
+
+    fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        let call =
+            MountCall::Bind { source: source.to_path_buf(), target: target.to_path_buf(), read_only };
+        let point = MountPoint {
+            source: source.display().to_string(),
+            target: target.to_path_buf(),
+            fstype: "bind".to_string(),
+            options: vec![if read_only { "ro" } else { "rw" }.to_string()],
+        };
+        self.record(call, "bind-mount onto", target, Some(point))
+    }
+
+    fn unmount(&self, target: &Path) -> Result<(), MountError> {
+        self.record(MountCall::Unmount { target: target.to_path_buf() }, "unmount", target, None)
+    }
+
+    fn mount_points(&self) -> Result<Vec<MountPoint>, MountError> {
+        Ok(self.lock().table.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_parse_with_escapes_and_optional_fields() {
+        let text = "\
+36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+37 35 0:40 / /run/tmp rw,nosuid shared:2 master:3 - tmpfs tmpfs ro,size=65536k
+";
+        let mounts = parse_mountinfo(text).unwrap();
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0].target, Path::new("/mnt/with space"));
+        assert_eq!(mounts[0].fstype, "ext3");
+        assert_eq!(mounts[0].source, "/dev/root");
+        assert_eq!(mounts[0].options, ["rw", "noatime", "rw", "errors=continue"]);
+        assert!(!mounts[0].read_only());
+        assert_eq!(mounts[1].options, ["rw", "nosuid", "ro", "size=65536k"]);
+    }
+
+    #[test]
+    fn mountinfo_garbage_is_an_error_naming_the_line() {
+        let err = parse_mountinfo("36 35 98:0 / /x rw\n").unwrap_err();
+        assert!(err.starts_with("line 1: no \" - \" separator"), "{err}");
+        let err = parse_mountinfo("ok\n1 2 - a\n").unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn unescape_leaves_plain_and_short_escapes_alone() {
+        assert_eq!(unescape_octal("a\\134b"), "a\\b");
+        assert_eq!(unescape_octal("a\\01"), "a\\01");
+        assert_eq!(unescape_octal("\\011tab"), "\ttab");
+    }
+
+    #[test]
+    fn recording_mounter_tracks_the_table_and_injected_failures() {
+        let m = RecordingMounter::new();
+        m.bind(Path::new("/src"), Path::new("/dst"), true).unwrap();
+        assert!(m.is_mount_point(Path::new("/dst")).unwrap());
+        assert!(m.mount_points().unwrap()[0].read_only());
+        m.fail_next(io::ErrorKind::PermissionDenied);
+        let err = m.unmount(Path::new("/dst")).unwrap_err();
+        assert_eq!(err.to_string(), "cannot unmount /dst: permission denied");
+        assert!(m.is_mount_point(Path::new("/dst")).unwrap(), "a failed unmount changes nothing");
+        m.unmount(Path::new("/dst")).unwrap();
+        assert!(m.unmount(Path::new("/dst")).is_err(), "unmounting what is not mounted fails");
+        assert_eq!(m.calls().len(), 4);
+    }
+}

@@ -1,0 +1,281 @@
+//! The plugin seams: a volume plugin and the lifecycle parts it may offer (attach, stage, publish, expand, provision).
+//!
+//! A plugin answers questions synchronously (name, which specs, which capabilities) and does
+//! its I/O in async lifecycle calls. Capabilities are not declared separately: a plugin is
+//! attachable exactly when [`VolumePlugin::attacher`] returns one, and so on, so a listing can
+//! never disagree with what the plugin does.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kvol_api::MigratablePlugin;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::spec::{SourceKey, VolumeSpec};
+
+/// A shared handle on a plugin, as the registry hands them out.
+pub type PluginRef = Arc<dyn VolumePlugin>;
+
+/// Where a plugin comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PluginKind {
+    /// Compiled into kvol with real code (emptyDir, hostPath, local).
+    CompiledIn,
+    /// A migratable in-tree plugin kvol knows by name and spec only; its volumes are served by
+    /// its CSI driver once migrated.
+    InTree,
+    /// A Flexvolume exec driver found in the driver directory.
+    Flexvolume,
+    /// A CSI driver registered over the plugin-registration socket.
+    Csi,
+}
+
+impl fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PluginKind::CompiledIn => "compiled-in",
+            PluginKind::InTree => "in-tree",
+            PluginKind::Flexvolume => "flexvolume",
+            PluginKind::Csi => "csi",
+        })
+    }
+}
+
+/// A persistent volume access mode, as the API spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum AccessMode {
+    ReadWriteOnce,
+    ReadOnlyMany,
+    ReadWriteMany,
+    ReadWriteOncePod,
+}
+
+impl AccessMode {
+    /// The API spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadOnlyMany => "ReadOnlyMany",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+            AccessMode::ReadWriteOncePod => "ReadWriteOncePod",
+        }
+    }
+}
+
+/// What a plugin can do, derived from the parts it offers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// Serves persistent volumes (not only inline ones).
+    pub persistent: bool,
+    pub attachable: bool,
+    pub device_mountable: bool,
+    pub mountable: bool,
+    pub controller_expandable: bool,
+    pub node_expandable: bool,
+    pub provisionable: bool,
+    pub deletable: bool,
+}
+
+impl Capabilities {
+    /// The capabilities as short words, for tables: `attach stage publish expand …`.
+    pub fn words(&self) -> Vec<&'static str> {
+        [
+            (self.persistent, "persistent"),
+            (self.attachable, "attach"),
+            (self.device_mountable, "stage"),
+            (self.mountable, "publish"),
+            (self.controller_expandable, "expand"),
+            (self.node_expandable, "node-expand"),
+            (self.provisionable, "provision"),
+            (self.deletable, "delete"),
+        ]
+        .into_iter()
+        .filter_map(|(on, word)| on.then_some(word))
+        .collect()
+    }
+}
+
+/// A volume plugin.
+pub trait VolumePlugin: Send + Sync + fmt::Debug {
+    /// The plugin's unique name: `kubernetes.io/empty-dir`, `vendor/driver`, a CSI driver name.
+    fn name(&self) -> &str;
+    fn kind(&self) -> PluginKind;
+    /// The sources this plugin serves. The registry indexes lookups by them, so a lookup by
+    /// spec asks [`VolumePlugin::can_support`] only of the plugins serving the spec's source.
+    fn serves(&self) -> Vec<SourceKey<'_>>;
+    /// Whether the plugin serves this spec; called only for specs whose source it serves.
+    fn can_support(&self, _spec: &VolumeSpec) -> bool {
+        true
+    }
+    /// The access modes persistent volumes of this plugin may have.
+    fn access_modes(&self) -> Vec<AccessMode> {
+        Vec::new()
+    }
+    /// Whether the plugin serves persistent volumes at all.
+    fn is_persistent(&self) -> bool {
+        false
+    }
+    /// The in-tree plugin this one stands for, if it is a migratable in-tree descriptor.
+    fn migrates(&self) -> Option<MigratablePlugin> {
+        None
+    }
+    /// A name unique to the volume (not the pod), under which it is attached and staged.
+    fn volume_name(&self, spec: &VolumeSpec) -> Result<String> {
+        Ok(format!("{}^{}", self.name(), spec.name()))
+    }
+    /// Whether this spec needs attaching (a CSI driver may say no per spec).
+    fn can_attach(&self, _spec: &VolumeSpec) -> bool {
+        self.attacher().is_some()
+    }
+    /// Whether this spec needs staging.
+    fn can_device_mount(&self, _spec: &VolumeSpec) -> bool {
+        self.device_mounter().is_some()
+    }
+
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        None
+    }
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        None
+    }
+    fn mounter(&self) -> Option<&dyn VolumeMounter> {
+        None
+    }
+    fn controller_expander(&self) -> Option<&dyn ControllerExpander> {
+        None
+    }
+    fn node_expander(&self) -> Option<&dyn NodeExpander> {
+        None
+    }
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        None
+    }
+    fn deleter(&self) -> Option<&dyn Deleter> {
+        None
+    }
+
+    /// What the plugin can do, from the parts it offers.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            persistent: self.is_persistent(),
+            attachable: self.attacher().is_some(),
+            device_mountable: self.device_mounter().is_some(),
+            mountable: self.mounter().is_some(),
+            controller_expandable: self.controller_expander().is_some(),
+            node_expandable: self.node_expander().is_some(),
+            provisionable: self.provisioner().is_some(),
+            deletable: self.deleter().is_some(),
+        }
+    }
+}
+
+/// Attaches volumes to nodes and detaches them.
+#[async_trait]
+pub trait Attacher: Send + Sync {
+    /// Attaches the volume to `node`; returns the device path when the plugin knows it already.
+    async fn attach(&self, spec: &VolumeSpec, node: &str) -> Result<Option<String>>;
+    /// Waits until the attached device shows up on this node; returns its path.
+    async fn wait_for_attach(
+        &self,
+        spec: &VolumeSpec,
+        device_path: Option<&str>,
+        timeout: Duration,
+    ) -> Result<String>;
+    /// Whether the volume is attached to `node`.
+    async fn is_attached(&self, spec: &VolumeSpec, node: &str) -> Result<bool>;
+    /// Detaches the volume known by `volume_name` ([`VolumePlugin::volume_name`]) from `node`.
+    async fn detach(&self, volume_name: &str, node: &str) -> Result<()>;
+}
+
+/// Stages a volume's device once per node (mount-device), for every pod to publish from.
+#[async_trait]
+pub trait DeviceMounter: Send + Sync {
+    /// The node-global staging path of the volume.
+    fn device_mount_path(&self, spec: &VolumeSpec) -> Result<PathBuf>;
+    async fn stage(&self, spec: &VolumeSpec, device_path: Option<&str>, staging_path: &Path) -> Result<()>;
+    async fn unstage(&self, staging_path: &Path) -> Result<()>;
+}
+
+/// The pod a volume is published for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodInfo {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub service_account: String,
+    pub fs_group: Option<i64>,
+}
+
+/// Everything a publish needs.
+#[derive(Clone, Copy, Debug)]
+pub struct PublishRequest<'a> {
+    pub spec: &'a VolumeSpec,
+    pub pod: &'a PodInfo,
+    /// The pod's name for the volume (its `volumes[].name`).
+    pub pod_volume_name: &'a str,
+    /// Where to publish: `<root>/pods/<uid>/volumes/<escaped plugin>/<volume>`.
+    pub target: &'a Path,
+    /// The staged path, when the plugin stages.
+    pub staging_path: Option<&'a Path>,
+    pub device_path: Option<&'a str>,
+    pub read_only: bool,
+    pub mount_options: &'a [String],
+}
+
+/// Everything an unpublish needs; it works without the spec, so a restarted node can tear down
+/// what it finds on disk.
+#[derive(Clone, Copy, Debug)]
+pub struct UnpublishRequest<'a> {
+    pub pod_uid: &'a str,
+    pub pod_volume_name: &'a str,
+    pub target: &'a Path,
+}
+
+/// Publishes a volume into a pod's volume directory and takes it out again.
+#[async_trait]
+pub trait VolumeMounter: Send + Sync {
+    async fn publish(&self, req: &PublishRequest<'_>) -> Result<()>;
+    async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()>;
+}
+
+/// Grows a volume on the storage side (the control plane's part of expansion).
+#[async_trait]
+pub trait ControllerExpander: Send + Sync {
+    /// Grows the volume to at least `new_size` bytes; returns the size it now has.
+    async fn expand(&self, spec: &VolumeSpec, new_size: u64, old_size: u64) -> Result<u64>;
+    /// Whether the node must then grow the filesystem.
+    fn requires_node_expansion(&self) -> bool;
+}
+
+/// Grows a volume's filesystem on the node.
+#[async_trait]
+pub trait NodeExpander: Send + Sync {
+    async fn expand_on_node(
+        &self,
+        spec: &VolumeSpec,
+        device_path: Option<&str>,
+        mount_path: &Path,
+        new_size: u64,
+    ) -> Result<()>;
+}
+
+/// Creates persistent volumes for claims.
+#[async_trait]
+pub trait Provisioner: Send + Sync {
+    async fn provision(&self, claim_name: &str, size: u64, parameters: &[(String, String)])
+    -> Result<PersistentVolume>;
+}
+
+/// Deletes the storage behind persistent volumes.
+#[async_trait]
+pub trait Deleter: Send + Sync {
+    async fn delete(&self, spec: &VolumeSpec) -> Result<()>;
+}
