@@ -47,6 +47,12 @@ pub enum PluginError {
         plugin.in_tree_name(), plugin.csi_driver()
     )]
     DriverNotInstalled { plugin: MigratablePlugin, node: String },
+    /// A migrated spec whose CSI driver is not registered with this node's plugin host.
+    #[error(
+        "{spec} uses in-tree plugin {}, migrated to CSI driver {}, which is not registered on this node",
+        plugin.in_tree_name(), plugin.csi_driver()
+    )]
+    DriverNotRegistered { spec: String, plugin: MigratablePlugin },
     #[error("cannot decide migration of {} on node {node:?}: the node has no CSINode object yet", plugin.in_tree_name())]
     NoCsiNode { plugin: MigratablePlugin, node: String },
     #[error("cannot translate {spec}: {source}")]

@@ -34,7 +34,15 @@ pub struct Migrated {
     /// For a translated inline volume: the pod's original volume, which is what turning back
     /// restores (CSI → in-tree translation is defined for persistent volumes only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub original_inline: Option<Box<Volume>>,
+    pub inline_origin: Option<InlineOrigin>,
+}
+
+/// The inline volume a translated spec came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InlineOrigin {
+    pub volume: Box<Volume>,
+    pub pod_namespace: String,
 }
 
 /// A volume spec: what every lookup and every operation takes.
