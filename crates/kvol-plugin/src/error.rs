@@ -69,10 +69,31 @@ pub enum PluginError {
         #[source]
         source: std::io::Error,
     },
-    #[error("hostPath type check failed: {} is not {expected}", path.display())]
-    HostPathType { path: PathBuf, expected: &'static str },
-    #[error("hostPath type check failed: {} does not exist (type {kind})", path.display())]
+    /// Upstream's wording (`pkg/volume/hostpath/host_path.go`): `expected` is a description
+    /// (`directory`, `socket file` …), `found` a file type (`Directory`, `Socket` …).
+    #[error("hostPath type check failed: {} is not a {expected}, it's a {found}", path.display())]
+    HostPathType { path: PathBuf, expected: &'static str, found: &'static str },
+    #[error("hostPath {} doesn't exist (hostPath type {kind})", path.display())]
     HostPathMissing { path: PathBuf, kind: &'static str },
+    /// Teardown found mounts it did not make at or below a directory it was about to delete with
+    /// its contents.
+    #[error(
+        "refusing to delete {}: other mounts lie at or below it ({}); unmount them first",
+        path.display(), mounts.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    ForeignMounts { path: PathBuf, mounts: Vec<PathBuf> },
+    /// A block device would not mount; kvol mounts existing filesystems and never formats.
+    #[error(
+        "cannot mount block device {} as {fstype} at {}: {source} (kvol does not format devices: it must already hold a {fstype} filesystem)",
+        device.display(), path.display()
+    )]
+    DeviceMount {
+        device: PathBuf,
+        fstype: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{spec}: {reason}")]
     InvalidSpec { spec: String, reason: String },
     #[error("{spec} cannot be used on node {node:?}: {reason}")]

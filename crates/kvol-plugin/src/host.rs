@@ -82,6 +82,9 @@ mod tests {
             p.pod_volume_dir("u", "example.com/lvm", "v"),
             Path::new("/var/lib/kubelet/pods/u/volumes/example.com~lvm/v")
         );
-        assert_eq!(p.plugin_dir("kubernetes.io/csi"), Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi"));
+        assert_eq!(
+            p.plugin_dir("kubernetes.io/csi"),
+            Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi")
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! kvol's plugin host: lifecycle traits, the plugin registry, migration decisions and the compiled-in plugins.
 
+pub mod catalog;
 pub mod error;
 pub mod host;
 pub mod intree;
 pub mod local;
+pub mod migration;
 pub mod mount;
 pub mod plugin;
 pub mod registry;

@@ -74,7 +74,9 @@ impl NodeMigration {
 pub enum NodeStatus<'a> {
     Known(&'a NodeMigration),
     /// The node has no CSINode object (yet): phase-1 decisions cannot be made.
-    NoCsiNode { node: &'a str },
+    NoCsiNode {
+        node: &'a str,
+    },
 }
 
 /// Which code serves a spec.
@@ -160,15 +162,24 @@ pub fn turn_back(spec: &VolumeSpec) -> Result<VolumeSpec> {
     };
     if let Some(origin) = &migrated.inline_origin {
         return Ok(VolumeSpec {
-            source: SpecSource::Inline { volume: origin.volume.clone(), pod_namespace: origin.pod_namespace.clone() },
+            source: SpecSource::Inline {
+                volume: origin.volume.clone(),
+                pod_namespace: origin.pod_namespace.clone(),
+            },
             read_only: spec.read_only,
             migrated: None,
         });
     }
-    let pv = spec.pv().ok_or_else(|| PluginError::invalid(spec, "a translated spec must be a persistent volume"))?;
+    let pv = spec
+        .pv()
+        .ok_or_else(|| PluginError::invalid(spec, "a translated spec must be a persistent volume"))?;
     let in_tree = kvol_translate::translate_csi_pv_to_in_tree(pv)
         .map_err(|source| PluginError::Translate { spec: spec.to_string(), source })?;
-    Ok(VolumeSpec { source: SpecSource::Persistent(Box::new(in_tree)), read_only: spec.read_only, migrated: None })
+    Ok(VolumeSpec {
+        source: SpecSource::Persistent(Box::new(in_tree)),
+        read_only: spec.read_only,
+        migrated: None,
+    })
 }
 
 /// A spec resolved to the plugin that serves it.
@@ -218,7 +229,11 @@ pub fn resolve<'s, 'a>(
                 return Err(if gates.is_migrated(plugin) {
                     PluginError::NodeNotMigrated { spec: spec.to_string(), plugin, node: node_name(node) }
                 } else {
-                    PluginError::MigrationOff { spec: spec.to_string(), plugin, gate: gate_to_enable(gates, plugin) }
+                    PluginError::MigrationOff {
+                        spec: spec.to_string(),
+                        plugin,
+                        gate: gate_to_enable(gates, plugin),
+                    }
                 });
             }
             found
@@ -266,7 +281,11 @@ pub enum Annotated {
 /// object's provisioner is migrated, removed when it is not (rollback). Objects without a
 /// provisioner annotation (statically provisioned) are left alone. Returns whether anything
 /// changed.
-pub fn sync_migrated_to(gates: &FeatureGates, annotations: &mut BTreeMap<String, String>, object: Annotated) -> bool {
+pub fn sync_migrated_to(
+    gates: &FeatureGates,
+    annotations: &mut BTreeMap<String, String>,
+    object: Annotated,
+) -> bool {
     let provisioner = match object {
         Annotated::Claim => {
             annotations.get(ANN_STORAGE_PROVISIONER).or_else(|| annotations.get(ANN_BETA_STORAGE_PROVISIONER))

@@ -69,13 +69,13 @@ const ALL_MIGRATED: &[MigratablePlugin] = &[AwsEbs, Portworx, Rbd];
 #[test]
 fn decision_matrix() {
     #[derive(Clone, Copy)]
-    enum Node {
+    enum State {
         Migrated,
         NoDriver,
         NotAnnotated,
-        NoCsiNode,
+        Missing,
     }
-    use Node::*;
+    use State::*;
     // (gates, plugin, expected per node state [Migrated, NoDriver, NotAnnotated, NoCsiNode])
     let csi = "csi";
     let intree = "in-tree";
@@ -109,18 +109,20 @@ fn decision_matrix() {
     let not_annotated = node(&[], ALL_MIGRATED);
     for (flag, plugin, expected) in rows {
         let g = gates(flag);
-        for (state, want) in [Migrated, NoDriver, NotAnnotated, NoCsiNode].into_iter().zip(expected) {
+        for (state, want) in [Migrated, NoDriver, NotAnnotated, Missing].into_iter().zip(expected) {
             let status = match state {
                 Migrated => NodeStatus::Known(&migrated),
                 NoDriver => NodeStatus::Known(&no_driver_node),
                 NotAnnotated => NodeStatus::Known(&not_annotated),
-                NoCsiNode => NodeStatus::NoCsiNode { node: "node-1" },
+                Missing => NodeStatus::NoCsiNode { node: "node-1" },
             };
             let got = match decide(&g, *plugin, status) {
                 Ok(Route::Csi(p)) if p == *plugin => "csi",
                 Ok(Route::InTree(p)) if p == *plugin => "in-tree",
                 Ok(other) => panic!("{flag:?} {plugin}: unexpected {other:?}"),
-                Err(PluginError::DriverNotInstalled { plugin: p, node }) if p == *plugin && node == "node-1" => {
+                Err(PluginError::DriverNotInstalled { plugin: p, node })
+                    if p == *plugin && node == "node-1" =>
+                {
                     "error: driver not installed"
                 }
                 Err(PluginError::NoCsiNode { plugin: p, .. }) if p == *plugin => "error: no csinode",
@@ -196,14 +198,22 @@ fn resolution_table() {
     }
     let rows = [
         // Phase 1, node migrated, driver registered: the CSI driver serves the translated spec.
-        Row { flag: "", drivers: &["ebs.csi.aws.com"], node: NodeStatus::Known(&all_nodes), spec: &ebs, want: Ok("ebs.csi.aws.com") },
+        Row {
+            flag: "",
+            drivers: &["ebs.csi.aws.com"],
+            node: NodeStatus::Known(&all_nodes),
+            spec: &ebs,
+            want: Ok("ebs.csi.aws.com"),
+        },
         // Phase 1, node migrated but the driver never registered here.
         Row {
             flag: "",
             drivers: &[],
             node: NodeStatus::Known(&all_nodes),
             spec: &ebs,
-            want: Err("persistent volume \"pv-ebs\" uses in-tree plugin kubernetes.io/aws-ebs, migrated to CSI driver ebs.csi.aws.com, which is not registered on this node"),
+            want: Err(
+                "persistent volume \"pv-ebs\" uses in-tree plugin kubernetes.io/aws-ebs, migrated to CSI driver ebs.csi.aws.com, which is not registered on this node",
+            ),
         },
         // Phase 1, node not migrated: in-tree, which kvol does not carry.
         Row {
@@ -211,7 +221,9 @@ fn resolution_table() {
             drivers: &["ebs.csi.aws.com"],
             node: NodeStatus::Known(&unmigrated),
             spec: &ebs,
-            want: Err("persistent volume \"pv-ebs\" uses in-tree plugin kubernetes.io/aws-ebs but node \"node-1\" has not migrated it (its CSINode annotation storage.alpha.kubernetes.io/migrated-plugins does not list it), and kvol has no in-tree code for it"),
+            want: Err(
+                "persistent volume \"pv-ebs\" uses in-tree plugin kubernetes.io/aws-ebs but node \"node-1\" has not migrated it (its CSINode annotation storage.alpha.kubernetes.io/migrated-plugins does not list it), and kvol has no in-tree code for it",
+            ),
         },
         // RBD with migration off: the error names the gate to turn on.
         Row {
@@ -219,7 +231,9 @@ fn resolution_table() {
             drivers: &["rbd.csi.ceph.com"],
             node: NodeStatus::Known(&all_nodes),
             spec: &rbd,
-            want: Err("persistent volume \"pv-rbd\" uses in-tree plugin kubernetes.io/rbd, which kvol serves only through CSI driver rbd.csi.ceph.com: turn on feature gate CSIMigrationRBD=true"),
+            want: Err(
+                "persistent volume \"pv-rbd\" uses in-tree plugin kubernetes.io/rbd, which kvol serves only through CSI driver rbd.csi.ceph.com: turn on feature gate CSIMigrationRBD=true",
+            ),
         },
         // Phase 2: RBD's in-tree plugin is not registered, its spec is translated first, the
         // node (without a CSINode) is not asked.
@@ -236,7 +250,9 @@ fn resolution_table() {
             drivers: &[],
             node: NodeStatus::NoCsiNode { node: "node-1" },
             spec: &rbd,
-            want: Err("persistent volume \"pv-rbd\" uses in-tree plugin kubernetes.io/rbd, migrated to CSI driver rbd.csi.ceph.com, which is not registered on this node"),
+            want: Err(
+                "persistent volume \"pv-rbd\" uses in-tree plugin kubernetes.io/rbd, migrated to CSI driver rbd.csi.ceph.com, which is not registered on this node",
+            ),
         },
         // Portworx with all its gates on: complete, inline specs translated with their namespace.
         Row {
@@ -252,7 +268,9 @@ fn resolution_table() {
             drivers: &["pxd.portworx.com"],
             node: NodeStatus::NoCsiNode { node: "node-1" },
             spec: &px,
-            want: Err("cannot decide migration of kubernetes.io/portworx-volume on node \"node-1\": the node has no CSINode object yet"),
+            want: Err(
+                "cannot decide migration of kubernetes.io/portworx-volume on node \"node-1\": the node has no CSINode object yet",
+            ),
         },
     ];
     for (i, row) in rows.iter().enumerate() {
@@ -304,7 +322,10 @@ fn translated_specs_turn_back_for_unmigrated_nodes() {
 
     // A native CSI spec is not a translation and cannot be turned back.
     let err = turn_back(&VolumeSpec::persistent(ebs_pv("x"))).unwrap_err();
-    assert_eq!(err.to_string(), "persistent volume \"x\": is not a translated spec, so there is nothing to turn back");
+    assert_eq!(
+        err.to_string(),
+        "persistent volume \"x\": is not a translated spec, so there is nothing to turn back"
+    );
 }
 
 #[test]
@@ -326,13 +347,16 @@ fn bad_specs_fail_before_any_decision() {
         "spec": {"hostPath": {"path": "/x"}, "nfs": {"server": "s", "path": "/"}}
     }))
     .unwrap();
-    let err = resolve(&snap, &g, &VolumeSpec::persistent(two), NodeStatus::NoCsiNode { node: "n" }).unwrap_err();
+    let err =
+        resolve(&snap, &g, &VolumeSpec::persistent(two), NodeStatus::NoCsiNode { node: "n" }).unwrap_err();
     assert_eq!(
         err.to_string(),
         "persistent volume \"two\" has more than one volume source (hostPath, nfs); exactly one is allowed"
     );
-    let none: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "none"}, "spec": {}})).unwrap();
-    let err = resolve(&snap, &g, &VolumeSpec::persistent(none), NodeStatus::NoCsiNode { node: "n" }).unwrap_err();
+    let none: PersistentVolume =
+        serde_json::from_value(json!({"metadata": {"name": "none"}, "spec": {}})).unwrap();
+    let err =
+        resolve(&snap, &g, &VolumeSpec::persistent(none), NodeStatus::NoCsiNode { node: "n" }).unwrap_err();
     assert_eq!(err.to_string(), "persistent volume \"none\" sets no volume source");
     // Two in-tree sources: the translation library's own refusal, named.
     let both: PersistentVolume = serde_json::from_value(json!({
@@ -340,7 +364,8 @@ fn bad_specs_fail_before_any_decision() {
         "spec": {"awsElasticBlockStore": {"volumeID": "v"}, "gcePersistentDisk": {"pdName": "p"}}
     }))
     .unwrap();
-    let err = resolve(&snap, &g, &VolumeSpec::persistent(both), NodeStatus::NoCsiNode { node: "n" }).unwrap_err();
+    let err =
+        resolve(&snap, &g, &VolumeSpec::persistent(both), NodeStatus::NoCsiNode { node: "n" }).unwrap_err();
     assert!(err.to_string().contains("more than one volume source"), "{err}");
 }
 
@@ -362,9 +387,22 @@ fn provisioner_names() {
 #[test]
 fn migrated_to_annotation_is_set_and_rolled_back() {
     // (gates, object, annotations before, changed?, migrated-to after)
-    let rows: &[(&str, Annotated, &[(&str, &str)], bool, Option<&str>)] = &[
-        ("", Annotated::Claim, &[(ANN_STORAGE_PROVISIONER, "kubernetes.io/aws-ebs")], true, Some("ebs.csi.aws.com")),
-        ("", Annotated::Claim, &[(ANN_BETA_STORAGE_PROVISIONER, "kubernetes.io/gce-pd")], true, Some("pd.csi.storage.gke.io")),
+    type Row<'a> = (&'a str, Annotated, &'a [(&'a str, &'a str)], bool, Option<&'a str>);
+    let rows: &[Row] = &[
+        (
+            "",
+            Annotated::Claim,
+            &[(ANN_STORAGE_PROVISIONER, "kubernetes.io/aws-ebs")],
+            true,
+            Some("ebs.csi.aws.com"),
+        ),
+        (
+            "",
+            Annotated::Claim,
+            &[(ANN_BETA_STORAGE_PROVISIONER, "kubernetes.io/gce-pd")],
+            true,
+            Some("pd.csi.storage.gke.io"),
+        ),
         (
             "",
             Annotated::Claim,
@@ -373,14 +411,32 @@ fn migrated_to_annotation_is_set_and_rolled_back() {
             Some("ebs.csi.aws.com"),
         ),
         // Rollback: RBD migration turned off again removes the annotation.
-        ("", Annotated::Volume, &[(ANN_PROVISIONED_BY, "kubernetes.io/rbd"), (ANN_MIGRATED_TO, "rbd.csi.ceph.com")], true, None),
-        ("CSIMigrationRBD=true", Annotated::Volume, &[(ANN_PROVISIONED_BY, "kubernetes.io/rbd")], true, Some("rbd.csi.ceph.com")),
+        (
+            "",
+            Annotated::Volume,
+            &[(ANN_PROVISIONED_BY, "kubernetes.io/rbd"), (ANN_MIGRATED_TO, "rbd.csi.ceph.com")],
+            true,
+            None,
+        ),
+        (
+            "CSIMigrationRBD=true",
+            Annotated::Volume,
+            &[(ANN_PROVISIONED_BY, "kubernetes.io/rbd")],
+            true,
+            Some("rbd.csi.ceph.com"),
+        ),
         // A PV's provisioner is provisioned-by, not the claim key.
         ("", Annotated::Volume, &[(ANN_STORAGE_PROVISIONER, "kubernetes.io/aws-ebs")], false, None),
         // Statically provisioned: no provisioner, left alone even with a stale annotation.
         ("", Annotated::Volume, &[(ANN_MIGRATED_TO, "ebs.csi.aws.com")], false, Some("ebs.csi.aws.com")),
         // A CSI provisioner is not migrated: a stale annotation goes.
-        ("", Annotated::Claim, &[(ANN_STORAGE_PROVISIONER, "example.com/x"), (ANN_MIGRATED_TO, "x")], true, None),
+        (
+            "",
+            Annotated::Claim,
+            &[(ANN_STORAGE_PROVISIONER, "example.com/x"), (ANN_MIGRATED_TO, "x")],
+            true,
+            None,
+        ),
     ];
     for (i, (flag, object, before, changed, after)) in rows.iter().enumerate() {
         let mut ann: BTreeMap<String, String> =
@@ -398,7 +454,8 @@ fn storage_resizer_names() {
     }))
     .unwrap();
     let host: PersistentVolume =
-        serde_json::from_value(json!({"metadata": {"name": "h"}, "spec": {"hostPath": {"path": "/x"}}})).unwrap();
+        serde_json::from_value(json!({"metadata": {"name": "h"}, "spec": {"hostPath": {"path": "/x"}}}))
+            .unwrap();
     let rows: &[(&str, VolumeSpec, Option<&str>)] = &[
         ("", VolumeSpec::persistent(ebs_pv("e")), Some("ebs.csi.aws.com")),
         ("", translate_spec(&VolumeSpec::persistent(ebs_pv("e"))).unwrap(), Some("ebs.csi.aws.com")),

@@ -58,8 +58,14 @@ impl MountPoint {
 pub trait Mounter: Send + Sync + fmt::Debug {
     /// Mounts a filesystem of `fstype` from `source` on `target`, with fs-specific `data`
     /// options (for example `size=64m` for tmpfs).
-    fn mount(&self, source: &str, target: &Path, fstype: &str, read_only: bool, data: &[String])
-    -> Result<(), MountError>;
+    fn mount(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        read_only: bool,
+        data: &[String],
+    ) -> Result<(), MountError>;
     /// Bind-mounts `source` (a directory or a file) on `target`; read-only takes a second
     /// remount, as the kernel ignores read-only on the first bind.
     fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>;
@@ -101,8 +107,14 @@ impl Mounter for SystemMounter {
     }
 
     fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
-        nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-            .map_err(|e| MountError::new("bind-mount onto", target, e.into()))?;
+        nix::mount::mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| MountError::new("bind-mount onto", target, e.into()))?;
         if read_only {
             let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
             if let Err(e) = nix::mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
@@ -215,7 +227,13 @@ impl RecordingMounter {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn record(&self, call: MountCall, op: &'static str, target: &Path, add: Option<MountPoint>) -> Result<(), MountError> {
+    fn record(
+        &self,
+        call: MountCall,
+        op: &'static str,
+        target: &Path,
+        add: Option<MountPoint>,
+    ) -> Result<(), MountError> {
         let mut state = self.lock();
         state.calls.push(call);
         if let Some(kind) = state.fail_next.take() {
@@ -262,8 +280,7 @@ impl Mounter for RecordingMounter {
     }
 
     fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
-        let call =
-            MountCall::Bind { source: source.to_path_buf(), target: target.to_path_buf(), read_only };
+        let call = MountCall::Bind { source: source.to_path_buf(), target: target.to_path_buf(), read_only };
         let point = MountPoint {
             source: source.display().to_string(),
             target: target.to_path_buf(),

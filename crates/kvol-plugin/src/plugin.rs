@@ -270,8 +270,12 @@ pub trait NodeExpander: Send + Sync {
 /// Creates persistent volumes for claims.
 #[async_trait]
 pub trait Provisioner: Send + Sync {
-    async fn provision(&self, claim_name: &str, size: u64, parameters: &[(String, String)])
-    -> Result<PersistentVolume>;
+    async fn provision(
+        &self,
+        claim_name: &str,
+        size: u64,
+        parameters: &[(String, String)],
+    ) -> Result<PersistentVolume>;
 }
 
 /// Deletes the storage behind persistent volumes.

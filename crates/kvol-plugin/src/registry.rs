@@ -79,40 +79,26 @@ impl PluginRegistry {
     /// Applies a batch of events from one source and publishes one new snapshot. Events that
     /// would take a name another source owns are refused; the refusals are returned (and the
     /// rest of the batch still applies).
-    pub fn apply(&self, source: DynamicSource, events: impl IntoIterator<Item = ProbeEvent>) -> Vec<PluginError> {
+    pub fn apply(
+        &self,
+        source: DynamicSource,
+        events: impl IntoIterator<Item = ProbeEvent>,
+    ) -> Vec<PluginError> {
         let mut sources = self.lock();
-        let mut refused = Vec::new();
-        for event in events {
-            match event {
-                ProbeEvent::AddOrUpdate(plugin) => {
-                    let name = plugin.name().to_string();
-                    if let Some(owner) = sources.owner_of(&name).filter(|o| *o != Some(source)) {
-                        let by = owner.map_or_else(|| "compiled-in".to_string(), |s| s.to_string());
-                        tracing::warn!(plugin = %name, %source, owner = %by, "refused dynamic plugin: name taken");
-                        refused.push(PluginError::DuplicateName { name, by: Some(by) });
-                        continue;
-                    }
-                    tracing::info!(plugin = %name, %source, "volume plugin added or updated");
-                    sources.dynamic.entry(source).or_default().insert(name, plugin);
-                }
-                ProbeEvent::Remove(name) => {
-                    if sources.dynamic.get_mut(&source).and_then(|m| m.remove(&name)).is_some() {
-                        tracing::info!(plugin = %name, %source, "volume plugin removed");
-                    }
-                }
-            }
-        }
+        let refused = sources.apply(source, events);
         self.publish(&mut sources);
         refused
     }
 
     /// Replaces every plugin of `source` at once (a full rescan); returns the refusals.
     pub fn replace(&self, source: DynamicSource, plugins: Vec<PluginRef>) -> Vec<PluginError> {
-        {
-            let mut sources = self.lock();
-            sources.dynamic.remove(&source);
-        }
-        self.apply(source, plugins.into_iter().map(ProbeEvent::AddOrUpdate))
+        // One lock for the removal and the re-adding: a snapshot published in between (by
+        // another source's apply) would lack every plugin of this source.
+        let mut sources = self.lock();
+        sources.dynamic.remove(&source);
+        let refused = sources.apply(source, plugins.into_iter().map(ProbeEvent::AddOrUpdate));
+        self.publish(&mut sources);
+        refused
     }
 
     fn publish(&self, sources: &mut Sources) {
@@ -126,6 +112,36 @@ impl PluginRegistry {
 }
 
 impl Sources {
+    /// Applies `events` of `source` in order; returns the refusals.
+    fn apply(
+        &mut self,
+        source: DynamicSource,
+        events: impl IntoIterator<Item = ProbeEvent>,
+    ) -> Vec<PluginError> {
+        let mut refused = Vec::new();
+        for event in events {
+            match event {
+                ProbeEvent::AddOrUpdate(plugin) => {
+                    let name = plugin.name().to_string();
+                    if let Some(owner) = self.owner_of(&name).filter(|o| *o != Some(source)) {
+                        let by = owner.map_or_else(|| "compiled-in".to_string(), |s| s.to_string());
+                        tracing::warn!(plugin = %name, %source, owner = %by, "refused dynamic plugin: name taken");
+                        refused.push(PluginError::DuplicateName { name, by: Some(by) });
+                        continue;
+                    }
+                    tracing::info!(plugin = %name, %source, "volume plugin added or updated");
+                    self.dynamic.entry(source).or_default().insert(name, plugin);
+                }
+                ProbeEvent::Remove(name) => {
+                    if self.dynamic.get_mut(&source).and_then(|m| m.remove(&name)).is_some() {
+                        tracing::info!(plugin = %name, %source, "volume plugin removed");
+                    }
+                }
+            }
+        }
+        refused
+    }
+
     /// Who holds `name`: `Some(None)` compiled-in, `Some(Some(s))` a dynamic source, `None` nobody.
     fn owner_of(&self, name: &str) -> Option<Option<DynamicSource>> {
         if self.compiled_in.iter().any(|p| p.name() == name) {
@@ -196,7 +212,9 @@ impl Snapshot {
         let mut matched = candidates.iter().map(|i| &self.plugins[*i].plugin).filter(|p| p.can_support(spec));
         match (matched.next(), matched.next()) {
             (Some(one), None) => Ok(one),
-            (None, _) => Err(PluginError::NoPluginMatched { spec: spec.to_string(), source_key: key.to_string() }),
+            (None, _) => {
+                Err(PluginError::NoPluginMatched { spec: spec.to_string(), source_key: key.to_string() })
+            }
             (Some(_), Some(_)) => {
                 let mut names: Vec<String> = candidates
                     .iter()
@@ -292,7 +310,11 @@ impl Snapshot {
     }
 }
 
-fn require<'a>(p: &'a PluginRef, ok: impl Fn(&dyn VolumePlugin) -> bool, what: &'static str) -> Result<&'a PluginRef> {
+fn require<'a>(
+    p: &'a PluginRef,
+    ok: impl Fn(&dyn VolumePlugin) -> bool,
+    what: &'static str,
+) -> Result<&'a PluginRef> {
     if ok(p.as_ref()) { Ok(p) } else { Err(PluginError::Unsupported { plugin: p.name().to_string(), what }) }
 }
 

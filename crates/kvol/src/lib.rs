@@ -2,6 +2,7 @@
 
 pub mod documents;
 pub mod gates_cmd;
+pub mod plugins_cmd;
 pub mod translate_cmd;
 
 use std::io::{Read, Write};
@@ -35,6 +36,8 @@ pub enum Command {
     Translate(TranslateArgs),
     /// Show the feature gates in effect and what they decide for each migratable plugin.
     Gates(GatesArgs),
+    /// List the volume plugins this node would have: kind, capabilities and CSI migration state.
+    Plugins(PluginsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -58,6 +61,28 @@ pub struct GatesArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: gates_cmd::GatesFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PluginsArgs {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: plugins_cmd::PluginsFormat,
+    /// The node's state directory (kubelet's root directory; pod volumes live below it).
+    #[arg(long, default_value = "/var/lib/kvol")]
+    pub root: PathBuf,
+    /// The node's name (its `kubernetes.io/hostname` label); defaults to the host name.
+    #[arg(long, env = "KVOL_NODE_NAME")]
+    pub node_name: Option<String>,
+}
+
+/// This machine's host name, the default node name as kubelet uses it.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// Loads the configuration and validates the feature gates; every command starts here.
@@ -86,6 +111,10 @@ pub fn run(cli: Cli) -> ExitCode {
     let result = match &cli.command {
         Command::Translate(args) => run_translate(args),
         Command::Gates(args) => gates_cmd::run(&gates, args.output),
+        Command::Plugins(args) => {
+            let node = args.node_name.clone().unwrap_or_else(host_name);
+            plugins_cmd::run(&gates, args.output, args.root.clone(), &node)
+        }
     };
     match result {
         Ok(code) => code,

@@ -175,6 +175,42 @@ mod with_plugins {
         assert!(out.stdout.is_empty());
         assert!(text(&out.stderr).contains("document 9 (PersistentVolume/nfs)"), "{}", text(&out.stderr));
     }
+
+    #[test]
+    fn plugins_lists_local_plugins_and_in_tree_migration_state() {
+        let out = kvol(&["plugins", "--node-name", "n1"], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let table = text(&out.stdout);
+        let line = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("{name} in\n{table}"))
+                .to_string()
+        };
+        assert!(table.starts_with("NAME "), "{table}");
+        assert!(line("kubernetes.io/empty-dir ").contains("compiled-in"), "{table}");
+        assert!(line("kubernetes.io/aws-ebs ").contains("on → ebs.csi.aws.com (CSIMigrationAWS)"), "{table}");
+        assert!(line("kubernetes.io/rbd ").contains("off → rbd.csi.ceph.com (CSIMigrationRBD)"), "{table}");
+
+        let args = [
+            "--feature-gates",
+            "CSIMigrationRBD=true,InTreePluginRBDUnregister=true",
+            "plugins",
+            "-o",
+            "json",
+        ];
+        let out = kvol(&args, None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let rbd = rows.iter().find(|r| r["name"] == "kubernetes.io/rbd").unwrap();
+        assert_eq!(rbd["registered"], false);
+        assert_eq!(rbd["migration"]["state"], "complete");
+        assert_eq!(rbd["note"], "InTreePluginRBDUnregister is on");
+        let host_path = rows.iter().find(|r| r["name"] == "kubernetes.io/host-path").unwrap();
+        assert_eq!(host_path["kind"], "compiled-in");
+        assert_eq!(host_path["registered"], true);
+    }
 }
 
 #[cfg(not(feature = "all-plugins"))]
@@ -187,4 +223,10 @@ fn a_build_without_plugins_says_which_feature_is_missing() {
         err.contains("document 1 (PersistentVolume/ebs-data): kubernetes.io/aws-ebs translation is not compiled into this build (cargo feature \"aws-ebs\" of kvol-translate)"),
         "{err}"
     );
+    // Phase 3: without their translation, in-tree plugins are not registered at all.
+    let out = kvol(&["plugins", "-o", "json"], None);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let ebs = rows.iter().find(|r| r["name"] == "kubernetes.io/aws-ebs").unwrap();
+    assert_eq!(ebs["registered"], false);
+    assert!(ebs["note"].as_str().unwrap().contains("not compiled into this build"), "{ebs}");
 }

@@ -1,0 +1,385 @@
+//! The emptyDir plugin: a world-writable directory on the node's disk, or a tmpfs for medium `Memory`.
+//!
+//! Teardown deletes the directory with its contents, so it first makes sure nothing but its
+//! own tmpfs is mounted at or below it: deleting through a foreign mount would destroy data
+//! that is not the volume's.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
+
+use super::quantity;
+use super::{create_dir_all, mount_table_path};
+use crate::error::{PluginError, Result};
+use crate::host::PluginHost;
+use crate::mount::{MountPoint, Mounter};
+use crate::plugin::{PluginKind, PublishRequest, UnpublishRequest, VolumeMounter, VolumePlugin};
+use crate::spec::{SourceKey, VolumeSpec};
+
+/// The plugin's upstream name.
+pub const PLUGIN_NAME: &str = "kubernetes.io/empty-dir";
+
+/// The mode of an emptyDir directory, whatever the umask (upstream's `defaultPerm`).
+pub const DIR_MODE: u32 = 0o777;
+
+/// What backs an emptyDir volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Medium {
+    /// A directory on the node's disk (medium `""`).
+    Disk,
+    /// A tmpfs (medium `Memory`), of at most `size_limit` bytes when one is set; without one
+    /// the kernel's default applies (half of RAM).
+    Memory { size_limit: Option<u64> },
+}
+
+/// The medium an emptyDir source asks for, or why kvol cannot provide it.
+pub fn medium_of(source: &EmptyDirVolumeSource) -> Result<Medium, String> {
+    match source.medium.as_deref().unwrap_or_default() {
+        "" => Ok(Medium::Disk),
+        "Memory" => {
+            let Some(limit) = &source.size_limit else { return Ok(Medium::Memory { size_limit: None }) };
+            let bytes = quantity::parse_bytes(&limit.0)
+                .map_err(|e| format!("sizeLimit {:?} is not a valid quantity: {e}", limit.0))?;
+            // Zero means no limit, as upstream; tmpfs would read size=0 as unlimited anyway.
+            Ok(Medium::Memory { size_limit: (bytes > 0).then_some(bytes) })
+        }
+        medium if medium == "HugePages" || medium.starts_with("HugePages-") => Err(format!(
+            "medium {medium:?} is not supported by kvol: hugetlbfs-backed emptyDir volumes are not implemented"
+        )),
+        medium => Err(format!("unknown storage medium {medium:?}")),
+    }
+}
+
+/// The tmpfs mount data for a size limit: `size=<bytes>`, or nothing.
+pub fn tmpfs_options(size_limit: Option<u64>) -> Vec<String> {
+    size_limit.map(|bytes| format!("size={bytes}")).into_iter().collect()
+}
+
+/// The emptyDir plugin (`kubernetes.io/empty-dir`).
+#[derive(Debug)]
+pub struct EmptyDirPlugin {
+    host: PluginHost,
+}
+
+impl EmptyDirPlugin {
+    pub fn new(host: PluginHost) -> EmptyDirPlugin {
+        EmptyDirPlugin { host }
+    }
+
+    /// Where a pod's emptyDir volume lives: `<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
+    pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> PathBuf {
+        self.host.paths.pod_volume_dir(pod_uid, PLUGIN_NAME, volume_name)
+    }
+
+    fn mounter(&self) -> &dyn Mounter {
+        self.host.mounter.as_ref()
+    }
+
+    /// Mounts a tmpfs on `dir` unless one is there already.
+    fn set_up_tmpfs(&self, dir: &Path, size_limit: Option<u64>) -> Result<()> {
+        let on_dir = mounts_on(self.mounter(), dir)?;
+        if let Some(last) = on_dir.last() {
+            if last.fstype == "tmpfs" {
+                return Ok(());
+            }
+            let already =
+                io::Error::other(format!("{} from {} is already mounted there", last.fstype, last.source));
+            return Err(PluginError::io("mount tmpfs on", dir, already));
+        }
+        // The tmpfs root comes up 1777 (sticky, world-writable) and stays so, as upstream leaves it.
+        self.mounter().mount("tmpfs", dir, "tmpfs", false, &tmpfs_options(size_limit))?;
+        Ok(())
+    }
+}
+
+/// The mounts exactly on `path`, in mount order.
+fn mounts_on(mounter: &dyn Mounter, path: &Path) -> Result<Vec<MountPoint>> {
+    let table_path = mount_table_path(path);
+    Ok(mounter.mounts_under(&table_path)?.into_iter().filter(|m| m.target == table_path).collect())
+}
+
+/// Makes the directory's permission bits 0777 when a umask narrowed them; like upstream's
+/// `setupDir`, it leaves a directory alone whose bits are already all set (a tmpfs root keeps
+/// its sticky bit on a repeated publish).
+fn make_world_writable(dir: &Path) -> Result<()> {
+    let mode = fs::metadata(dir).map_err(|e| PluginError::io("inspect", dir, e))?.permissions().mode();
+    if mode & 0o777 == DIR_MODE {
+        return Ok(());
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))
+        .map_err(|e| PluginError::io("chmod", dir, e))
+}
+
+impl VolumePlugin for EmptyDirPlugin {
+    fn name(&self) -> &str {
+        PLUGIN_NAME
+    }
+
+    fn kind(&self) -> PluginKind {
+        PluginKind::CompiledIn
+    }
+
+    fn serves(&self) -> Vec<SourceKey<'_>> {
+        vec![SourceKey::Field("emptyDir")]
+    }
+
+    fn can_support(&self, spec: &VolumeSpec) -> bool {
+        spec.inline_volume().is_some_and(|v| v.empty_dir.is_some())
+    }
+
+    /// The pod's name for the volume, as upstream names ephemeral volumes.
+    fn volume_name(&self, spec: &VolumeSpec) -> Result<String> {
+        if !self.can_support(spec) {
+            return Err(PluginError::invalid(spec, "it is not an emptyDir volume"));
+        }
+        Ok(spec.name().to_string())
+    }
+
+    fn mounter(&self) -> Option<&dyn VolumeMounter> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl VolumeMounter for EmptyDirPlugin {
+    /// Sets the volume up at `req.target`; already set up, it does nothing.
+    async fn publish(&self, req: &PublishRequest<'_>) -> Result<()> {
+        let spec = req.spec;
+        let source = spec
+            .inline_volume()
+            .and_then(|v| v.empty_dir.as_ref())
+            .ok_or_else(|| PluginError::invalid(spec, "it is not an emptyDir volume"))?;
+        let medium = medium_of(source).map_err(|reason| PluginError::invalid(spec, reason))?;
+        create_dir_all(req.target, DIR_MODE)?;
+        make_world_writable(req.target)?;
+        match medium {
+            Medium::Disk => Ok(()),
+            Medium::Memory { size_limit } => self.set_up_tmpfs(req.target, size_limit),
+        }
+    }
+
+    /// Unmounts the volume's tmpfs, if any, and deletes the directory with its contents;
+    /// refuses while anything else is mounted at or below it. Already gone: success.
+    async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()> {
+        let dir = req.target;
+        match fs::symlink_metadata(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(PluginError::io("inspect", dir, e)),
+            Ok(_) => {}
+        }
+        let table_path = mount_table_path(dir);
+        let mounts = self.mounter().mounts_under(&table_path)?;
+        let foreign: Vec<PathBuf> = mounts
+            .iter()
+            .filter(|m| m.target != table_path || m.fstype != "tmpfs")
+            .map(|m| m.target.clone())
+            .collect();
+        if !foreign.is_empty() {
+            return Err(PluginError::ForeignMounts { path: dir.to_path_buf(), mounts: foreign });
+        }
+        // Latest first, should tmpfs mounts be stacked.
+        for tmpfs in mounts.iter().rev() {
+            self.mounter().unmount(&tmpfs.target)?;
+        }
+        match fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(PluginError::io("remove", dir, e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Volume;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use crate::local::test_support::{block_on, publish_request, recording_host, unpublish_request};
+    use crate::mount::MountCall;
+
+    fn source(medium: Option<&str>, size_limit: Option<&str>) -> EmptyDirVolumeSource {
+        EmptyDirVolumeSource {
+            medium: medium.map(str::to_string),
+            size_limit: size_limit.map(|s| Quantity(s.to_string())),
+            ..EmptyDirVolumeSource::default()
+        }
+    }
+
+    fn spec(medium: Option<&str>, size_limit: Option<&str>) -> VolumeSpec {
+        let volume = Volume {
+            name: "cache".to_string(),
+            empty_dir: Some(source(medium, size_limit)),
+            ..Volume::default()
+        };
+        VolumeSpec::inline(volume, "ns")
+    }
+
+    #[test]
+    fn media_are_read_from_the_source() {
+        /// Medium, sizeLimit, and the medium or the start of the reason.
+        type Case = (Option<&'static str>, Option<&'static str>, Result<Medium, &'static str>);
+        let cases: &[Case] = &[
+            (None, None, Ok(Medium::Disk)),
+            (Some(""), Some("1Gi"), Ok(Medium::Disk)),
+            (Some("Memory"), None, Ok(Medium::Memory { size_limit: None })),
+            (Some("Memory"), Some("64Mi"), Ok(Medium::Memory { size_limit: Some(64 << 20) })),
+            (Some("Memory"), Some("1.5k"), Ok(Medium::Memory { size_limit: Some(1500) })),
+            (Some("Memory"), Some("0"), Ok(Medium::Memory { size_limit: None })),
+            (Some("Memory"), Some("64MB"), Err("sizeLimit \"64MB\" is not a valid quantity: \"MB\" is not")),
+            (Some("Memory"), Some("-1Gi"), Err("sizeLimit \"-1Gi\" is not a valid quantity: it is negative")),
+            (Some("HugePages"), None, Err("medium \"HugePages\" is not supported by kvol")),
+            (Some("HugePages-2Mi"), None, Err("medium \"HugePages-2Mi\" is not supported by kvol")),
+            (Some("memory"), None, Err("unknown storage medium \"memory\"")),
+            (Some("SSD"), None, Err("unknown storage medium \"SSD\"")),
+        ];
+        for (medium, limit, expected) in cases {
+            match (medium_of(&source(*medium, *limit)), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{medium:?} {limit:?}"),
+                (Err(got), Err(want)) => {
+                    assert!(got.starts_with(want), "{got:?} does not start with {want:?}")
+                }
+                (got, want) => panic!("{medium:?} {limit:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn tmpfs_size_option_is_in_bytes() {
+        assert_eq!(tmpfs_options(None), Vec::<String>::new());
+        assert_eq!(tmpfs_options(Some(67_108_864)), ["size=67108864"]);
+    }
+
+    #[test]
+    fn disk_medium_is_a_world_writable_directory_without_mounts() {
+        let (_root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        assert!(dir.ends_with("pods/uid-1/volumes/kubernetes.io~empty-dir/cache"));
+        let disk = spec(None, None);
+        block_on(plugin.publish(&publish_request(&disk, &dir, false))).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        block_on(plugin.publish(&publish_request(&disk, &dir, false))).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o777);
+        assert!(mounter.calls().is_empty());
+    }
+
+    #[test]
+    fn memory_medium_mounts_one_sized_tmpfs() {
+        let (_root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let memory = spec(Some("Memory"), Some("64Mi"));
+        block_on(plugin.publish(&publish_request(&memory, &dir, true))).unwrap();
+        block_on(plugin.publish(&publish_request(&memory, &dir, true))).unwrap();
+        let expected = MountCall::Mount {
+            source: "tmpfs".to_string(),
+            target: dir.clone(),
+            fstype: "tmpfs".to_string(),
+            read_only: false,
+            data: vec!["size=67108864".to_string()],
+        };
+        assert_eq!(mounter.calls(), [expected]);
+    }
+
+    #[test]
+    fn memory_medium_without_limit_takes_the_kernel_default() {
+        let (_root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        block_on(plugin.publish(&publish_request(&spec(Some("Memory"), None), &dir, false))).unwrap();
+        assert!(matches!(&mounter.calls()[..], [MountCall::Mount { data, .. }] if data.is_empty()));
+    }
+
+    #[test]
+    fn a_foreign_mount_on_the_directory_is_not_covered() {
+        let (_root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        fs::create_dir_all(&dir).unwrap();
+        mounter.bind(Path::new("/srv"), &dir, false).unwrap();
+        let err =
+            block_on(plugin.publish(&publish_request(&spec(Some("Memory"), None), &dir, false))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("cannot mount tmpfs on {}: bind from /srv is already mounted there", dir.display())
+        );
+    }
+
+    #[test]
+    fn bad_specs_are_refused_naming_the_volume_and_value() {
+        let (_root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let cases = [
+            (
+                spec(Some("Memory"), Some("lots")),
+                "inline volume \"cache\": sizeLimit \"lots\" is not a valid quantity",
+            ),
+            (
+                spec(Some("HugePages-1Gi"), None),
+                "inline volume \"cache\": medium \"HugePages-1Gi\" is not supported by kvol",
+            ),
+            (
+                VolumeSpec::inline(Volume { name: "x".into(), ..Volume::default() }, "ns"),
+                "inline volume \"x\": it is not an emptyDir volume",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let err = block_on(plugin.publish(&publish_request(&spec, &dir, false))).unwrap_err();
+            assert!(err.to_string().starts_with(expected), "{err}");
+        }
+        assert!(!dir.exists() && mounter.calls().is_empty(), "a refused spec leaves nothing behind");
+    }
+
+    #[test]
+    fn unpublish_unmounts_the_tmpfs_deletes_the_directory_and_is_idempotent() {
+        let (_root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        block_on(plugin.publish(&publish_request(&spec(Some("Memory"), None), &dir, false))).unwrap();
+        fs::write(dir.join("file"), b"x").unwrap();
+        block_on(plugin.unpublish(&unpublish_request(&dir))).unwrap();
+        assert!(!dir.exists());
+        assert_eq!(mounter.calls().last(), Some(&MountCall::Unmount { target: dir.clone() }));
+        block_on(plugin.unpublish(&unpublish_request(&dir))).unwrap();
+        assert_eq!(mounter.calls().len(), 2);
+    }
+
+    #[test]
+    fn unpublish_refuses_while_foreign_mounts_lie_below() {
+        let (root, host, mounter) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        block_on(plugin.publish(&publish_request(&spec(None, None), &dir, false))).unwrap();
+        let inner = dir.join("inner");
+        fs::create_dir(&inner).unwrap();
+        mounter.bind(&root.path().join("precious"), &inner, false).unwrap();
+        let err = block_on(plugin.unpublish(&unpublish_request(&dir))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "refusing to delete {}: other mounts lie at or below it ({}); unmount them first",
+                dir.display(),
+                inner.display()
+            )
+        );
+        assert!(inner.exists());
+        assert!(!mounter.calls().iter().any(|c| matches!(c, MountCall::Unmount { .. })));
+    }
+
+    #[test]
+    fn the_plugin_serves_inline_empty_dirs_only() {
+        let (_root, host, _) = recording_host();
+        let plugin = EmptyDirPlugin::new(host);
+        assert_eq!(plugin.name(), "kubernetes.io/empty-dir");
+        assert_eq!(plugin.serves(), [SourceKey::Field("emptyDir")]);
+        assert!(plugin.can_support(&spec(None, None)));
+        assert_eq!(plugin.volume_name(&spec(None, None)).unwrap(), "cache");
+        let caps = plugin.capabilities();
+        assert!(caps.mountable && !caps.persistent && !caps.attachable && !caps.device_mountable);
+    }
+}

@@ -1,0 +1,84 @@
+//! `kvol plugins`: the volume plugins this node would have, with kind, capabilities and migration state.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use kvol_api::FeatureGates;
+use kvol_plugin::catalog::{self, PluginListing};
+use kvol_plugin::{NodeInfo, NodePaths, PluginHost, PluginRegistry, SystemMounter};
+
+/// Output format of `kvol plugins`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PluginsFormat {
+    Table,
+    Json,
+}
+
+/// The rows `kvol plugins` prints: the compiled-in registry the gates give, plus what they left out.
+pub fn rows(gates: &FeatureGates, root: PathBuf, node_name: &str) -> anyhow::Result<Vec<PluginListing>> {
+    let host = PluginHost {
+        paths: NodePaths::new(root),
+        node: NodeInfo::named(node_name),
+        mounter: Arc::new(SystemMounter),
+    };
+    let (plugins, skipped) = catalog::compiled_in(&host, gates);
+    let registry = PluginRegistry::new(plugins)?;
+    Ok(catalog::listing(&registry.snapshot(), gates, &skipped))
+}
+
+/// Renders the rows as an aligned table.
+pub fn table(rows: &[PluginListing]) -> String {
+    let cells: Vec<[String; 5]> = rows
+        .iter()
+        .map(|r| {
+            let migration = match &r.migration {
+                Some(m) => format!("{} → {} ({})", m.state, m.csi_driver, m.gate),
+                None => "-".to_string(),
+            };
+            let caps = if r.capabilities.is_empty() { "-".to_string() } else { r.capabilities.join(",") };
+            let registered = if r.registered {
+                "yes".to_string()
+            } else {
+                format!("no: {}", r.note.as_deref().unwrap_or(""))
+            };
+            [r.name.clone(), r.kind.to_string(), caps, migration, registered]
+        })
+        .collect();
+    let header = ["NAME", "KIND", "CAPABILITIES", "MIGRATION", "REGISTERED"].map(str::to_string);
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&cells) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(w - cell.chars().count() + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+pub fn run(
+    gates: &FeatureGates,
+    format: PluginsFormat,
+    root: PathBuf,
+    node_name: &str,
+) -> anyhow::Result<ExitCode> {
+    let rows = rows(gates, root, node_name)?;
+    match format {
+        PluginsFormat::Table => print!("{}", table(&rows)),
+        PluginsFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+    }
+    Ok(ExitCode::SUCCESS)
+}
