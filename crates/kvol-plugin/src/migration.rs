@@ -200,6 +200,9 @@ pub fn resolve<'s, 'a>(
     node: NodeStatus<'_>,
 ) -> Result<Resolved<'s, 'a>> {
     let route = decide_for_spec(gates, spec, node)?;
+    // Errors name the spec as the caller knows it, not its translation (whose PV name is the
+    // driver and handle).
+    let original = spec;
     let spec = match (route, spec.migrated.is_some()) {
         (Route::Csi(_), false) => Cow::Owned(translate_spec(spec)?),
         (Route::InTree(_), true) => Cow::Owned(turn_back(spec)?),
@@ -210,14 +213,14 @@ pub fn resolve<'s, 'a>(
         Route::Csi(plugin) => match snapshot.find_by_spec(&spec) {
             Ok(found) => found,
             Err(PluginError::NoPluginMatched { .. }) => {
-                return Err(PluginError::DriverNotRegistered { spec: spec.to_string(), plugin });
+                return Err(PluginError::DriverNotRegistered { spec: original.to_string(), plugin });
             }
             Err(e) => return Err(e),
         },
         Route::InTree(plugin) => {
             if !kvol_translate::is_compiled_in(plugin) {
                 return Err(PluginError::Translate {
-                    spec: spec.to_string(),
+                    spec: original.to_string(),
                     source: kvol_translate::TranslateError::NotCompiledIn {
                         plugin,
                         feature: kvol_translate::cargo_feature(plugin),
@@ -227,10 +230,10 @@ pub fn resolve<'s, 'a>(
             let found = snapshot.find_by_spec(&spec)?;
             if found.kind() == PluginKind::InTree {
                 return Err(if gates.is_migrated(plugin) {
-                    PluginError::NodeNotMigrated { spec: spec.to_string(), plugin, node: node_name(node) }
+                    PluginError::NodeNotMigrated { spec: original.to_string(), plugin, node: node_name(node) }
                 } else {
                     PluginError::MigrationOff {
-                        spec: spec.to_string(),
+                        spec: original.to_string(),
                         plugin,
                         gate: gate_to_enable(gates, plugin),
                     }

@@ -526,3 +526,55 @@ fn any_block_device() -> Option<PathBuf> {
     entries.sort();
     entries.into_iter().find(|p| fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
 }
+
+/// The whole host path as operations will take it: the gates shape the catalog, the registry
+/// indexes it, `resolve` picks the plugin, and the plugin publishes through the real mounter.
+/// A migrated in-tree spec on the same registry ends in its driver's name, never in
+/// "no volume plugin matched".
+#[tokio::test]
+async fn specs_resolve_through_the_registry_to_real_mounts() {
+    use kvol_api::FeatureGates;
+    use kvol_plugin::migration::{NodeMigration, NodeStatus, Route, resolve};
+    use kvol_plugin::{PluginRegistry, catalog};
+
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let gates = FeatureGates::parse("CSIMigrationRBD=true,InTreePluginRBDUnregister=true").unwrap();
+    let (plugins, skipped) = catalog::compiled_in(&sandbox.host, &gates);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    let registry = PluginRegistry::new(plugins).unwrap();
+    let snapshot = registry.snapshot();
+    let own_node = NodeMigration::of_own_node("node-a", &gates, []);
+
+    let data = sandbox.path("data");
+    fs::create_dir(&data).unwrap();
+    fs::write(data.join("hello"), b"from the host").unwrap();
+    let spec = host_path(&data, "Directory");
+    let resolved = resolve(&snapshot, &gates, &spec, NodeStatus::Known(&own_node)).unwrap();
+    assert_eq!((resolved.plugin.name(), resolved.route), ("kubernetes.io/host-path", Route::Native));
+    let target = sandbox.host.paths.pod_volume_dir("uid-1", resolved.plugin.name(), "host");
+    let mounter = resolved.plugin.mounter().expect("hostPath publishes");
+    mounter.publish(&publish_request(&resolved.spec, &target, false)).await.unwrap();
+    assert_eq!(fs::read(target.join("hello")).unwrap(), b"from the host");
+    assert_eq!(sandbox.mount_on(&target).target, target);
+    mounter.unpublish(&unpublish_request(&target)).await.unwrap();
+    assert_eq!(fs::read(data.join("hello")).unwrap(), b"from the host", "host data survives teardown");
+
+    let rbd = Volume {
+        name: "ceph".to_string(),
+        rbd: Some(k8s_openapi::api::core::v1::RBDVolumeSource {
+            monitors: vec!["10.0.0.1:6789".to_string()],
+            image: "img".to_string(),
+            pool: Some("rbd".to_string()),
+            ..Default::default()
+        }),
+        ..Volume::default()
+    };
+    let err =
+        resolve(&snapshot, &gates, &VolumeSpec::inline(rbd, "ns"), NodeStatus::Known(&own_node)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "inline volume \"ceph\" uses in-tree plugin kubernetes.io/rbd, migrated to CSI driver rbd.csi.ceph.com, which is not registered on this node"
+    );
+    sandbox.assert_nothing_mounted();
+}
