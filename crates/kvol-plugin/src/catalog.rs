@@ -146,11 +146,11 @@ mod tests {
     use crate::registry::PluginRegistry;
 
     fn host() -> PluginHost {
-        PluginHost {
-            paths: NodePaths::new("/var/lib/kvol"),
-            node: NodeInfo::named("node-1"),
-            mounter: Arc::new(RecordingMounter::new()),
-        }
+        PluginHost::new(
+            NodePaths::new("/var/lib/kvol"),
+            NodeInfo::named("node-1"),
+            Arc::new(RecordingMounter::new()),
+        )
     }
 
     fn names(plugins: &[PluginRef]) -> Vec<&str> {

@@ -62,6 +62,13 @@ pub enum PluginError {
         source: TranslateError,
     },
 
+    /// An out-of-process driver (Flexvolume exec, CSI gRPC) failed; `source` says how.
+    #[error("volume plugin {plugin}: {source}")]
+    Driver {
+        plugin: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("cannot {op} {}: {source}", path.display())]
     Io {
         op: &'static str,

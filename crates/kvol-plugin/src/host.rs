@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Secret;
+
 use crate::mount::Mounter;
 
 /// The node's directory layout under one root (kubelet's `/var/lib/kubelet` by default).
@@ -59,12 +61,51 @@ impl NodeInfo {
     }
 }
 
+/// Where plugins read the Secrets volumes reference (Flexvolume options, CSI secrets).
+pub trait SecretStore: Send + Sync + std::fmt::Debug {
+    /// The Secret `namespace/name`, or `None` if there is no such Secret.
+    fn get(&self, namespace: &str, name: &str) -> Option<Secret>;
+}
+
+/// A fixed set of Secrets, by namespace and name (standalone mode, tests).
+#[derive(Clone, Debug, Default)]
+pub struct SecretMap(pub BTreeMap<(String, String), Secret>);
+
+impl SecretMap {
+    /// Adds a Secret under its own namespace and name.
+    pub fn insert(&mut self, secret: Secret) {
+        let namespace = secret.metadata.namespace.clone().unwrap_or_default();
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        self.0.insert((namespace, name), secret);
+    }
+}
+
+impl SecretStore for SecretMap {
+    fn get(&self, namespace: &str, name: &str) -> Option<Secret> {
+        self.0.get(&(namespace.to_string(), name.to_string())).cloned()
+    }
+}
+
 /// The node as plugins see it. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct PluginHost {
     pub paths: NodePaths,
     pub node: NodeInfo,
     pub mounter: Arc<dyn Mounter>,
+    pub secrets: Arc<dyn SecretStore>,
+}
+
+impl PluginHost {
+    /// A host with no Secrets.
+    pub fn new(paths: NodePaths, node: NodeInfo, mounter: Arc<dyn Mounter>) -> PluginHost {
+        PluginHost { paths, node, mounter, secrets: Arc::new(SecretMap::default()) }
+    }
+
+    /// The same host, reading Secrets from `secrets`.
+    pub fn with_secrets(mut self, secrets: Arc<dyn SecretStore>) -> PluginHost {
+        self.secrets = secrets;
+        self
+    }
 }
 
 #[cfg(test)]

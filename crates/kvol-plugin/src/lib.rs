@@ -13,7 +13,7 @@ pub mod spec;
 pub mod testing;
 
 pub use error::{PluginError, Result};
-pub use host::{NodeInfo, NodePaths, PluginHost};
+pub use host::{NodeInfo, NodePaths, PluginHost, SecretMap, SecretStore};
 pub use mount::{MountError, MountPoint, Mounter, RecordingMounter, SystemMounter};
 pub use plugin::{AccessMode, Capabilities, PluginKind, PluginRef, VolumePlugin};
 pub use registry::{DynamicSource, PluginRegistry, ProbeEvent, Snapshot};

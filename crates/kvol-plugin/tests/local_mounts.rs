@@ -58,7 +58,7 @@ impl Sandbox {
     fn on_node(node: NodeInfo) -> Sandbox {
         let root = tempfile::tempdir().expect("temporary root");
         let paths = NodePaths::new(fs::canonicalize(root.path()).expect("canonical root"));
-        Sandbox { host: PluginHost { paths, node, mounter: Arc::new(SystemMounter) }, _root: root }
+        Sandbox { host: PluginHost::new(paths, node, Arc::new(SystemMounter)), _root: root }
     }
 
     fn path(&self, relative: &str) -> PathBuf {

@@ -17,11 +17,7 @@ pub enum PluginsFormat {
 
 /// The rows `kvol plugins` prints: the compiled-in registry the gates give, plus what they left out.
 pub fn rows(gates: &FeatureGates, root: PathBuf, node_name: &str) -> anyhow::Result<Vec<PluginListing>> {
-    let host = PluginHost {
-        paths: NodePaths::new(root),
-        node: NodeInfo::named(node_name),
-        mounter: Arc::new(SystemMounter),
-    };
+    let host = PluginHost::new(NodePaths::new(root), NodeInfo::named(node_name), Arc::new(SystemMounter));
     let (plugins, skipped) = catalog::compiled_in(&host, gates);
     let registry = PluginRegistry::new(plugins)?;
     Ok(catalog::listing(&registry.snapshot(), gates, &skipped))

@@ -199,11 +199,7 @@ pub(crate) mod test_support {
     pub fn recording_host() -> (tempfile::TempDir, PluginHost, Arc<RecordingMounter>) {
         let root = tempfile::tempdir().unwrap();
         let mounter = Arc::new(RecordingMounter::new());
-        let host = PluginHost {
-            paths: NodePaths::new(root.path()),
-            node: NodeInfo::named("node-a"),
-            mounter: mounter.clone(),
-        };
+        let host = PluginHost::new(NodePaths::new(root.path()), NodeInfo::named("node-a"), mounter.clone());
         (root, host, mounter)
     }
 
