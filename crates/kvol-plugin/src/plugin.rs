@@ -264,6 +264,7 @@ pub trait NodeExpander: Send + Sync {
         device_path: Option<&str>,
         mount_path: &Path,
         new_size: u64,
+        old_size: u64,
     ) -> Result<()>;
 }
 

@@ -467,6 +467,7 @@ impl NodeExpander for FakePlugin {
         _device_path: Option<&str>,
         mount_path: &Path,
         new_size: u64,
+        _old_size: u64,
     ) -> Result<()> {
         self.record(
             "expand_on_node",
@@ -855,7 +856,11 @@ mod tests {
         let ce = p.controller_expander().unwrap();
         assert_eq!(ce.expand(&spec, 2048, 1024).await.unwrap(), 2048);
         assert!(ce.requires_node_expansion());
-        p.node_expander().unwrap().expand_on_node(&spec, None, Path::new("/mnt/v"), 2048).await.unwrap();
+        p.node_expander()
+            .unwrap()
+            .expand_on_node(&spec, None, Path::new("/mnt/v"), 2048, 1024)
+            .await
+            .unwrap();
         let made = p.provisioner().unwrap().provision("claim-1", 1024, &[]).await.unwrap();
         let made = VolumeSpec::persistent(made);
         assert_eq!(made.name(), "pvc-claim-1");

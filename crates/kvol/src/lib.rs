@@ -1,6 +1,7 @@
 //! The kvol command line: argument parsing and the commands, over the kvol libraries.
 
 pub mod documents;
+pub mod flex_cmd;
 pub mod gates_cmd;
 pub mod plugins_cmd;
 pub mod translate_cmd;
@@ -38,6 +39,28 @@ pub enum Command {
     Gates(GatesArgs),
     /// List the volume plugins this node would have: kind, capabilities and CSI migration state.
     Plugins(PluginsArgs),
+    /// Flexvolume drivers.
+    #[command(subcommand)]
+    Flex(FlexCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FlexCommand {
+    /// Install a driver file atomically as <dir>/<vendor~driver>/<driver> (copy to a dot file,
+    /// fsync, rename); prints installed, updated or unchanged.
+    Install(FlexInstallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FlexInstallArgs {
+    /// The driver executable to install.
+    pub driver_file: PathBuf,
+    /// The driver directory name, vendor~driver (or driver).
+    #[arg(long)]
+    pub name: String,
+    /// The Flexvolume plugin directory.
+    #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -114,6 +137,9 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Plugins(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
             plugins_cmd::run(&gates, args.output, args.root.clone(), &node)
+        }
+        Command::Flex(FlexCommand::Install(args)) => {
+            flex_cmd::run_install(&args.driver_file, &args.name, &args.dir)
         }
     };
     match result {
