@@ -97,6 +97,9 @@ pub struct PluginsArgs {
     /// The node's name (its `kubernetes.io/hostname` label); defaults to the host name.
     #[arg(long, env = "KVOL_NODE_NAME")]
     pub node_name: Option<String>,
+    /// The Flexvolume plugin directory; each driver in it is checked and its `init` run.
+    #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
+    pub flex_dir: PathBuf,
 }
 
 /// This machine's host name, the default node name as kubelet uses it.
@@ -136,7 +139,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Gates(args) => gates_cmd::run(&gates, args.output),
         Command::Plugins(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
-            plugins_cmd::run(&gates, args.output, args.root.clone(), &node)
+            plugins_cmd::run(&gates, args.output, args.root.clone(), &node, &args.flex_dir)
         }
         Command::Flex(FlexCommand::Install(args)) => {
             flex_cmd::run_install(&args.driver_file, &args.name, &args.dir)

@@ -1,12 +1,17 @@
 //! `kvol plugins`: the volume plugins this node would have, with kind, capabilities and migration state.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use anyhow::Context;
 use kvol_api::FeatureGates;
-use kvol_plugin::catalog::{self, PluginListing};
-use kvol_plugin::{NodeInfo, NodePaths, PluginHost, PluginRegistry, SystemMounter};
+use kvol_flex::prober::{ProberConfig, probe_all_once};
+use kvol_plugin::catalog::{self, NotRegistered, PluginListing};
+use kvol_plugin::{
+    DynamicSource, NodeInfo, NodePaths, PluginError, PluginHost, PluginKind, PluginRegistry, ProbeEvent,
+    SystemMounter,
+};
 
 /// Output format of `kvol plugins`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -15,12 +20,30 @@ pub enum PluginsFormat {
     Json,
 }
 
-/// The rows `kvol plugins` prints: the compiled-in registry the gates give, plus what they left out.
-pub fn rows(gates: &FeatureGates, root: PathBuf, node_name: &str) -> anyhow::Result<Vec<PluginListing>> {
+/// The rows `kvol plugins` prints: the compiled-in registry the gates give, the Flexvolume
+/// drivers found in `flex_dir` (probed once: checked and `init` run), and what was left out.
+pub fn rows(
+    gates: &FeatureGates,
+    root: PathBuf,
+    node_name: &str,
+    flex_dir: &Path,
+) -> anyhow::Result<Vec<PluginListing>> {
     let host = PluginHost::new(NodePaths::new(root), NodeInfo::named(node_name), Arc::new(SystemMounter));
-    let (plugins, skipped) = catalog::compiled_in(&host, gates);
+    let (plugins, mut not_registered) = catalog::compiled_in(&host, gates);
     let registry = PluginRegistry::new(plugins)?;
-    Ok(catalog::listing(&registry.snapshot(), gates, &skipped))
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (flex, failed) = runtime.block_on(probe_all_once(&ProberConfig::new(flex_dir), host));
+    not_registered.extend(failed);
+    for refused in registry.apply(DynamicSource::Flexvolume, flex.into_iter().map(ProbeEvent::AddOrUpdate)) {
+        if let PluginError::DuplicateName { name, .. } = &refused {
+            let reason = refused.to_string();
+            not_registered.push(NotRegistered { name: name.clone(), kind: PluginKind::Flexvolume, reason });
+        }
+    }
+    Ok(catalog::listing(&registry.snapshot(), gates, &not_registered))
 }
 
 /// Renders the rows as an aligned table.
@@ -70,8 +93,9 @@ pub fn run(
     format: PluginsFormat,
     root: PathBuf,
     node_name: &str,
+    flex_dir: &Path,
 ) -> anyhow::Result<ExitCode> {
-    let rows = rows(gates, root, node_name)?;
+    let rows = rows(gates, root, node_name, flex_dir)?;
     match format {
         PluginsFormat::Table => print!("{}", table(&rows)),
         PluginsFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),

@@ -230,3 +230,62 @@ fn a_build_without_plugins_says_which_feature_is_missing() {
     assert_eq!(ebs["registered"], false);
     assert!(ebs["note"].as_str().unwrap().contains("not compiled into this build"), "{ebs}");
 }
+
+#[test]
+fn flex_install_is_atomic_idempotent_and_plugins_shows_drivers_or_their_load_error() {
+    let dir = tempfile_dir("flex");
+    let dir_arg = dir.to_str().unwrap();
+    let install =
+        |name: &str, file: &str| kvol(&["flex", "install", file, "--name", name, "--dir", dir_arg], None);
+
+    let out = install("kvol~tmpfs", "examples/flexvolume/kvol~tmpfs/tmpfs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("installed: flexvolume driver kvol/tmpfs at "),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = install("kvol~tmpfs", "examples/flexvolume/kvol~tmpfs/tmpfs");
+    assert!(text(&out.stdout).starts_with("unchanged: "), "{}", text(&out.stdout));
+    // A failed install names the path, exits 1 and leaves the installed version alone.
+    let out = install("kvol~tmpfs", "examples/flexvolume/no-such-driver");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("examples/flexvolume/no-such-driver"), "{}", text(&out.stderr));
+    let installed = std::fs::read(dir.join("kvol~tmpfs/tmpfs")).unwrap();
+    assert_eq!(installed, std::fs::read("../../examples/flexvolume/kvol~tmpfs/tmpfs").unwrap());
+    let out = install("kvol~bad:name", "examples/flexvolume/kvol~tmpfs/tmpfs");
+    assert_eq!(out.status.code(), Some(1), "an invalid name is refused");
+
+    // A driver whose init prints garbage is listed with its load error.
+    std::fs::create_dir(dir.join("bad~drv")).unwrap();
+    let garbage = dir.join("bad~drv/drv");
+    std::fs::write(&garbage, "#!/bin/sh\necho garbage\n").unwrap();
+    std::fs::set_permissions(&garbage, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let out = kvol(&["plugins", "-o", "json", "--flex-dir", dir_arg], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let tmpfs = rows.iter().find(|r| r["name"] == "kvol/tmpfs").expect("the installed driver is listed");
+    assert_eq!(tmpfs["kind"], "flexvolume");
+    assert_eq!(tmpfs["registered"], true);
+    assert_eq!(tmpfs["source"], "flexvolume");
+    assert!(tmpfs["capabilities"].as_array().unwrap().contains(&"publish".into()), "{tmpfs}");
+    assert!(
+        !tmpfs["capabilities"].as_array().unwrap().contains(&"attach".into()),
+        "tmpfs is mount-only: {tmpfs}"
+    );
+    let bad = rows.iter().find(|r| r["name"] == "bad/drv").expect("the broken driver is listed");
+    assert_eq!(bad["registered"], false);
+    assert!(
+        bad["note"].as_str().unwrap().contains("init printed output that is not a driver status"),
+        "{bad}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn tempfile_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvol-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
