@@ -8,8 +8,7 @@ use kvol_flex::install::install;
 /// Installs `driver_file` as `<dir>/<name>/<driver>`; prints what happened. Fails (with the
 /// previous version left in place) on any error.
 pub fn run_install(driver_file: &Path, name: &str, dir: &Path) -> anyhow::Result<ExitCode> {
-    // The message already names the cause; anyhow's `{:#}` would repeat the io error's source.
-    let done = install(driver_file, dir, name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let done = install(driver_file, dir, name)?;
     println!("{}: flexvolume driver {} at {}", done.outcome.as_str(), done.name, done.executable.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -125,12 +125,29 @@ pub fn load_gates(cli: &Cli) -> anyhow::Result<FeatureGates> {
     Ok(config.feature_gates(cli.feature_gates.as_deref())?)
 }
 
+/// An error and its causes on one line, `a: b: c`, leaving out a cause whose text the line
+/// already ends with (library errors often print their cause and also expose it as `source`).
+pub fn render_error(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// Runs the command line; returns the process exit code (0 ok, 1 failed, 2 bad usage or config).
 pub fn run(cli: Cli) -> ExitCode {
     let gates = match load_gates(&cli) {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("kvol: {e:#}");
+            eprintln!("kvol: {}", render_error(&e));
             return ExitCode::from(2);
         }
     };
@@ -148,7 +165,7 @@ pub fn run(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kvol: {e:#}");
+            eprintln!("kvol: {}", render_error(&e));
             ExitCode::FAILURE
         }
     }
@@ -220,5 +237,24 @@ fn run_translate(args: &TranslateArgs) -> anyhow::Result<ExitCode> {
             eprintln!("kvol: {} document(s) could not be translated; nothing was written", errors.len());
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod render_tests {
+    use super::render_error;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read /x: {source}")]
+    struct Repeats {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn causes_already_in_the_message_are_not_repeated() {
+        let e = anyhow::Error::new(Repeats { source: std::io::Error::from(std::io::ErrorKind::NotFound) });
+        assert_eq!(render_error(&e), "cannot read /x: entity not found");
+        let e = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::NotFound)).context("loading y");
+        assert_eq!(render_error(&e), "loading y: entity not found");
     }
 }
