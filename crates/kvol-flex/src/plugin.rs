@@ -279,6 +279,20 @@ fn exists(path: &Path) -> PluginResult<bool> {
 }
 
 impl VolumePlugin for FlexVolumePlugin {
+    fn details(&self) -> Vec<(String, String)> {
+        let c = self.capabilities;
+        vec![
+            ("executable".to_string(), self.driver.executable.display().to_string()),
+            (
+                "init".to_string(),
+                format!(
+                    "attach={} selinuxRelabel={} supportsMetrics={} fsGroup={} requiresFSResize={}",
+                    c.attach, c.selinux_relabel, c.supports_metrics, c.fs_group, c.requires_fs_resize
+                ),
+            ),
+        ]
+    }
+
     fn name(&self) -> &str {
         &self.driver.name
     }

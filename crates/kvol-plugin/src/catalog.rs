@@ -1,5 +1,6 @@
 //! The plugins a node has: the compiled-in set as the feature gates shape it, and a listing of every plugin for `kvol plugins`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kvol_api::{FeatureGates, Gate, MigratablePlugin};
@@ -86,6 +87,10 @@ pub struct PluginListing {
     /// Why it is not registered, or another remark.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Plugin-specific facts (a CSI driver's version and CSIDriver settings, a Flexvolume
+    /// driver's executable …), in the plugin's order.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub details: BTreeMap<String, String>,
 }
 
 /// Every plugin of a snapshot plus those left out, in kind then name order.
@@ -110,6 +115,7 @@ pub fn listing(
                 access_modes: p.access_modes().into_iter().map(|m| m.as_str()).collect(),
                 migration: p.migrates().map(|m| migration_listing(gates, m)),
                 note,
+                details: p.details().into_iter().collect(),
             }
         })
         .collect();
@@ -122,6 +128,7 @@ pub fn listing(
         access_modes: Vec::new(),
         migration: MigratablePlugin::from_in_tree_name(&n.name).map(|m| migration_listing(gates, m)),
         note: Some(n.reason.clone()),
+        details: BTreeMap::new(),
     }));
     rows.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
     rows

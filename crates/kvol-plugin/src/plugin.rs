@@ -130,6 +130,11 @@ pub trait VolumePlugin: Send + Sync + fmt::Debug {
     fn volume_name(&self, spec: &VolumeSpec) -> Result<String> {
         Ok(format!("{}^{}", self.name(), spec.name()))
     }
+    /// Facts worth showing in `kvol plugins`, as key/value pairs (a driver's version, endpoint,
+    /// CSIDriver settings …); none by default.
+    fn details(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Whether this spec needs attaching (a CSI driver may say no per spec).
     fn can_attach(&self, _spec: &VolumeSpec) -> bool {
         self.attacher().is_some()

@@ -48,7 +48,7 @@ pub fn rows(
 
 /// Renders the rows as an aligned table.
 pub fn table(rows: &[PluginListing]) -> String {
-    let cells: Vec<[String; 5]> = rows
+    let cells: Vec<[String; 6]> = rows
         .iter()
         .map(|r| {
             let migration = match &r.migration {
@@ -56,15 +56,13 @@ pub fn table(rows: &[PluginListing]) -> String {
                 None => "-".to_string(),
             };
             let caps = if r.capabilities.is_empty() { "-".to_string() } else { r.capabilities.join(",") };
-            let registered = if r.registered {
-                "yes".to_string()
-            } else {
-                format!("no: {}", r.note.as_deref().unwrap_or(""))
-            };
-            [r.name.clone(), r.kind.to_string(), caps, migration, registered]
+            let registered = if r.registered { "yes" } else { "no" }.to_string();
+            let details = r.details.iter().map(|(k, v)| format!("{k}={v}"));
+            let notes = r.note.iter().cloned().chain(details).collect::<Vec<_>>().join("; ");
+            [r.name.clone(), r.kind.to_string(), registered, caps, migration, notes]
         })
         .collect();
-    let header = ["NAME", "KIND", "CAPABILITIES", "MIGRATION", "REGISTERED"].map(str::to_string);
+    let header = ["NAME", "KIND", "REGISTERED", "CAPABILITIES", "MIGRATION", "NOTES"].map(str::to_string);
     let mut widths = header.clone().map(|h| h.chars().count());
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
@@ -74,13 +72,9 @@ pub fn table(rows: &[PluginListing]) -> String {
     let mut out = String::new();
     for row in std::iter::once(&header).chain(&cells) {
         let mut line = String::new();
-        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(cell);
-                line.push_str(&" ".repeat(w - cell.chars().count() + 2));
-            }
+        for (cell, w) in row.iter().zip(widths) {
+            line.push_str(cell);
+            line.push_str(&" ".repeat(w - cell.chars().count() + 2));
         }
         out.push_str(line.trim_end());
         out.push('\n');

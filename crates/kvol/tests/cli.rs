@@ -274,6 +274,7 @@ fn flex_install_is_atomic_idempotent_and_plugins_shows_drivers_or_their_load_err
         !tmpfs["capabilities"].as_array().unwrap().contains(&"attach".into()),
         "tmpfs is mount-only: {tmpfs}"
     );
+    assert!(tmpfs["details"]["init"].as_str().unwrap().starts_with("attach=false "), "{tmpfs}");
     let bad = rows.iter().find(|r| r["name"] == "bad/drv").expect("the broken driver is listed");
     assert_eq!(bad["registered"], false);
     assert!(
