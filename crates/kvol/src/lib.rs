@@ -1,5 +1,6 @@
 //! The kvol command line: argument parsing and the commands, over the kvol libraries.
 
+pub mod csi_driver_cmd;
 pub mod documents;
 pub mod flex_cmd;
 pub mod gates_cmd;
@@ -42,6 +43,8 @@ pub enum Command {
     /// Flexvolume drivers.
     #[command(subcommand)]
     Flex(FlexCommand),
+    /// Run the bundled hostpath CSI driver and its registrar until SIGTERM or SIGINT.
+    CsiDriver(csi_driver_cmd::CsiDriverArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,6 +163,10 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Flex(FlexCommand::Install(args)) => {
             flex_cmd::run_install(&args.driver_file, &args.name, &args.dir)
+        }
+        Command::CsiDriver(args) => {
+            let node = args.node_name.clone().unwrap_or_else(host_name);
+            csi_driver_cmd::run(args, &node)
         }
     };
     match result {

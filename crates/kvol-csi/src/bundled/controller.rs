@@ -1,0 +1,722 @@
+//! The hostpath driver's CSI Controller service: volumes and snapshots as directories, created and deleted idempotently by name and id.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tonic::{Request, Response, Status};
+
+use super::driver::{Hostpath, Shared, internal, required};
+use super::fsutil;
+use super::state::{
+    ContentSource, SnapshotRecord, VolumeRecord, is_snapshot_id, is_volume_id, snapshot_id_for_name,
+    volume_id_for_name,
+};
+use crate::proto::csi::{self, controller_server::Controller};
+use csi::controller_service_capability::rpc::Type as Rpc;
+use csi::volume_capability::{AccessType, access_mode::Mode};
+use csi::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
+
+/// Capacities are rounded up to whole mebibytes (when the limit allows).
+pub const CAPACITY_STEP: i64 = 1 << 20;
+
+/// The mode of a new, empty volume's directory: writable by any pod user, as the kubelet
+/// applies no fsGroup to a volume without an fsType unless the CSIDriver's fsGroupPolicy is File.
+pub const VOLUME_DIR_MODE: u32 = 0o777;
+
+/// The controller RPCs this driver serves.
+pub const CONTROLLER_CAPABILITIES: [Rpc; 6] = [
+    Rpc::CreateDeleteVolume,
+    Rpc::CreateDeleteSnapshot,
+    Rpc::ListSnapshots,
+    Rpc::ListVolumes,
+    Rpc::CloneVolume,
+    Rpc::ExpandVolume,
+];
+
+/// Why the driver cannot serve `capability`, if it cannot: it serves mount access only, in any
+/// known access mode (volumes are on one node, and all access happens there).
+pub fn capability_problem(capability: &csi::VolumeCapability) -> Option<String> {
+    match capability.access_type {
+        None => return Some("a volume capability has no access type (mount or block)".to_string()),
+        Some(AccessType::Block(_)) => {
+            return Some("block access is not supported: hostpath volumes are directories".to_string());
+        }
+        Some(AccessType::Mount(_)) => {}
+    }
+    let Some(mode) = capability.access_mode else {
+        return Some("a volume capability has no access mode".to_string());
+    };
+    match Mode::try_from(mode.mode) {
+        Ok(Mode::Unknown) | Err(_) => Some(format!("access mode {} is unknown", mode.mode)),
+        Ok(_) => None,
+    }
+}
+
+/// The capacity to record for a capacity range: the required bytes (or the limit, when only
+/// that is given) rounded up to [`CAPACITY_STEP`], unless rounding passes the limit; 0 when
+/// no range is given. A negative value or required bytes above the limit is INVALID_ARGUMENT.
+pub fn capacity_for(range: Option<&csi::CapacityRange>) -> Result<i64, Status> {
+    let Some(range) = range else { return Ok(0) };
+    let (required, limit) = (range.required_bytes, range.limit_bytes);
+    if required < 0 || limit < 0 {
+        return Err(Status::invalid_argument(format!(
+            "capacity range (required {required}, limit {limit}) has a negative value"
+        )));
+    }
+    if limit > 0 && required > limit {
+        return Err(Status::invalid_argument(format!(
+            "required bytes {required} exceed the limit of {limit} bytes"
+        )));
+    }
+    let wanted = if required > 0 { required } else { limit };
+    let rounded =
+        wanted.checked_add(CAPACITY_STEP - 1).map(|n| n / CAPACITY_STEP * CAPACITY_STEP).unwrap_or(wanted);
+    Ok(if limit > 0 && rounded > limit { wanted } else { rounded })
+}
+
+/// Whether an existing capacity satisfies a range (no range is satisfied by anything).
+pub fn capacity_satisfies(capacity: i64, range: Option<&csi::CapacityRange>) -> bool {
+    range.is_none_or(|r| capacity >= r.required_bytes && (r.limit_bytes == 0 || capacity <= r.limit_bytes))
+}
+
+/// The capacity of a volume made from a source of `source_size` bytes: the range's capacity,
+/// grown to the source's size when smaller; OUT_OF_RANGE when the source passes the limit.
+pub fn restore_capacity(range: Option<&csi::CapacityRange>, source_size: i64) -> Result<i64, Status> {
+    let capacity = capacity_for(range)?;
+    let limit = range.map_or(0, |r| r.limit_bytes);
+    if limit > 0 && source_size > limit {
+        return Err(Status::out_of_range(format!(
+            "the source holds {source_size} bytes, more than the limit of {limit} bytes"
+        )));
+    }
+    Ok(capacity.max(source_size))
+}
+
+/// The capacity after an expansion request: unchanged when the current one satisfies the
+/// range (volumes never shrink), else the range's capacity. No range is INVALID_ARGUMENT; a
+/// current capacity above the limit is OUT_OF_RANGE.
+pub fn expanded_capacity(current: i64, range: Option<&csi::CapacityRange>) -> Result<i64, Status> {
+    let Some(r) = range else { return Err(Status::invalid_argument("capacity range is missing")) };
+    let wanted = capacity_for(Some(r))?;
+    if capacity_satisfies(current, Some(r)) {
+        return Ok(current);
+    }
+    if r.limit_bytes > 0 && current > r.limit_bytes {
+        return Err(Status::out_of_range(format!(
+            "the volume has {current} bytes, more than the limit of {} bytes, and cannot shrink",
+            r.limit_bytes
+        )));
+    }
+    Ok(wanted)
+}
+
+/// Whether a volume on a node with topology `ours` meets the requirement: with requisite
+/// topologies, one of them must be a subset of ours; preferred ones only order, never refuse.
+pub fn topology_allows(requirement: Option<&csi::TopologyRequirement>, ours: &csi::Topology) -> bool {
+    let Some(req) = requirement.filter(|r| !r.requisite.is_empty()) else { return true };
+    req.requisite.iter().any(|t| t.segments.iter().all(|(k, v)| ours.segments.get(k) == Some(v)))
+}
+
+/// One page of `items` (sorted by id): those from the id `token` on (all when empty), at most
+/// `max_entries` of them (all when 0), and the token of the next page (empty on the last).
+/// A token that is not one of this driver's ids is ABORTED, as the CSI spec asks.
+pub fn page<T>(
+    items: Vec<(String, T)>,
+    max_entries: i32,
+    token: &str,
+    valid_token: fn(&str) -> bool,
+) -> Result<(Vec<T>, String), Status> {
+    if max_entries < 0 {
+        return Err(Status::invalid_argument(format!("max entries {max_entries} is negative")));
+    }
+    if !token.is_empty() && !valid_token(token) {
+        return Err(Status::aborted(format!("starting token {token:?} is not valid")));
+    }
+    let mut rest: Vec<_> = items.into_iter().filter(|(id, _)| id.as_str() >= token).collect();
+    let take = if max_entries == 0 { rest.len() } else { (max_entries as usize).min(rest.len()) };
+    let next = rest.get(take).map(|(id, _)| id.clone()).unwrap_or_default();
+    rest.truncate(take);
+    Ok((rest.into_iter().map(|(_, item)| item).collect(), next))
+}
+
+/// The content source of a request, checked for a non-empty id.
+fn content_source(source: Option<&csi::VolumeContentSource>) -> Result<Option<ContentSource>, Status> {
+    match source.and_then(|s| s.r#type.as_ref()) {
+        None => Ok(None),
+        Some(SourceType::Snapshot(s)) => {
+            Ok(Some(ContentSource::Snapshot(required(&s.snapshot_id, "content source snapshot id")?.into())))
+        }
+        Some(SourceType::Volume(v)) => {
+            Ok(Some(ContentSource::Volume(required(&v.volume_id, "content source volume id")?.into())))
+        }
+    }
+}
+
+fn source_message(source: &ContentSource) -> csi::VolumeContentSource {
+    let r#type = match source {
+        ContentSource::Snapshot(id) => SourceType::Snapshot(SnapshotSource { snapshot_id: id.clone() }),
+        ContentSource::Volume(id) => SourceType::Volume(VolumeSource { volume_id: id.clone() }),
+    };
+    csi::VolumeContentSource { r#type: Some(r#type) }
+}
+
+fn now() -> (i64, i32) {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    (since.as_secs() as i64, since.subsec_nanos() as i32)
+}
+
+impl Hostpath {
+    fn volume_message(&self, id: &str, record: &VolumeRecord) -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: record.capacity_bytes,
+            volume_id: id.to_string(),
+            volume_context: HashMap::new(),
+            content_source: record.source.as_ref().map(source_message),
+            accessible_topology: vec![self.topology()],
+        }
+    }
+
+    fn snapshot_message(id: &str, record: &SnapshotRecord) -> csi::Snapshot {
+        csi::Snapshot {
+            size_bytes: record.size_bytes,
+            snapshot_id: id.to_string(),
+            source_volume_id: record.source_volume_id.clone(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: record.created_seconds,
+                nanos: record.created_nanos,
+            }),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        }
+    }
+
+    /// The directory and size of a content source; NOT_FOUND when it does not exist.
+    fn source_dir(&self, source: &ContentSource) -> Result<(std::path::PathBuf, i64), Status> {
+        match source {
+            ContentSource::Snapshot(id) => match self.state.snapshots.get(id) {
+                Some(s) => Ok((self.layout.snapshot_dir(id), s.size_bytes)),
+                None => Err(Status::not_found(format!("source snapshot {id} does not exist"))),
+            },
+            ContentSource::Volume(id) => match self.state.volumes.get(id) {
+                Some(v) => Ok((self.layout.volume_dir(id, v), v.capacity_bytes)),
+                None => Err(Status::not_found(format!("source volume {id} does not exist"))),
+            },
+        }
+    }
+
+    pub fn create_volume(
+        &mut self,
+        req: csi::CreateVolumeRequest,
+    ) -> Result<csi::CreateVolumeResponse, Status> {
+        let name = required(&req.name, "volume name")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument(format!("volume {name}: volume capabilities are missing")));
+        }
+        if let Some(problem) = req.volume_capabilities.iter().find_map(capability_problem) {
+            return Err(Status::invalid_argument(format!("volume {name}: {problem}")));
+        }
+        let range = req.capacity_range.as_ref();
+        capacity_for(range).map_err(|s| Status::new(s.code(), format!("volume {name}: {}", s.message())))?;
+        let source = content_source(req.volume_content_source.as_ref())?;
+        let id = volume_id_for_name(name);
+        if let Some(existing) = self.state.volumes.get(&id) {
+            if existing.name != name {
+                return Err(Status::internal(format!(
+                    "volume {name}: its id {id} is taken by volume {}",
+                    existing.name
+                )));
+            }
+            if !capacity_satisfies(existing.capacity_bytes, range) {
+                return Err(Status::already_exists(format!(
+                    "volume {name} exists as {id} with {} bytes, outside the requested range",
+                    existing.capacity_bytes
+                )));
+            }
+            if existing.source != source {
+                return Err(Status::already_exists(format!(
+                    "volume {name} exists as {id} with another content source"
+                )));
+            }
+            return Ok(csi::CreateVolumeResponse { volume: Some(self.volume_message(&id, existing)) });
+        }
+        if !topology_allows(req.accessibility_requirements.as_ref(), &self.topology()) {
+            return Err(Status::resource_exhausted(format!(
+                "volume {name}: no requisite topology includes node {}",
+                self.config.node_name
+            )));
+        }
+        let (source_dir, capacity) = match &source {
+            None => (None, capacity_for(range)?),
+            Some(s) => {
+                let (dir, size) = self.source_dir(s)?;
+                let capacity = restore_capacity(range, size)
+                    .map_err(|st| Status::new(st.code(), format!("volume {name}: {}", st.message())))?;
+                (Some(dir), capacity)
+            }
+        };
+        let record = VolumeRecord {
+            name: name.to_string(),
+            capacity_bytes: capacity,
+            source,
+            ..VolumeRecord::default()
+        };
+        let dir = self.layout.volume_dir(&id, &record);
+        self.make_dir(&dir, source_dir.as_deref())?;
+        let mut next = self.state.clone();
+        next.volumes.insert(id.clone(), record.clone());
+        if let Err(e) = self.commit(next) {
+            let _ = fsutil::remove_tree(&dir);
+            return Err(e);
+        }
+        tracing::info!(volume = %id, name, capacity, "created volume");
+        Ok(csi::CreateVolumeResponse { volume: Some(self.volume_message(&id, &record)) })
+    }
+
+    pub fn delete_volume(
+        &mut self,
+        req: csi::DeleteVolumeRequest,
+    ) -> Result<csi::DeleteVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let Some(record) = self.state.volumes.get(id) else {
+            return Ok(csi::DeleteVolumeResponse {});
+        };
+        if record.ephemeral {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is an ephemeral volume in use; it goes away when it is unpublished"
+            )));
+        }
+        if let Some(path) = record.published.keys().next().or(record.staged.iter().next()) {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is still in use: mounted on {}",
+                path.display()
+            )));
+        }
+        let dir = self.layout.volume_dir(id, record);
+        self.refuse_mounts_under(&dir)?;
+        fsutil::remove_tree(&dir).map_err(internal)?;
+        let mut next = self.state.clone();
+        next.volumes.remove(id);
+        self.commit(next)?;
+        tracing::info!(volume = %id, "deleted volume");
+        Ok(csi::DeleteVolumeResponse {})
+    }
+
+    pub fn validate_volume_capabilities(
+        &self,
+        req: csi::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument(format!("volume {id}: volume capabilities are missing")));
+        }
+        if self.state.volumes.get(id).is_none_or(|v| v.ephemeral) {
+            return Err(Status::not_found(format!("volume {id} does not exist")));
+        }
+        if let Some(problem) = req.volume_capabilities.iter().find_map(capability_problem) {
+            return Ok(csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: problem });
+        }
+        let confirmed = csi::validate_volume_capabilities_response::Confirmed {
+            volume_context: req.volume_context,
+            volume_capabilities: req.volume_capabilities,
+            parameters: req.parameters,
+            mutable_parameters: req.mutable_parameters,
+        };
+        Ok(csi::ValidateVolumeCapabilitiesResponse { confirmed: Some(confirmed), message: String::new() })
+    }
+
+    pub fn list_volumes(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse, Status> {
+        let items = self
+            .state
+            .volumes
+            .iter()
+            .filter(|(_, v)| !v.ephemeral)
+            .map(|(id, v)| (id.clone(), self.volume_message(id, v)))
+            .collect();
+        let (volumes, next_token) = page(items, req.max_entries, &req.starting_token, is_volume_id)?;
+        let entries = volumes
+            .into_iter()
+            .map(|volume| csi::list_volumes_response::Entry { volume: Some(volume), status: None })
+            .collect();
+        Ok(csi::ListVolumesResponse { entries, next_token })
+    }
+
+    pub fn expand_volume(
+        &mut self,
+        req: csi::ControllerExpandVolumeRequest,
+    ) -> Result<csi::ControllerExpandVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        if req.capacity_range.is_none() {
+            return Err(Status::invalid_argument(format!("volume {id}: capacity range is missing")));
+        }
+        let Some(record) = self.state.volumes.get(id).filter(|v| !v.ephemeral) else {
+            return Err(Status::not_found(format!("volume {id} does not exist")));
+        };
+        let capacity = expanded_capacity(record.capacity_bytes, req.capacity_range.as_ref())
+            .map_err(|s| Status::new(s.code(), format!("volume {id}: {}", s.message())))?;
+        if capacity != record.capacity_bytes {
+            let mut next = self.state.clone();
+            if let Some(v) = next.volumes.get_mut(id) {
+                v.capacity_bytes = capacity;
+            }
+            self.commit(next)?;
+            tracing::info!(volume = %id, capacity, "expanded volume");
+        }
+        Ok(csi::ControllerExpandVolumeResponse { capacity_bytes: capacity, node_expansion_required: false })
+    }
+
+    pub fn create_snapshot(
+        &mut self,
+        req: csi::CreateSnapshotRequest,
+    ) -> Result<csi::CreateSnapshotResponse, Status> {
+        let name = required(&req.name, "snapshot name")?;
+        let source_id = required(&req.source_volume_id, "source volume id")?;
+        let id = snapshot_id_for_name(name);
+        if let Some(existing) = self.state.snapshots.get(&id) {
+            if existing.name != name {
+                return Err(Status::internal(format!(
+                    "snapshot {name}: its id {id} is taken by snapshot {}",
+                    existing.name
+                )));
+            }
+            if existing.source_volume_id != source_id {
+                return Err(Status::already_exists(format!(
+                    "snapshot {name} exists as {id} of volume {}, not of volume {source_id}",
+                    existing.source_volume_id
+                )));
+            }
+            return Ok(csi::CreateSnapshotResponse { snapshot: Some(Self::snapshot_message(&id, existing)) });
+        }
+        let Some(volume) = self.state.volumes.get(source_id) else {
+            return Err(Status::not_found(format!(
+                "snapshot {name}: source volume {source_id} does not exist"
+            )));
+        };
+        let from = self.layout.volume_dir(source_id, volume);
+        let (created_seconds, created_nanos) = now();
+        let record = SnapshotRecord {
+            name: name.to_string(),
+            source_volume_id: source_id.to_string(),
+            size_bytes: volume.capacity_bytes,
+            created_seconds,
+            created_nanos,
+        };
+        let dir = self.layout.snapshot_dir(&id);
+        self.make_dir(&dir, Some(&from))?;
+        let mut next = self.state.clone();
+        next.snapshots.insert(id.clone(), record.clone());
+        if let Err(e) = self.commit(next) {
+            let _ = fsutil::remove_tree(&dir);
+            return Err(e);
+        }
+        tracing::info!(snapshot = %id, name, volume = source_id, "created snapshot");
+        Ok(csi::CreateSnapshotResponse { snapshot: Some(Self::snapshot_message(&id, &record)) })
+    }
+
+    pub fn delete_snapshot(
+        &mut self,
+        req: csi::DeleteSnapshotRequest,
+    ) -> Result<csi::DeleteSnapshotResponse, Status> {
+        let id = required(&req.snapshot_id, "snapshot id")?;
+        if !self.state.snapshots.contains_key(id) {
+            return Ok(csi::DeleteSnapshotResponse {});
+        }
+        let dir = self.layout.snapshot_dir(id);
+        self.refuse_mounts_under(&dir)?;
+        fsutil::remove_tree(&dir).map_err(internal)?;
+        let mut next = self.state.clone();
+        next.snapshots.remove(id);
+        self.commit(next)?;
+        tracing::info!(snapshot = %id, "deleted snapshot");
+        Ok(csi::DeleteSnapshotResponse {})
+    }
+
+    pub fn list_snapshots(
+        &self,
+        req: csi::ListSnapshotsRequest,
+    ) -> Result<csi::ListSnapshotsResponse, Status> {
+        let items = self
+            .state
+            .snapshots
+            .iter()
+            .filter(|(id, _)| req.snapshot_id.is_empty() || **id == req.snapshot_id)
+            .filter(|(_, s)| req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
+            .map(|(id, s)| (id.clone(), Self::snapshot_message(id, s)))
+            .collect();
+        let (snapshots, next_token) = page(items, req.max_entries, &req.starting_token, is_snapshot_id)?;
+        let entries = snapshots
+            .into_iter()
+            .map(|snapshot| csi::list_snapshots_response::Entry { snapshot: Some(snapshot) })
+            .collect();
+        Ok(csi::ListSnapshotsResponse { entries, next_token })
+    }
+}
+
+/// The Controller service over the shared driver state.
+#[derive(Debug, Clone)]
+pub struct ControllerService {
+    pub(crate) core: Shared,
+}
+
+fn unsupported(rpc: &str) -> Status {
+    Status::unimplemented(format!("{rpc} is not supported by the hostpath driver"))
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        self.core.lock().await.create_volume(request.into_inner()).map(Response::new)
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        self.core.lock().await.delete_volume(request.into_inner()).map(Response::new)
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        Err(unsupported("controller publish (hostpath volumes need no attach)"))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        Err(unsupported("controller unpublish (hostpath volumes need no attach)"))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        self.core.lock().await.validate_volume_capabilities(request.into_inner()).map(Response::new)
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        self.core.lock().await.list_volumes(request.into_inner()).map(Response::new)
+    }
+
+    async fn get_capacity(
+        &self,
+        _request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        Err(unsupported("get capacity"))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        use csi::controller_service_capability::{Rpc as RpcCapability, Type};
+        let capabilities = CONTROLLER_CAPABILITIES
+            .iter()
+            .map(|rpc| csi::ControllerServiceCapability {
+                r#type: Some(Type::Rpc(RpcCapability { r#type: *rpc as i32 })),
+            })
+            .collect();
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        self.core.lock().await.create_snapshot(request.into_inner()).map(Response::new)
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        self.core.lock().await.delete_snapshot(request.into_inner()).map(Response::new)
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        self.core.lock().await.list_snapshots(request.into_inner()).map(Response::new)
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        self.core.lock().await.expand_volume(request.into_inner()).map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    const MIB: i64 = 1 << 20;
+
+    fn range(required_bytes: i64, limit_bytes: i64) -> Option<csi::CapacityRange> {
+        Some(csi::CapacityRange { required_bytes, limit_bytes })
+    }
+
+    fn mount_cap(mode: i32) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(csi::volume_capability::MountVolume::default())),
+            access_mode: Some(csi::volume_capability::AccessMode { mode }),
+        }
+    }
+
+    #[test]
+    fn capabilities_are_mount_with_a_known_mode() {
+        let block = csi::VolumeCapability {
+            access_type: Some(AccessType::Block(csi::volume_capability::BlockVolume {})),
+            ..mount_cap(Mode::SingleNodeWriter as i32)
+        };
+        let cases = [
+            (mount_cap(Mode::SingleNodeWriter as i32), None),
+            (mount_cap(Mode::MultiNodeMultiWriter as i32), None),
+            (mount_cap(Mode::SingleNodeReaderOnly as i32), None),
+            (mount_cap(Mode::Unknown as i32), Some("access mode 0 is unknown")),
+            (mount_cap(99), Some("access mode 99 is unknown")),
+            (block, Some("block access is not supported")),
+            (csi::VolumeCapability { access_type: None, ..mount_cap(1) }, Some("has no access type")),
+            (csi::VolumeCapability { access_mode: None, ..mount_cap(1) }, Some("has no access mode")),
+        ];
+        for (cap, want) in cases {
+            let got = capability_problem(&cap);
+            match (want, &got) {
+                (None, None) => {}
+                (Some(w), Some(g)) if g.contains(w) => {}
+                _ => panic!("{cap:?}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn capacities_round_up_to_mebibytes_within_the_limit() {
+        let cases: &[(Option<csi::CapacityRange>, Result<i64, Code>)] = &[
+            (None, Ok(0)),
+            (range(0, 0), Ok(0)),
+            (range(1, 0), Ok(MIB)),
+            (range(MIB, 0), Ok(MIB)),
+            (range(MIB + 1, 0), Ok(2 * MIB)),
+            (range(0, 3 * MIB), Ok(3 * MIB)),
+            (range(MIB + 1, MIB + 10), Ok(MIB + 1)),
+            (range(MIB + 1, 2 * MIB), Ok(2 * MIB)),
+            (range(5, 5), Ok(5)),
+            (range(i64::MAX, 0), Ok(i64::MAX)),
+            (range(-1, 0), Err(Code::InvalidArgument)),
+            (range(0, -1), Err(Code::InvalidArgument)),
+            (range(10, 5), Err(Code::InvalidArgument)),
+        ];
+        for (r, want) in cases {
+            assert_eq!(capacity_for(r.as_ref()).map_err(|s| s.code()), *want, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn existing_capacities_satisfy_ranges_they_fall_in() {
+        let cases = [
+            (0, None, true),
+            (MIB, None, true),
+            (MIB, range(MIB, 0), true),
+            (2 * MIB, range(MIB, 0), true),
+            (MIB, range(2 * MIB, 0), false),
+            (2 * MIB, range(MIB, MIB), false),
+            (0, range(1, 0), false),
+            (0, range(0, MIB), true),
+        ];
+        for (capacity, r, want) in cases {
+            assert_eq!(capacity_satisfies(capacity, r.as_ref()), want, "{capacity} {r:?}");
+        }
+    }
+
+    #[test]
+    fn restores_are_at_least_as_large_as_their_source() {
+        let cases: &[(Option<csi::CapacityRange>, i64, Result<i64, Code>)] = &[
+            (None, 3 * MIB, Ok(3 * MIB)),
+            (range(MIB, 0), 3 * MIB, Ok(3 * MIB)),
+            (range(5 * MIB, 0), 3 * MIB, Ok(5 * MIB)),
+            (range(MIB, 2 * MIB), 3 * MIB, Err(Code::OutOfRange)),
+            (range(MIB, 3 * MIB), 3 * MIB, Ok(3 * MIB)),
+            (range(-1, 0), 0, Err(Code::InvalidArgument)),
+        ];
+        for (r, size, want) in cases {
+            assert_eq!(restore_capacity(r.as_ref(), *size).map_err(|s| s.code()), *want, "{r:?} {size}");
+        }
+    }
+
+    #[test]
+    fn expansions_grow_and_never_shrink() {
+        let cases: &[(i64, Option<csi::CapacityRange>, Result<i64, Code>)] = &[
+            (MIB, range(3 * MIB, 0), Ok(3 * MIB)),
+            (MIB, range(3 * MIB - 1, 0), Ok(3 * MIB)),
+            (3 * MIB, range(MIB, 0), Ok(3 * MIB)),
+            (3 * MIB, range(3 * MIB, 0), Ok(3 * MIB)),
+            (3 * MIB, range(MIB, 2 * MIB), Err(Code::OutOfRange)),
+            (MIB, None, Err(Code::InvalidArgument)),
+            (MIB, range(5, 1), Err(Code::InvalidArgument)),
+        ];
+        for (current, r, want) in cases {
+            assert_eq!(
+                expanded_capacity(*current, r.as_ref()).map_err(|s| s.code()),
+                *want,
+                "{current} {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn requisite_topologies_must_include_this_node() {
+        let topo = |pairs: &[(&str, &str)]| csi::Topology {
+            segments: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        let ours = topo(&[("t/node", "a")]);
+        let req = |requisite: Vec<csi::Topology>, preferred: Vec<csi::Topology>| {
+            Some(csi::TopologyRequirement { requisite, preferred })
+        };
+        let cases = [
+            (None, true),
+            (req(vec![], vec![topo(&[("t/node", "b")])]), true),
+            (req(vec![topo(&[("t/node", "a")])], vec![]), true),
+            (req(vec![topo(&[("t/node", "b")]), topo(&[("t/node", "a")])], vec![]), true),
+            (req(vec![topo(&[("t/node", "b")])], vec![]), false),
+            (req(vec![topo(&[("t/node", "a"), ("zone", "z")])], vec![]), false),
+            (req(vec![topo(&[])], vec![]), true),
+        ];
+        for (r, want) in cases {
+            assert_eq!(topology_allows(r.as_ref(), &ours), want, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn pages_start_at_the_token_and_name_the_next() {
+        let ids = ["vol-a", "vol-b", "vol-c"];
+        let items = || ids.iter().map(|id| (id.to_string(), *id)).collect::<Vec<_>>();
+        let valid: fn(&str) -> bool = |t| t.starts_with("vol-");
+        type Page<'a> = Result<(&'a [&'a str], &'a str), Code>;
+        let cases: &[(i32, &str, Page)] = &[
+            (0, "", Ok((&["vol-a", "vol-b", "vol-c"], ""))),
+            (2, "", Ok((&["vol-a", "vol-b"], "vol-c"))),
+            (2, "vol-c", Ok((&["vol-c"], ""))),
+            (1, "vol-b", Ok((&["vol-b"], "vol-c"))),
+            (3, "", Ok((&["vol-a", "vol-b", "vol-c"], ""))),
+            (5, "vol-bb", Ok((&["vol-c"], ""))),
+            (0, "vol-z", Ok((&[], ""))),
+            (0, "invalid-token", Err(Code::Aborted)),
+            (-1, "", Err(Code::InvalidArgument)),
+        ];
+        for (max, token, want) in cases {
+            let got = page(items(), *max, token, valid).map_err(|s| s.code());
+            let want = want.map(|(v, t)| (v.to_vec(), t.to_string()));
+            assert_eq!(got, want, "max {max} token {token}");
+        }
+    }
+}

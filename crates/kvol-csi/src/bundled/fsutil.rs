@@ -1,0 +1,164 @@
+//! Filesystem helpers of the hostpath driver: atomic file replacement and copying a directory tree with its owners and modes.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use crate::CsiError;
+
+/// Writes `bytes` to `path` through a temporary file beside it: write, fsync, rename, fsync
+/// the directory. Readers see the old content or the new one, never a mix.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CsiError> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(CsiError::io("write", &tmp, e));
+    }
+    fs::rename(&tmp, path).map_err(|e| CsiError::io("replace", path, e))?;
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| CsiError::io("sync", dir, e))
+}
+
+/// Creates the directory `path` (not its parents) with `mode`, whatever the umask.
+pub fn create_dir_with_mode(path: &Path, mode: u32) -> Result<(), CsiError> {
+    fs::create_dir(path).map_err(|e| CsiError::io("create directory", path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| CsiError::io("set the mode of", path, e))
+}
+
+/// Removes `path` and everything below it; a missing path is already removed.
+pub fn remove_tree(path: &Path) -> Result<(), CsiError> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CsiError::io("remove", path, e)),
+    }
+}
+
+/// Copies the contents of directory `from` into the existing, empty directory `to`:
+/// directories, regular files and symbolic links (not followed), each with its mode and owner;
+/// `to` takes `from`'s mode and owner. Anything else (a device, fifo or socket), and anything
+/// on another filesystem than `from` (a mount point below it), is refused.
+pub fn copy_tree(from: &Path, to: &Path) -> Result<(), CsiError> {
+    let root = fs::symlink_metadata(from).map_err(|e| CsiError::io("read", from, e))?;
+    if !root.is_dir() {
+        return Err(CsiError::io("copy", from, std::io::Error::other("not a directory")));
+    }
+    copy_dir_contents(from, to, root.dev())?;
+    copy_owner_and_mode(&root, to)
+}
+
+fn copy_dir_contents(from: &Path, to: &Path, device: u64) -> Result<(), CsiError> {
+    let entries = fs::read_dir(from).map_err(|e| CsiError::io("read directory", from, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| CsiError::io("read directory", from, e))?;
+        let source = entry.path();
+        let target = to.join(entry.file_name());
+        let meta = fs::symlink_metadata(&source).map_err(|e| CsiError::io("read", &source, e))?;
+        if meta.dev() != device {
+            return Err(CsiError::io(
+                "copy",
+                &source,
+                std::io::Error::other("it is on another filesystem (a mount point)"),
+            ));
+        }
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            fs::create_dir(&target).map_err(|e| CsiError::io("create directory", &target, e))?;
+            copy_dir_contents(&source, &target, device)?;
+        } else if kind.is_file() {
+            fs::copy(&source, &target).map_err(|e| CsiError::io("copy to", &target, e))?;
+        } else if kind.is_symlink() {
+            let link = fs::read_link(&source).map_err(|e| CsiError::io("read link", &source, e))?;
+            std::os::unix::fs::symlink(&link, &target)
+                .map_err(|e| CsiError::io("create link", &target, e))?;
+            std::os::unix::fs::lchown(&target, Some(meta.uid()), Some(meta.gid()))
+                .map_err(|e| CsiError::io("set the owner of", &target, e))?;
+            continue;
+        } else {
+            return Err(CsiError::io(
+                "copy",
+                &source,
+                std::io::Error::other("it is not a directory, regular file or symbolic link"),
+            ));
+        }
+        copy_owner_and_mode(&meta, &target)?;
+    }
+    Ok(())
+}
+
+fn copy_owner_and_mode(meta: &fs::Metadata, target: &Path) -> Result<(), CsiError> {
+    std::os::unix::fs::lchown(target, Some(meta.uid()), Some(meta.gid()))
+        .map_err(|e| CsiError::io("set the owner of", target, e))?;
+    // After chown: changing the owner clears set-id bits.
+    fs::set_permissions(target, fs::Permissions::from_mode(meta.mode() & 0o7777))
+        .map_err(|e| CsiError::io("set the mode of", target, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_writes_replace_the_file_and_leave_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.json");
+        write_atomically(&path, b"one").unwrap();
+        write_atomically(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        let err = write_atomically(&dir.path().join("missing/f"), b"x").unwrap_err().to_string();
+        assert!(err.starts_with("cannot write ") && err.contains("missing/.f.tmp"), "{err}");
+    }
+
+    #[test]
+    fn trees_are_copied_with_modes_links_and_nested_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("from");
+        let to = dir.path().join("to");
+        fs::create_dir_all(from.join("a/b")).unwrap();
+        fs::write(from.join("a/b/file"), b"data").unwrap();
+        fs::set_permissions(from.join("a/b/file"), fs::Permissions::from_mode(0o640)).unwrap();
+        fs::set_permissions(&from, fs::Permissions::from_mode(0o751)).unwrap();
+        std::os::unix::fs::symlink("a/b/file", from.join("link")).unwrap();
+        fs::create_dir(&to).unwrap();
+        copy_tree(&from, &to).unwrap();
+        assert_eq!(fs::read(to.join("a/b/file")).unwrap(), b"data");
+        assert_eq!(fs::metadata(to.join("a/b/file")).unwrap().mode() & 0o7777, 0o640);
+        assert_eq!(fs::metadata(&to).unwrap().mode() & 0o7777, 0o751);
+        assert_eq!(fs::read_link(to.join("link")).unwrap(), Path::new("a/b/file"));
+        assert_eq!(fs::read(to.join("link")).unwrap(), b"data", "the link resolves inside the copy");
+    }
+
+    #[test]
+    fn special_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("from");
+        let to = dir.path().join("to");
+        fs::create_dir_all(&from).unwrap();
+        fs::create_dir_all(&to).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(from.join("sock")).unwrap();
+        let err = copy_tree(&from, &to).unwrap_err().to_string();
+        assert!(err.contains("from/sock") && err.contains("not a directory, regular file"), "{err}");
+        let err = copy_tree(&from.join("sock"), &to).unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn created_directories_get_the_asked_mode_despite_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("open");
+        create_dir_with_mode(&path, 0o777).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o777);
+        remove_tree(&path).unwrap();
+        remove_tree(&path).unwrap();
+        assert!(!path.exists());
+    }
+}

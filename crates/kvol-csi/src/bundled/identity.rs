@@ -1,0 +1,65 @@
+//! The hostpath driver's CSI Identity service: name, version, plugin capabilities, readiness.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::HostpathConfig;
+use crate::proto::csi::{self, identity_server::Identity};
+use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
+
+/// The driver's version, reported as vendor_version: the crate's.
+pub const VENDOR_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The plugin capabilities: a controller service, volumes bound to this node's topology, and
+/// online expansion (the controller records the new capacity; nothing happens on the node).
+pub fn plugin_capabilities() -> Vec<csi::PluginCapability> {
+    let service = |t: service::Type| csi::PluginCapability {
+        r#type: Some(Type::Service(Service { r#type: t as i32 })),
+    };
+    vec![
+        service(service::Type::ControllerService),
+        service(service::Type::VolumeAccessibilityConstraints),
+        csi::PluginCapability {
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                r#type: volume_expansion::Type::Online as i32,
+            })),
+        },
+    ]
+}
+
+/// The Identity service.
+#[derive(Debug, Clone)]
+pub struct IdentityService {
+    pub(crate) config: Arc<HostpathConfig>,
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _request: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.config.driver_name.clone(),
+            vendor_version: VENDOR_VERSION.to_string(),
+            manifest: HashMap::new(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _request: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse { capabilities: plugin_capabilities() }))
+    }
+
+    async fn probe(
+        &self,
+        _request: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        // Serving at all means ready: the state was loaded before the socket was bound.
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
+    }
+}

@@ -1,0 +1,716 @@
+//! The hostpath driver's CSI Node service: stage and publish as bind mounts through the mount seam, ephemeral inline volumes, volume statistics.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use tonic::{Request, Response, Status};
+
+use super::EPHEMERAL_CONTEXT_KEY;
+use super::controller::capability_problem;
+use super::driver::{Hostpath, Shared, internal, required, required_path};
+use super::fsutil;
+use super::state::{Publication, VolumeRecord};
+use crate::proto::csi::{self, node_server::Node};
+use csi::node_service_capability::rpc::Type as Rpc;
+use csi::volume_capability::access_mode::Mode;
+
+/// The node RPCs this driver serves.
+pub const NODE_CAPABILITIES: [Rpc; 2] = [Rpc::StageUnstageVolume, Rpc::GetVolumeStats];
+
+/// What to do for a stage or publish request on a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountAction {
+    /// The volume is already mounted there as asked: nothing to do (idempotent).
+    Done,
+    /// Record the path and mount.
+    Mount,
+}
+
+/// What to do for an unstage or unpublish request on a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnmountAction {
+    /// The path is not this volume's: leave it alone and succeed (idempotent).
+    Nothing,
+    /// The volume's record of the path outlived its mount: drop the record.
+    Forget,
+    /// Unmount, then drop the record.
+    Unmount,
+}
+
+/// Stage decision for volume `id` on `path`, given the volume recorded there (`owner`) and
+/// whether anything is mounted there.
+pub fn stage_action(
+    id: &str,
+    path: &Path,
+    owner: Option<&str>,
+    mounted: bool,
+) -> Result<MountAction, Status> {
+    match (owner, mounted) {
+        (Some(o), true) if o == id => Ok(MountAction::Done),
+        (Some(o), false) if o == id => Ok(MountAction::Mount),
+        (Some(other), _) => Err(Status::already_exists(format!(
+            "volume {id}: staging path {} already holds volume {other}",
+            path.display()
+        ))),
+        (None, true) => Err(Status::already_exists(format!(
+            "volume {id}: something this driver did not stage is mounted on {}",
+            path.display()
+        ))),
+        (None, false) => Ok(MountAction::Mount),
+    }
+}
+
+/// Publish decision for volume `id` on `path` read-only or not, given the volume recorded
+/// there and the mount there (`Some(read_only)`), if any. Published with the other flag is
+/// ALREADY_EXISTS, as the CSI spec asks.
+pub fn publish_action(
+    id: &str,
+    path: &Path,
+    owner: Option<&str>,
+    mounted_read_only: Option<bool>,
+    read_only: bool,
+) -> Result<MountAction, Status> {
+    let how = |ro: bool| if ro { "read-only" } else { "read-write" };
+    match (owner, mounted_read_only) {
+        (Some(o), Some(ro)) if o == id && ro == read_only => Ok(MountAction::Done),
+        (Some(o), Some(ro)) if o == id => Err(Status::already_exists(format!(
+            "volume {id} is already published {} on {}, not {}",
+            how(ro),
+            path.display(),
+            how(read_only)
+        ))),
+        (Some(o), None) if o == id => Ok(MountAction::Mount),
+        (Some(other), _) => Err(Status::already_exists(format!(
+            "volume {id}: target path {} already holds volume {other}",
+            path.display()
+        ))),
+        (None, Some(_)) => Err(Status::already_exists(format!(
+            "volume {id}: something this driver did not publish is mounted on {}",
+            path.display()
+        ))),
+        (None, None) => Ok(MountAction::Mount),
+    }
+}
+
+/// Unstage or unpublish decision for volume `id`, given the volume recorded on the path and
+/// whether anything is mounted there. Never unmounts what the volume's records do not name.
+pub fn unmount_action(id: &str, owner: Option<&str>, mounted: bool) -> UnmountAction {
+    match (owner, mounted) {
+        (Some(o), true) if o == id => UnmountAction::Unmount,
+        (Some(o), false) if o == id => UnmountAction::Forget,
+        _ => UnmountAction::Nothing,
+    }
+}
+
+/// Whether a publish is read-only: asked for, or implied by a reader-only access mode.
+pub fn effective_read_only(readonly: bool, capability: &csi::VolumeCapability) -> bool {
+    let mode = capability.access_mode.map(|m| Mode::try_from(m.mode));
+    readonly || matches!(mode, Some(Ok(Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)))
+}
+
+/// Whether the volume context marks a CSI ephemeral inline volume.
+pub fn is_ephemeral(context: &HashMap<String, String>) -> bool {
+    context.get(EPHEMERAL_CONTEXT_KEY).is_some_and(|v| v == "true")
+}
+
+/// Filesystem counters as statvfs(3) reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsCounters {
+    pub fragment_size: u64,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_available: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub files_available: u64,
+}
+
+/// The byte and inode usage of a filesystem: available to unprivileged users, total, and used
+/// (total less free); values past i64 are clamped.
+pub fn usage(c: FsCounters) -> Vec<csi::VolumeUsage> {
+    let clamp = |n: u128| i64::try_from(n).unwrap_or(i64::MAX);
+    let bytes = |blocks: u64| clamp(u128::from(blocks) * u128::from(c.fragment_size));
+    vec![
+        csi::VolumeUsage {
+            available: bytes(c.blocks_available),
+            total: bytes(c.blocks),
+            used: bytes(c.blocks.saturating_sub(c.blocks_free)),
+            unit: csi::volume_usage::Unit::Bytes as i32,
+        },
+        csi::VolumeUsage {
+            available: clamp(c.files_available.into()),
+            total: clamp(c.files.into()),
+            used: clamp(c.files.saturating_sub(c.files_free).into()),
+            unit: csi::volume_usage::Unit::Inodes as i32,
+        },
+    ]
+}
+
+fn counters(path: &Path) -> Result<FsCounters, Status> {
+    let s = nix::sys::statvfs::statvfs(path)
+        .map_err(|e| Status::internal(format!("cannot statvfs {}: {e}", path.display())))?;
+    Ok(FsCounters {
+        fragment_size: s.fragment_size(),
+        blocks: s.blocks(),
+        blocks_free: s.blocks_free(),
+        blocks_available: s.blocks_available(),
+        files: s.files(),
+        files_free: s.files_free(),
+        files_available: s.files_available(),
+    })
+}
+
+fn capability<'a>(
+    id: &str,
+    cap: Option<&'a csi::VolumeCapability>,
+) -> Result<&'a csi::VolumeCapability, Status> {
+    let cap =
+        cap.ok_or_else(|| Status::invalid_argument(format!("volume {id}: volume capability is missing")))?;
+    match capability_problem(cap) {
+        Some(problem) => Err(Status::invalid_argument(format!("volume {id}: {problem}"))),
+        None => Ok(cap),
+    }
+}
+
+fn with_context(id: &str, status: Status) -> Status {
+    Status::new(status.code(), format!("volume {id}: {}", status.message()))
+}
+
+/// Where a publish mounts from.
+struct PublishSource {
+    dir: PathBuf,
+    /// The ephemeral volume to create with the publication (not yet recorded).
+    new_ephemeral: Option<VolumeRecord>,
+}
+
+impl Hostpath {
+    fn persistent(&self, id: &str) -> Result<&VolumeRecord, Status> {
+        self.state
+            .volumes
+            .get(id)
+            .filter(|v| !v.ephemeral)
+            .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))
+    }
+
+    pub fn stage_volume(
+        &mut self,
+        req: csi::NodeStageVolumeRequest,
+    ) -> Result<csi::NodeStageVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let staging = required_path(&req.staging_target_path, "staging target path")
+            .map_err(|s| with_context(id, s))?;
+        capability(id, req.volume_capability.as_ref())?;
+        let source = self.layout.volume_dir(id, self.persistent(id)?);
+        let mounted = self.mount_on(&staging)?.is_some();
+        if stage_action(id, &staging, self.state.staged_on(&staging), mounted)? == MountAction::Done {
+            return Ok(csi::NodeStageVolumeResponse {});
+        }
+        // Record first: a crash after the mount leaves a record, which a retry or an unstage
+        // completes; never a mount nobody knows of.
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.staged.insert(staging.clone());
+        }
+        self.commit(next)?;
+        let mounted = std::fs::create_dir_all(&staging)
+            .map_err(|e| Status::internal(format!("volume {id}: cannot create {}: {e}", staging.display())))
+            .and_then(|()| {
+                self.mounter.bind(&source, &staging, false).map_err(|e| with_context(id, internal(e)))
+            });
+        if let Err(e) = mounted {
+            let mut next = self.state.clone();
+            if let Some(v) = next.volumes.get_mut(id) {
+                v.staged.remove(&staging);
+            }
+            self.commit(next)?;
+            return Err(e);
+        }
+        tracing::info!(volume = %id, path = %staging.display(), "staged volume");
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    pub fn unstage_volume(
+        &mut self,
+        req: csi::NodeUnstageVolumeRequest,
+    ) -> Result<csi::NodeUnstageVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let staging = required_path(&req.staging_target_path, "staging target path")
+            .map_err(|s| with_context(id, s))?;
+        self.persistent(id)?;
+        let mounted = self.mount_on(&staging)?.is_some();
+        match unmount_action(id, self.state.staged_on(&staging), mounted) {
+            UnmountAction::Nothing => return Ok(csi::NodeUnstageVolumeResponse {}),
+            UnmountAction::Unmount => {
+                self.mounter.unmount(&staging).map_err(|e| with_context(id, internal(e)))?
+            }
+            UnmountAction::Forget => {}
+        }
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.staged.remove(&staging);
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, path = %staging.display(), "unstaged volume");
+        Ok(csi::NodeUnstageVolumeResponse {})
+    }
+
+    /// The source of a publish: the staging path of a persistent volume (which must be staged
+    /// there), or the directory of an ephemeral one (made now if it is new).
+    fn publish_source(&self, id: &str, req: &csi::NodePublishVolumeRequest) -> Result<PublishSource, Status> {
+        if is_ephemeral(&req.volume_context) {
+            return match self.state.volumes.get(id) {
+                Some(v) if v.ephemeral => {
+                    Ok(PublishSource { dir: self.layout.volume_dir(id, v), new_ephemeral: None })
+                }
+                Some(_) => Err(Status::invalid_argument(format!(
+                    "volume {id} is a persistent volume and cannot be published as an ephemeral one"
+                ))),
+                None => {
+                    let record = VolumeRecord { ephemeral: true, ..VolumeRecord::default() };
+                    Ok(PublishSource {
+                        dir: self.layout.volume_dir(id, &record),
+                        new_ephemeral: Some(record),
+                    })
+                }
+            };
+        }
+        let record = self.persistent(id)?;
+        if req.staging_target_path.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id}: staging target path is missing, and this driver stages volumes"
+            )));
+        }
+        let staging = required_path(&req.staging_target_path, "staging target path")
+            .map_err(|s| with_context(id, s))?;
+        if !record.staged.contains(&staging) || self.mount_on(&staging)?.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is not staged on {}",
+                staging.display()
+            )));
+        }
+        Ok(PublishSource { dir: staging, new_ephemeral: None })
+    }
+
+    pub fn publish_volume(
+        &mut self,
+        req: csi::NodePublishVolumeRequest,
+    ) -> Result<csi::NodePublishVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let target = required_path(&req.target_path, "target path").map_err(|s| with_context(id, s))?;
+        let read_only = effective_read_only(req.readonly, capability(id, req.volume_capability.as_ref())?);
+        let source = self.publish_source(id, &req)?;
+        let mounted_read_only = self.mount_on(&target)?.map(|m| m.read_only());
+        let owner = self.state.published_on(&target).map(|(owner, _)| owner);
+        if publish_action(id, &target, owner, mounted_read_only, read_only)? == MountAction::Done {
+            return Ok(csi::NodePublishVolumeResponse {});
+        }
+        let created = source.new_ephemeral.is_some();
+        let mut next = self.state.clone();
+        if let Some(record) = source.new_ephemeral {
+            self.make_dir(&source.dir, None)?;
+            next.volumes.insert(id.to_string(), record);
+        }
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.published.insert(target.clone(), Publication { read_only });
+        }
+        if let Err(e) = self.commit(next) {
+            if created {
+                let _ = fsutil::remove_tree(&source.dir);
+            }
+            return Err(e);
+        }
+        let mounted = std::fs::create_dir_all(&target)
+            .map_err(|e| Status::internal(format!("volume {id}: cannot create {}: {e}", target.display())))
+            .and_then(|()| {
+                self.mounter.bind(&source.dir, &target, read_only).map_err(|e| with_context(id, internal(e)))
+            });
+        if let Err(e) = mounted {
+            let mut next = self.state.clone();
+            if created {
+                next.volumes.remove(id);
+            } else {
+                if let Some(v) = next.volumes.get_mut(id) {
+                    v.published.remove(&target);
+                }
+            }
+            self.commit(next)?;
+            if created {
+                let _ = fsutil::remove_tree(&source.dir);
+            }
+            let _ = std::fs::remove_dir(&target);
+            return Err(e);
+        }
+        tracing::info!(
+            volume = %id,
+            path = %target.display(),
+            read_only,
+            ephemeral = created,
+            "published volume"
+        );
+        Ok(csi::NodePublishVolumeResponse {})
+    }
+
+    pub fn unpublish_volume(
+        &mut self,
+        req: csi::NodeUnpublishVolumeRequest,
+    ) -> Result<csi::NodeUnpublishVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let target = required_path(&req.target_path, "target path").map_err(|s| with_context(id, s))?;
+        let mounted = self.mount_on(&target)?.is_some();
+        match unmount_action(id, self.state.published_on(&target).map(|(owner, _)| owner), mounted) {
+            UnmountAction::Nothing => return Ok(csi::NodeUnpublishVolumeResponse {}),
+            UnmountAction::Unmount => {
+                self.mounter.unmount(&target).map_err(|e| with_context(id, internal(e)))?
+            }
+            UnmountAction::Forget => {}
+        }
+        // The driver made the target directory; it removes it. One that is not empty holds
+        // data written while nothing was mounted: it is kept, not deleted.
+        match std::fs::remove_dir(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(volume = %id, path = %target.display(), "cannot remove the target: {e}"),
+        }
+        let mut next = self.state.clone();
+        let Some(record) = next.volumes.get_mut(id) else { return Ok(csi::NodeUnpublishVolumeResponse {}) };
+        record.published.remove(&target);
+        if record.ephemeral && record.published.is_empty() {
+            let dir = self.layout.volume_dir(id, record);
+            self.refuse_mounts_under(&dir)?;
+            fsutil::remove_tree(&dir).map_err(internal)?;
+            next.volumes.remove(id);
+            tracing::info!(volume = %id, "deleted ephemeral volume");
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, path = %target.display(), "unpublished volume");
+        Ok(csi::NodeUnpublishVolumeResponse {})
+    }
+
+    pub fn volume_stats(
+        &self,
+        req: csi::NodeGetVolumeStatsRequest,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let path: PathBuf = Path::new(required(&req.volume_path, "volume path")?).components().collect();
+        let Some(record) = self.state.volumes.get(id) else {
+            return Err(Status::not_found(format!("volume {id} does not exist")));
+        };
+        if !record.published.contains_key(&path) && !record.staged.contains(&path) {
+            return Err(Status::not_found(format!(
+                "volume {id} is neither staged nor published on {}",
+                path.display()
+            )));
+        }
+        if self.mount_on(&path)?.is_none() {
+            return Err(Status::not_found(format!("volume {id} is not mounted on {}", path.display())));
+        }
+        Ok(csi::NodeGetVolumeStatsResponse { usage: usage(counters(&path)?), volume_condition: None })
+    }
+}
+
+/// The Node service over the shared driver state.
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    pub(crate) core: Shared,
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        self.core.lock().await.stage_volume(request.into_inner()).map(Response::new)
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        self.core.lock().await.unstage_volume(request.into_inner()).map(Response::new)
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        self.core.lock().await.publish_volume(request.into_inner()).map(Response::new)
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        self.core.lock().await.unpublish_volume(request.into_inner()).map(Response::new)
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        self.core.lock().await.volume_stats(request.into_inner()).map(Response::new)
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "node expansion is not supported by the hostpath driver: expansion needs no node step",
+        ))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        use csi::node_service_capability::{Rpc as RpcCapability, Type};
+        let capabilities = NODE_CAPABILITIES
+            .iter()
+            .map(|rpc| csi::NodeServiceCapability {
+                r#type: Some(Type::Rpc(RpcCapability { r#type: *rpc as i32 })),
+            })
+            .collect();
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let core = self.core.lock().await;
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: core.config.node_name.clone(),
+            max_volumes_per_node: core.config.max_volumes_per_node,
+            accessible_topology: Some(core.topology()),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kvol_plugin::mount::{MountCall, RecordingMounter};
+    use tonic::Code;
+
+    use super::*;
+    use crate::bundled::HostpathConfig;
+    use crate::bundled::state::volume_id_for_name;
+
+    #[test]
+    fn stage_decisions() {
+        let p = Path::new("/stage");
+        let cases: &[(Option<&str>, bool, Result<MountAction, Code>)] = &[
+            (Some("v"), true, Ok(MountAction::Done)),
+            (Some("v"), false, Ok(MountAction::Mount)),
+            (Some("w"), true, Err(Code::AlreadyExists)),
+            (Some("w"), false, Err(Code::AlreadyExists)),
+            (None, true, Err(Code::AlreadyExists)),
+            (None, false, Ok(MountAction::Mount)),
+        ];
+        for (owner, mounted, want) in cases {
+            assert_eq!(
+                stage_action("v", p, *owner, *mounted).map_err(|s| s.code()),
+                *want,
+                "{owner:?} {mounted}"
+            );
+        }
+        let msg = stage_action("v", p, Some("w"), true).unwrap_err();
+        assert_eq!(msg.message(), "volume v: staging path /stage already holds volume w");
+    }
+
+    #[test]
+    fn publish_decisions() {
+        let p = Path::new("/t");
+        type Case<'a> = (Option<&'a str>, Option<bool>, bool, Result<MountAction, Code>);
+        let cases: &[Case] = &[
+            (Some("v"), Some(false), false, Ok(MountAction::Done)),
+            (Some("v"), Some(true), true, Ok(MountAction::Done)),
+            (Some("v"), Some(true), false, Err(Code::AlreadyExists)),
+            (Some("v"), Some(false), true, Err(Code::AlreadyExists)),
+            (Some("v"), None, true, Ok(MountAction::Mount)),
+            (Some("w"), None, false, Err(Code::AlreadyExists)),
+            (Some("w"), Some(false), false, Err(Code::AlreadyExists)),
+            (None, Some(false), false, Err(Code::AlreadyExists)),
+            (None, None, false, Ok(MountAction::Mount)),
+        ];
+        for (owner, mounted, ro, want) in cases {
+            let got = publish_action("v", p, *owner, *mounted, *ro).map_err(|s| s.code());
+            assert_eq!(got, *want, "{owner:?} {mounted:?} {ro}");
+        }
+        let msg = publish_action("v", p, Some("v"), Some(true), false).unwrap_err();
+        assert_eq!(msg.message(), "volume v is already published read-only on /t, not read-write");
+    }
+
+    #[test]
+    fn unmount_decisions() {
+        let cases = [
+            (Some("v"), true, UnmountAction::Unmount),
+            (Some("v"), false, UnmountAction::Forget),
+            (Some("w"), true, UnmountAction::Nothing),
+            (Some("w"), false, UnmountAction::Nothing),
+            (None, true, UnmountAction::Nothing),
+            (None, false, UnmountAction::Nothing),
+        ];
+        for (owner, mounted, want) in cases {
+            assert_eq!(unmount_action("v", owner, mounted), want, "{owner:?} {mounted}");
+        }
+    }
+
+    #[test]
+    fn read_only_comes_from_the_flag_or_a_reader_only_mode() {
+        let cap = |mode: Mode| csi::VolumeCapability {
+            access_type: None,
+            access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        };
+        let cases = [
+            (false, Mode::SingleNodeWriter, false),
+            (true, Mode::SingleNodeWriter, true),
+            (false, Mode::SingleNodeReaderOnly, true),
+            (false, Mode::MultiNodeReaderOnly, true),
+            (false, Mode::MultiNodeMultiWriter, false),
+        ];
+        for (flag, mode, want) in cases {
+            assert_eq!(effective_read_only(flag, &cap(mode)), want, "{flag} {mode:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_true_ephemeral_key_marks_an_ephemeral_volume() {
+        let ctx = |v: &str| HashMap::from([(EPHEMERAL_CONTEXT_KEY.to_string(), v.to_string())]);
+        assert!(is_ephemeral(&ctx("true")));
+        assert!(!is_ephemeral(&ctx("false")));
+        assert!(!is_ephemeral(&ctx("True")));
+        assert!(!is_ephemeral(&HashMap::new()));
+    }
+
+    #[test]
+    fn usage_is_in_bytes_and_inodes_and_clamped() {
+        let c = FsCounters {
+            fragment_size: 4096,
+            blocks: 100,
+            blocks_free: 40,
+            blocks_available: 30,
+            files: 1000,
+            files_free: 900,
+            files_available: 800,
+        };
+        let u = usage(c);
+        assert_eq!((u[0].total, u[0].used, u[0].available), (409_600, 245_760, 122_880));
+        assert_eq!(u[0].unit, csi::volume_usage::Unit::Bytes as i32);
+        assert_eq!((u[1].total, u[1].used, u[1].available), (1000, 100, 800));
+        assert_eq!(u[1].unit, csi::volume_usage::Unit::Inodes as i32);
+        let huge = FsCounters {
+            fragment_size: u64::MAX,
+            blocks: u64::MAX,
+            files: u64::MAX,
+            ..FsCounters::default()
+        };
+        let u = usage(huge);
+        assert_eq!((u[0].total, u[0].used, u[1].total), (i64::MAX, i64::MAX, i64::MAX));
+    }
+
+    /// The node flow on the recording mounter: what is mounted where, and the records.
+    #[test]
+    fn stage_and_publish_go_through_the_mount_seam_and_are_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let config =
+            HostpathConfig { state_dir: root.join("state"), ..HostpathConfig::new("d.example", "n") };
+        let mounter = Arc::new(RecordingMounter::new());
+        let mut hp = Hostpath::open(Arc::new(config), mounter.clone()).unwrap();
+        let cap = csi::VolumeCapability {
+            access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+            access_mode: Some(csi::volume_capability::AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+        };
+        hp.create_volume(csi::CreateVolumeRequest {
+            name: "pvc".into(),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+        let id = volume_id_for_name("pvc");
+        let stage = root.join("stage");
+        let target = root.join("pod/target");
+        let stage_req = csi::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: stage.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        };
+        hp.stage_volume(stage_req.clone()).unwrap();
+        hp.stage_volume(stage_req).unwrap();
+        let publish = csi::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: stage.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap),
+            readonly: true,
+            ..Default::default()
+        };
+        hp.publish_volume(publish.clone()).unwrap();
+        hp.publish_volume(publish.clone()).unwrap();
+        let err =
+            hp.publish_volume(csi::NodePublishVolumeRequest { readonly: false, ..publish }).unwrap_err();
+        assert_eq!(err.code(), Code::AlreadyExists);
+        assert_eq!(
+            mounter.calls(),
+            [
+                MountCall::Bind {
+                    source: root.join("state/volumes").join(&id),
+                    target: stage.clone(),
+                    read_only: false
+                },
+                MountCall::Bind { source: stage.clone(), target: target.clone(), read_only: true },
+            ]
+        );
+        let reloaded = super::super::state::State::load(&root.join("state/state.json")).unwrap();
+        assert_eq!(reloaded.published_on(&target), Some((id.as_str(), Publication { read_only: true })));
+        assert_eq!(reloaded.staged_on(&stage), Some(id.as_str()));
+
+        // A failing unmount keeps the record, so a retry can finish the job.
+        mounter.fail_next(std::io::ErrorKind::ResourceBusy);
+        let unpublish = csi::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        };
+        let err = hp.unpublish_volume(unpublish.clone()).unwrap_err();
+        assert_eq!(err.code(), Code::Internal);
+        assert!(
+            err.message().starts_with(&format!("volume {id}: cannot unmount {}", target.display())),
+            "{err:?}"
+        );
+        assert!(hp.state.published_on(&target).is_some());
+        hp.unpublish_volume(unpublish.clone()).unwrap();
+        hp.unpublish_volume(unpublish).unwrap();
+        assert!(hp.state.published_on(&target).is_none());
+        assert!(!target.exists(), "the target directory is removed");
+    }
+
+    #[test]
+    fn a_failed_mount_leaves_no_record_and_no_ephemeral_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let config =
+            HostpathConfig { state_dir: root.join("state"), ..HostpathConfig::new("d.example", "n") };
+        let mounter = Arc::new(RecordingMounter::new());
+        let mut hp = Hostpath::open(Arc::new(config), mounter.clone()).unwrap();
+        mounter.fail_next(std::io::ErrorKind::PermissionDenied);
+        let req = csi::NodePublishVolumeRequest {
+            volume_id: "csi-eph".into(),
+            target_path: root.join("t").display().to_string(),
+            volume_capability: Some(csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+                access_mode: Some(csi::volume_capability::AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+            }),
+            volume_context: HashMap::from([(EPHEMERAL_CONTEXT_KEY.to_string(), "true".to_string())]),
+            ..Default::default()
+        };
+        let err = hp.publish_volume(req).unwrap_err();
+        assert_eq!(err.code(), Code::Internal);
+        assert!(hp.state.volumes.is_empty());
+        assert_eq!(std::fs::read_dir(root.join("state/ephemeral")).unwrap().count(), 0);
+        assert!(!root.join("t").exists());
+    }
+}

@@ -1,0 +1,1049 @@
+//! The CSI volume plugin: one per registered driver, turning kvol's lifecycle calls into the CSI RPCs upstream kubelet makes.
+//!
+//! | lifecycle call | RPC | notes |
+//! |---|---|---|
+//! | attach | `ControllerPublishVolume` | node-driven (standalone mode), only when the controller has `PUBLISH_UNPUBLISH_VOLUME`; otherwise a no-op, as upstream's external-attacher |
+//! | detach | `ControllerUnpublishVolume` | same condition |
+//! | stage | `NodeStageVolume` | only offered when the node has `STAGE_UNSTAGE_VOLUME` |
+//! | unstage | `NodeUnstageVolume` | |
+//! | publish | `NodePublishVolume` | target `<volume dir>/mount`, staging path when staged |
+//! | unpublish | `NodeUnpublishVolume` | |
+//! | expand on node | `NodeExpandVolume` | only offered when the node has `EXPAND_VOLUME` |
+//!
+//! The CSIDriver object is read at every call through [`NodeObjects`], so a changed
+//! `attachRequired`, `podInfoOnMount`, `volumeLifecycleModes` or `fsGroupPolicy` applies
+//! without registering the driver again.
+//!
+//! **Publish context.** Upstream keeps what ControllerPublishVolume returns in the
+//! VolumeAttachment's `attachmentMetadata` and reads it back for NodeStage and NodePublish.
+//! kvol's attacher returns it as the device path, a JSON object of strings (`{"lun":"3"}`),
+//! and also records it in `attachment.json` in the volume's node-global directory (see
+//! [`crate::paths`]). Stage and publish take it from the device path they are given, else from
+//! that record, else send none (a driver that needs no attach).
+//!
+//! **Paths.** `PublishRequest::target` and `UnpublishRequest::target` are the pod's volume
+//! directory; the driver's target path is `<target>/mount` and `vol_data.json` lies next to it.
+//! [`CsiPlugin::pod_volume_dir`] gives upstream's directory
+//! (`<root>/pods/<uid>/volumes/kubernetes.io~csi/<volume name>`). The plugin never mounts:
+//! the driver does. It creates the directories upstream creates, removes only empty ones, and
+//! refuses to remove a path that is still mounted or not empty after the driver's RPC.
+//!
+//! **fsGroup.** A driver with `VOLUME_MOUNT_GROUP` gets the pod's fsGroup in the capability
+//! and applies it. Otherwise, when [`applies_fs_group`] says so, kvol applies it after
+//! NodePublishVolume as upstream's `SetVolumeOwnership` does: group set on every file and
+//! directory, `g+rw` (`g+rwx` and setgid on directories), symlinks left alone.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, CSIVolumeSource, PersistentVolumeSpec, Secret, SecretReference,
+};
+use kvol_plugin::local::{create_dir_all, is_mounted};
+use kvol_plugin::plugin::{
+    Attacher, DeviceMounter, NodeExpander, PublishRequest, UnpublishRequest, VolumeMounter,
+};
+use kvol_plugin::{
+    AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
+};
+
+use crate::client::{ControllerCapabilities, CsiClient, NodeCapabilities, path_field};
+use crate::error::CsiError;
+use crate::objects::NodeObjects;
+use crate::paths::{
+    self, AttachmentRecord, SecretName, VolData, attachment_id, load_attachment, load_vol_data,
+    remove_attachment, remove_dir_if_empty, remove_vol_data, save_attachment, save_vol_data,
+};
+use crate::policy::{
+    DriverPolicy, LifecycleMode, access_mode, applies_fs_group, check_lifecycle_mode,
+    ephemeral_volume_handle, parse_publish_context, publish_context_device_path, volume_capability,
+    volume_context,
+};
+use crate::proto::csi::{
+    CapacityRange, ControllerPublishVolumeRequest, NodeExpandVolumeRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, VolumeCapability,
+};
+
+type PluginResult<T> = kvol_plugin::Result<T>;
+
+/// Mode of the directories kvol creates (upstream's `MkdirAll(…, 0750)`).
+const DIR_MODE: u32 = 0o750;
+/// Separates driver and volume handle in a volume name (upstream's `volNameSep`).
+const VOLUME_NAME_SEPARATOR: char = '^';
+
+/// What the driver's Node and Controller services offer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCapabilities {
+    pub node: NodeCapabilities,
+    pub controller: ControllerCapabilities,
+}
+
+/// A registered CSI driver as a volume plugin.
+#[derive(Debug)]
+pub struct CsiPlugin {
+    driver: String,
+    client: CsiClient,
+    host: PluginHost,
+    objects: Arc<dyn NodeObjects>,
+    node_id: String,
+    capabilities: DriverCapabilities,
+    /// The CSI version the driver registered with, when it came through registration.
+    version: Option<String>,
+}
+
+/// The CSI source of a spec of this driver.
+#[derive(Clone, Copy, Debug)]
+enum Source<'a> {
+    Persistent { pv: &'a PersistentVolumeSpec, csi: &'a CSIPersistentVolumeSource },
+    Ephemeral { csi: &'a CSIVolumeSource },
+}
+
+impl Source<'_> {
+    fn mode(&self) -> LifecycleMode {
+        LifecycleMode::of_inline(matches!(self, Source::Ephemeral { .. }))
+    }
+}
+
+impl CsiPlugin {
+    /// A plugin for `driver_name`, reached through `client`, whose node ID is `node_id` (from
+    /// NodeGetInfo). It knows no capabilities yet: add them with
+    /// [`CsiPlugin::with_capabilities`], or build the plugin with [`CsiPlugin::connect`].
+    pub fn new(
+        driver_name: impl Into<String>,
+        client: CsiClient,
+        host: PluginHost,
+        objects: Arc<dyn NodeObjects>,
+        node_id: impl Into<String>,
+    ) -> CsiPlugin {
+        CsiPlugin {
+            driver: driver_name.into(),
+            client,
+            host,
+            objects,
+            node_id: node_id.into(),
+            capabilities: DriverCapabilities::default(),
+            version: None,
+        }
+    }
+
+    /// The same plugin, noting the CSI version it registered with (shown by `kvol plugins`).
+    pub fn with_version(mut self, version: impl Into<String>) -> CsiPlugin {
+        self.version = Some(version.into());
+        self
+    }
+
+    /// The same plugin, with the driver's capabilities.
+    pub fn with_capabilities(mut self, capabilities: DriverCapabilities) -> CsiPlugin {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Asks the driver for its Node and Controller capabilities, then builds the plugin.
+    pub async fn connect(
+        driver_name: impl Into<String>,
+        client: CsiClient,
+        host: PluginHost,
+        objects: Arc<dyn NodeObjects>,
+        node_id: impl Into<String>,
+    ) -> Result<CsiPlugin, CsiError> {
+        let node = client.node_get_capabilities().await?;
+        let controller = client.controller_get_capabilities().await?;
+        let plugin = CsiPlugin::new(driver_name, client, host, objects, node_id);
+        tracing::info!(driver = %plugin.driver, ?node, ?controller, "csi driver capabilities");
+        Ok(plugin.with_capabilities(DriverCapabilities { node, controller }))
+    }
+
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    pub fn client(&self) -> &CsiClient {
+        &self.client
+    }
+
+    pub fn host(&self) -> &PluginHost {
+        &self.host
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn driver_capabilities(&self) -> DriverCapabilities {
+        self.capabilities
+    }
+
+    /// The driver's CSIDriver policy as it is now.
+    pub fn policy(&self) -> DriverPolicy {
+        DriverPolicy::from_object(self.objects.csi_driver(&self.driver).as_ref())
+    }
+
+    /// Where a volume of this driver is staged.
+    pub fn stage_path(&self, volume_handle: &str) -> PathBuf {
+        paths::stage_path(&self.host.paths, &self.driver, volume_handle)
+    }
+
+    /// Upstream's pod directory for a CSI volume: the `target` to publish to.
+    pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> PathBuf {
+        paths::pod_volume_dir(&self.host.paths, pod_uid, volume_name)
+    }
+
+    /// The spec's CSI source, which must name this driver.
+    fn source<'a>(&self, spec: &'a VolumeSpec) -> PluginResult<Source<'a>> {
+        let (driver, source) = match &spec.source {
+            SpecSource::Persistent(pv) => {
+                let pv = pv.spec.as_ref().ok_or_else(|| PluginError::invalid(spec, "it has no spec"))?;
+                let csi =
+                    pv.csi.as_ref().ok_or_else(|| PluginError::invalid(spec, "it is not a CSI volume"))?;
+                (&csi.driver, Source::Persistent { pv, csi })
+            }
+            SpecSource::Inline { volume, .. } => {
+                let csi = volume
+                    .csi
+                    .as_ref()
+                    .ok_or_else(|| PluginError::invalid(spec, "it is not a CSI volume"))?;
+                (&csi.driver, Source::Ephemeral { csi })
+            }
+        };
+        if *driver != self.driver {
+            let reason = format!("it names csi driver {driver:?}, not {:?}", self.driver);
+            return Err(PluginError::invalid(spec, reason));
+        }
+        Ok(source)
+    }
+
+    /// The spec's persistent CSI source; `what` names the operation that needs one.
+    fn persistent<'a>(
+        &self,
+        spec: &'a VolumeSpec,
+        what: &str,
+    ) -> PluginResult<(&'a PersistentVolumeSpec, &'a CSIPersistentVolumeSource)> {
+        match self.source(spec)? {
+            Source::Persistent { pv, csi } => {
+                refuse_block(spec, pv)?;
+                Ok((pv, csi))
+            }
+            Source::Ephemeral { .. } => Err(PluginError::invalid(
+                spec,
+                format!("ephemeral inline csi volumes are only published, never {what}"),
+            )),
+        }
+    }
+
+    /// The values of the Secret `namespace/name`, which `field` of the volume references.
+    fn secret(&self, field: &str, namespace: &str, name: &str) -> Result<BTreeMap<String, String>, CsiError> {
+        let refused = |why: String| CsiError::Driver {
+            driver: self.driver.clone(),
+            reason: format!("cannot read {field} secret {namespace}/{name}: {why}"),
+        };
+        let secret = self
+            .host
+            .secrets
+            .get(namespace, name)
+            .ok_or_else(|| refused("there is no such secret".into()))?;
+        secret_values(&secret).map_err(refused)
+    }
+
+    /// The values of the Secret a PV's `field` references; none when it references none.
+    fn pv_secret(
+        &self,
+        spec: &VolumeSpec,
+        field: &str,
+        reference: Option<&SecretReference>,
+    ) -> PluginResult<BTreeMap<String, String>> {
+        match secret_name(spec, field, reference)? {
+            Some(name) => Ok(self.secret(field, &name.namespace, &name.name)?),
+            None => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// The publish context for a volume: from the device path, else from the attach record,
+    /// else none.
+    fn publish_context(
+        &self,
+        device_path: Option<&str>,
+        volume_handle: &str,
+    ) -> PluginResult<BTreeMap<String, String>> {
+        match parse_publish_context(device_path) {
+            Ok(Some(context)) => Ok(context),
+            Ok(None) => {
+                let dir = paths::volume_dir(&self.host.paths, &self.driver, volume_handle);
+                Ok(local(load_attachment(&dir))?.map(|r| r.publish_context).unwrap_or_default())
+            }
+            Err(reason) => Err(CsiError::Driver { driver: self.driver.clone(), reason }.into()),
+        }
+    }
+
+    /// The capability of a persistent volume: its first access mode, fsType and mount options.
+    fn pv_capability(
+        &self,
+        pv: &PersistentVolumeSpec,
+        csi: &CSIPersistentVolumeSource,
+        extra_mount_options: &[String],
+        volume_mount_group: Option<i64>,
+    ) -> VolumeCapability {
+        let modes = pv.access_modes.as_deref().unwrap_or_default();
+        let mode = access_mode(modes, self.capabilities.node.single_node_multi_writer);
+        let mut flags = pv.mount_options.clone().unwrap_or_default();
+        for option in extra_mount_options {
+            if !flags.contains(option) {
+                flags.push(option.clone());
+            }
+        }
+        volume_capability(mode, false, csi.fs_type.as_deref().unwrap_or_default(), &flags, volume_mount_group)
+    }
+
+    /// Takes down a directory the driver was given (stage or publish target) once its RPC
+    /// returned: refused while something is mounted there or it is not empty.
+    fn remove_driver_dir(&self, path: &Path, rpc: &str) -> PluginResult<()> {
+        if fs::symlink_metadata(path).is_err() {
+            return Ok(());
+        }
+        if is_mounted(self.host.mounter.as_ref(), path)? {
+            return Err(CsiError::Driver {
+                driver: self.driver.clone(),
+                reason: format!("{} is still mounted after {rpc}; kvol leaves it in place", path.display()),
+            }
+            .into());
+        }
+        match fs::remove_dir(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => Err(CsiError::Driver {
+                driver: self.driver.clone(),
+                reason: format!(
+                    "{} is not empty after {rpc}; kvol never deletes data, so it is left in place",
+                    path.display()
+                ),
+            }
+            .into()),
+            Err(e) => Err(PluginError::io("remove", path, e)),
+        }
+    }
+
+    /// Undoes what a stage or publish set up before its RPC failed for good: the driver's
+    /// directory if empty, the volume record, the record's directory if empty.
+    fn clean_up_after_failure(&self, driver_dir: &Path, record_dir: &Path) {
+        let cleaned = self
+            .remove_driver_dir(driver_dir, "a failed call")
+            .and_then(|()| local(remove_vol_data(record_dir)))
+            .and_then(|()| Ok(remove_dir_if_empty(record_dir).map(drop)?));
+        if let Err(e) = cleaned {
+            tracing::warn!(
+                driver = %self.driver, dir = %record_dir.display(),
+                "cleanup after a failed call: {e}"
+            );
+        }
+    }
+
+    fn own_node(&self, node: &str, what: &str) -> PluginResult<()> {
+        if node == self.host.node.name {
+            return Ok(());
+        }
+        Err(CsiError::Policy {
+            driver: self.driver.clone(),
+            reason: format!(
+                "cannot {what} node {node:?}: kvol attaches volumes only to its own node {:?}",
+                self.host.node.name
+            ),
+        }
+        .into())
+    }
+
+    async fn publish_volume(&self, req: &PublishRequest<'_>) -> PluginResult<()> {
+        let spec = req.spec;
+        let source = self.source(spec)?;
+        let policy = self.policy();
+        let mode = source.mode();
+        check_lifecycle_mode(&self.driver, &policy, mode)?;
+        let node_caps = self.capabilities.node;
+        let volume_mount_group = if node_caps.volume_mount_group { req.pod.fs_group } else { None };
+
+        let plan = match source {
+            Source::Persistent { pv, csi } => {
+                refuse_block(spec, pv)?;
+                let staging = node_caps.stage_unstage.then(|| {
+                    req.staging_path.map_or_else(|| self.stage_path(&csi.volume_handle), Path::to_path_buf)
+                });
+                Publish {
+                    handle: csi.volume_handle.clone(),
+                    staging,
+                    context: self.publish_context(req.device_path, &csi.volume_handle)?,
+                    secrets: self.pv_secret(
+                        spec,
+                        "nodePublishSecretRef",
+                        csi.node_publish_secret_ref.as_ref(),
+                    )?,
+                    capability: self.pv_capability(pv, csi, req.mount_options, volume_mount_group),
+                    attributes: csi.volume_attributes.as_ref(),
+                    read_only: req.read_only || spec.read_only || csi.read_only.unwrap_or(false),
+                    fs_type: csi.fs_type.as_deref().unwrap_or_default(),
+                    access_modes: Some(pv.access_modes.as_deref().unwrap_or_default()),
+                }
+            }
+            Source::Ephemeral { csi } => {
+                let secrets = match &csi.node_publish_secret_ref {
+                    Some(reference) => {
+                        self.secret("nodePublishSecretRef", pod_namespace(req), &reference.name)?
+                    }
+                    None => BTreeMap::new(),
+                };
+                let fs_type = csi.fs_type.as_deref().unwrap_or_default();
+                // Upstream publishes inline volumes ReadWriteOnce.
+                let access = access_mode(&[], node_caps.single_node_multi_writer);
+                Publish {
+                    handle: ephemeral_volume_handle(&req.pod.uid, spec.name()),
+                    staging: None,
+                    context: BTreeMap::new(),
+                    secrets,
+                    capability: volume_capability(
+                        access,
+                        false,
+                        fs_type,
+                        req.mount_options,
+                        volume_mount_group,
+                    ),
+                    attributes: csi.volume_attributes.as_ref(),
+                    read_only: req.read_only || spec.read_only || csi.read_only.unwrap_or(false),
+                    fs_type,
+                    access_modes: None,
+                }
+            }
+        };
+
+        let dir = req.target;
+        let target = paths::publish_path(dir);
+        create_dir_all(dir, DIR_MODE)?;
+        let node = &self.host.node.name;
+        let record = VolData {
+            driver_name: self.driver.clone(),
+            volume_handle: plan.handle.clone(),
+            spec_volume_id: spec.name().to_string(),
+            node_name: node.clone(),
+            attachment_id: attachment_id(&plan.handle, &self.driver, node),
+            volume_lifecycle_mode: mode.as_str().to_string(),
+        };
+        local(save_vol_data(dir, &record))?;
+        let request = NodePublishVolumeRequest {
+            volume_id: plan.handle.clone(),
+            publish_context: plan.context.into_iter().collect(),
+            staging_target_path: plan.staging.as_deref().map(path_field).transpose()?.unwrap_or_default(),
+            target_path: path_field(&target)?,
+            volume_capability: Some(plan.capability),
+            readonly: plan.read_only,
+            secrets: plan.secrets.into_iter().collect(),
+            volume_context: volume_context(plan.attributes, req.pod, &policy, mode).into_iter().collect(),
+        };
+        tracing::info!(
+            driver = %self.driver, volume = %plan.handle, target = %target.display(),
+            "NodePublishVolume"
+        );
+        if let Err(e) = self.client.node_publish(request).await {
+            // A final error means nothing is in progress: undo. Otherwise the driver may still
+            // be publishing, and the record is what lets unpublish clean up later.
+            if !e.is_retriable() {
+                self.clean_up_after_failure(&target, dir);
+            }
+            return Err(e.into());
+        }
+        if let Some(group) = req.pod.fs_group
+            && volume_mount_group.is_none()
+            && applies_fs_group(policy.fs_group_policy, plan.fs_type, plan.access_modes, plan.read_only)
+        {
+            apply_fs_group(&target, group)?;
+        }
+        Ok(())
+    }
+
+    async fn unpublish_volume(&self, req: &UnpublishRequest<'_>) -> PluginResult<()> {
+        let dir = req.target;
+        let target = paths::publish_path(dir);
+        let Some(record) = local(load_vol_data(dir))? else {
+            if fs::symlink_metadata(&target).is_ok() {
+                return Err(CsiError::Driver {
+                    driver: self.driver.clone(),
+                    reason: format!(
+                        "cannot unpublish {}: {} is missing, so the volume handle is unknown",
+                        target.display(),
+                        dir.join(paths::VOL_DATA_FILE).display()
+                    ),
+                }
+                .into());
+            }
+            tracing::debug!(driver = %self.driver, dir = %dir.display(), "nothing to unpublish");
+            return Ok(());
+        };
+        self.check_record_driver(&record.driver_name, dir)?;
+        tracing::info!(
+            driver = %self.driver, volume = %record.volume_handle, target = %target.display(),
+            "NodeUnpublishVolume"
+        );
+        self.client.node_unpublish(&record.volume_handle, &target).await?;
+        self.remove_driver_dir(&target, "NodeUnpublishVolume")?;
+        local(remove_vol_data(dir))?;
+        if !local(remove_dir_if_empty(dir))? && fs::symlink_metadata(dir).is_ok() {
+            tracing::warn!(
+                driver = %self.driver, dir = %dir.display(),
+                "pod volume directory not empty; kept"
+            );
+        }
+        Ok(())
+    }
+
+    fn check_record_driver(&self, driver: &str, dir: &Path) -> PluginResult<()> {
+        if driver == self.driver {
+            return Ok(());
+        }
+        Err(CsiError::Driver {
+            driver: self.driver.clone(),
+            reason: format!(
+                "{} belongs to csi driver {driver:?}, not to this one",
+                dir.join(paths::VOL_DATA_FILE).display()
+            ),
+        }
+        .into())
+    }
+}
+
+/// Everything one NodePublishVolume sends, and what fsGroup needs afterwards.
+struct Publish<'a> {
+    handle: String,
+    staging: Option<PathBuf>,
+    context: BTreeMap<String, String>,
+    secrets: BTreeMap<String, String>,
+    capability: VolumeCapability,
+    attributes: Option<&'a BTreeMap<String, String>>,
+    read_only: bool,
+    fs_type: &'a str,
+    access_modes: Option<&'a [String]>,
+}
+
+/// An error of kvol's own files as the plugin host's I/O error (it names the path, not the
+/// driver); other CSI errors as driver errors.
+fn local<T>(result: Result<T, CsiError>) -> PluginResult<T> {
+    result.map_err(|e| match e {
+        CsiError::Io { op, path, source } => PluginError::Io { op, path, source },
+        other => other.into(),
+    })
+}
+
+/// kvol has no block-volume mapper: raw block persistent volumes are refused, not mounted.
+fn refuse_block(spec: &VolumeSpec, pv: &PersistentVolumeSpec) -> PluginResult<()> {
+    if pv.volume_mode.as_deref() == Some("Block") {
+        return Err(PluginError::invalid(
+            spec,
+            "it has volumeMode Block, and kvol's csi plugin serves filesystem volumes only",
+        ));
+    }
+    Ok(())
+}
+
+/// The namespace an inline volume's Secret is read from: the pod's.
+fn pod_namespace<'a>(req: &'a PublishRequest<'_>) -> &'a str {
+    match &req.spec.source {
+        SpecSource::Inline { pod_namespace, .. } if req.pod.namespace.is_empty() => pod_namespace,
+        _ => &req.pod.namespace,
+    }
+}
+
+/// The Secret a PV field references: `None` for no reference; a reference without a namespace
+/// is an error (the API requires one).
+fn secret_name(
+    spec: &VolumeSpec,
+    field: &str,
+    reference: Option<&SecretReference>,
+) -> PluginResult<Option<SecretName>> {
+    let Some(reference) = reference else { return Ok(None) };
+    let name = reference.name.clone().unwrap_or_default();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    match reference.namespace.as_deref() {
+        Some(namespace) if !namespace.is_empty() => {
+            Ok(Some(SecretName { namespace: namespace.to_string(), name }))
+        }
+        _ => Err(PluginError::invalid(spec, format!("its {field} names secret {name:?} but no namespace"))),
+    }
+}
+
+/// A Secret's values as CSI secrets: `data` decoded as UTF-8, then `stringData` over it.
+fn secret_values(secret: &Secret) -> Result<BTreeMap<String, String>, String> {
+    let mut values = BTreeMap::new();
+    for (key, value) in secret.data.iter().flatten() {
+        let text = String::from_utf8(value.0.clone())
+            .map_err(|_| format!("the value of key {key:?} is not UTF-8"))?;
+        values.insert(key.clone(), text);
+    }
+    for (key, value) in secret.string_data.iter().flatten() {
+        values.insert(key.clone(), value.clone());
+    }
+    Ok(values)
+}
+
+/// Gives `group` every file and directory under `root` (upstream's `SetVolumeOwnership`):
+/// the group changes, files gain `g+rw`, directories `g+rwx` and setgid; symlinks keep their
+/// mode and are not followed.
+fn apply_fs_group(root: &Path, group: i64) -> PluginResult<()> {
+    let gid = u32::try_from(group).map_err(|_| {
+        let reason =
+            io::Error::new(io::ErrorKind::InvalidInput, format!("fsGroup {group} is not a group ID"));
+        PluginError::io("apply fsGroup to", root, reason)
+    })?;
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let metadata = fs::symlink_metadata(&path).map_err(|e| PluginError::io("inspect", &path, e))?;
+        std::os::unix::fs::lchown(&path, None, Some(gid))
+            .map_err(|e| PluginError::io("apply fsGroup to", &path, e))?;
+        if metadata.file_type().is_symlink() {
+            continue;
+        }
+        let mut mask = 0o660;
+        if metadata.is_dir() {
+            mask |= 0o2000 | 0o110;
+            let entries = fs::read_dir(&path).map_err(|e| PluginError::io("list", &path, e))?;
+            for entry in entries {
+                pending.push(entry.map_err(|e| PluginError::io("list", &path, e))?.path());
+            }
+        }
+        let mode = (metadata.permissions().mode() & 0o7777) | mask;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .map_err(|e| PluginError::io("apply fsGroup to", &path, e))?;
+    }
+    Ok(())
+}
+
+impl VolumePlugin for CsiPlugin {
+    fn name(&self) -> &str {
+        &self.driver
+    }
+
+    fn kind(&self) -> PluginKind {
+        PluginKind::Csi
+    }
+
+    fn serves(&self) -> Vec<SourceKey<'_>> {
+        vec![SourceKey::Csi(&self.driver)]
+    }
+
+    fn can_support(&self, spec: &VolumeSpec) -> bool {
+        spec.csi_driver() == Some(self.driver.as_str())
+    }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        vec![
+            AccessMode::ReadWriteOnce,
+            AccessMode::ReadOnlyMany,
+            AccessMode::ReadWriteMany,
+            AccessMode::ReadWriteOncePod,
+        ]
+    }
+
+    fn is_persistent(&self) -> bool {
+        true
+    }
+
+    fn details(&self) -> Vec<(String, String)> {
+        let policy = self.policy();
+        let node = self.capabilities.node;
+        let node_caps = [
+            (node.stage_unstage, "STAGE_UNSTAGE_VOLUME"),
+            (node.expand, "EXPAND_VOLUME"),
+            (node.get_volume_stats, "GET_VOLUME_STATS"),
+            (node.single_node_multi_writer, "SINGLE_NODE_MULTI_WRITER"),
+            (node.volume_mount_group, "VOLUME_MOUNT_GROUP"),
+        ];
+        let node_caps: Vec<&str> = node_caps.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+        let csidriver = if policy.has_object {
+            let modes: Vec<String> = policy.lifecycle_modes.iter().map(|m| format!("{m:?}")).collect();
+            format!(
+                "attachRequired={} podInfoOnMount={} volumeLifecycleModes=[{}] fsGroupPolicy={:?} requiresRepublish={}",
+                policy.attach_required,
+                policy.pod_info_on_mount,
+                modes.join(","),
+                policy.fs_group_policy,
+                policy.requires_republish
+            )
+        } else {
+            "none (defaults: attachRequired=true, persistent volumes only)".to_string()
+        };
+        let mut details = vec![];
+        if let Some(version) = &self.version {
+            details.push(("version".to_string(), version.clone()));
+        }
+        details.extend([
+            ("endpoint".to_string(), self.client.endpoint().display().to_string()),
+            ("nodeID".to_string(), self.node_id.clone()),
+            ("nodeCapabilities".to_string(), node_caps.join(",")),
+            ("csiDriver".to_string(), csidriver),
+        ]);
+        details
+    }
+
+    /// `<driver>^<volume handle>` for a persistent volume (upstream's `GetVolumeName`); an
+    /// inline volume has no handle before its pod is known, so it is `<driver>^<volume name>`.
+    fn volume_name(&self, spec: &VolumeSpec) -> PluginResult<String> {
+        match self.source(spec)? {
+            Source::Persistent { csi, .. } => {
+                Ok(format!("{}{VOLUME_NAME_SEPARATOR}{}", self.driver, csi.volume_handle))
+            }
+            Source::Ephemeral { .. } => Ok(format!("{}{VOLUME_NAME_SEPARATOR}{}", self.driver, spec.name())),
+        }
+    }
+
+    /// Persistent volumes need attaching unless the CSIDriver says `attachRequired: false`;
+    /// ephemeral inline volumes never do.
+    fn can_attach(&self, spec: &VolumeSpec) -> bool {
+        matches!(self.source(spec), Ok(Source::Persistent { .. })) && self.policy().attach_required
+    }
+
+    /// Persistent volumes are staged when the node service has `STAGE_UNSTAGE_VOLUME`.
+    fn can_device_mount(&self, spec: &VolumeSpec) -> bool {
+        self.capabilities.node.stage_unstage && matches!(self.source(spec), Ok(Source::Persistent { .. }))
+    }
+
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        self.capabilities.node.stage_unstage.then_some(self as &dyn DeviceMounter)
+    }
+
+    fn mounter(&self) -> Option<&dyn VolumeMounter> {
+        Some(self)
+    }
+
+    fn node_expander(&self) -> Option<&dyn NodeExpander> {
+        self.capabilities.node.expand.then_some(self as &dyn NodeExpander)
+    }
+}
+
+#[async_trait]
+impl Attacher for CsiPlugin {
+    /// `ControllerPublishVolume` to this node's driver node ID, when the controller offers
+    /// `PUBLISH_UNPUBLISH_VOLUME`; the publish context as the device path (a JSON object).
+    async fn attach(&self, spec: &VolumeSpec, node: &str) -> PluginResult<Option<String>> {
+        let (pv, csi) = self.persistent(spec, "attached")?;
+        self.own_node(node, "attach to")?;
+        if !self.capabilities.controller.publish_unpublish {
+            tracing::debug!(driver = %self.driver, "no PUBLISH_UNPUBLISH_VOLUME: nothing to attach");
+            return Ok(None);
+        }
+        let field = "controllerPublishSecretRef";
+        let secret_ref = secret_name(spec, field, csi.controller_publish_secret_ref.as_ref())?;
+        let secrets = match &secret_ref {
+            Some(name) => self.secret(field, &name.namespace, &name.name)?,
+            None => BTreeMap::new(),
+        };
+        let request = ControllerPublishVolumeRequest {
+            volume_id: csi.volume_handle.clone(),
+            node_id: self.node_id.clone(),
+            volume_capability: Some(self.pv_capability(pv, csi, &[], None)),
+            readonly: csi.read_only.unwrap_or(false),
+            secrets: secrets.into_iter().collect(),
+            volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
+        };
+        tracing::info!(
+            driver = %self.driver, volume = %csi.volume_handle, node_id = %self.node_id,
+            "ControllerPublishVolume"
+        );
+        let context = self.client.controller_publish(request).await?;
+        let dir = paths::volume_dir(&self.host.paths, &self.driver, &csi.volume_handle);
+        create_dir_all(&dir, DIR_MODE)?;
+        let record = AttachmentRecord {
+            driver_name: self.driver.clone(),
+            volume_handle: csi.volume_handle.clone(),
+            node_name: node.to_string(),
+            node_id: self.node_id.clone(),
+            attachment_id: attachment_id(&csi.volume_handle, &self.driver, node),
+            publish_context: context.clone(),
+            controller_publish_secret_ref: secret_ref,
+        };
+        local(save_attachment(&dir, &record))?;
+        Ok(Some(publish_context_device_path(&context)))
+    }
+
+    /// Nothing to wait for: ControllerPublishVolume returned when the volume was attached.
+    /// The device path given, else the recorded publish context.
+    async fn wait_for_attach(
+        &self,
+        spec: &VolumeSpec,
+        device_path: Option<&str>,
+        _timeout: Duration,
+    ) -> PluginResult<String> {
+        if let Some(path) = device_path.filter(|p| !p.is_empty()) {
+            return Ok(path.to_string());
+        }
+        let (_, csi) = self.persistent(spec, "attached")?;
+        Ok(publish_context_device_path(&self.publish_context(None, &csi.volume_handle)?))
+    }
+
+    /// Attached when kvol's record says so, or when the controller has nothing to attach.
+    async fn is_attached(&self, spec: &VolumeSpec, node: &str) -> PluginResult<bool> {
+        let (_, csi) = self.persistent(spec, "attached")?;
+        if !self.capabilities.controller.publish_unpublish {
+            return Ok(true);
+        }
+        let dir = paths::volume_dir(&self.host.paths, &self.driver, &csi.volume_handle);
+        Ok(local(load_attachment(&dir))?
+            .is_some_and(|r| r.node_name == node && r.volume_handle == csi.volume_handle))
+    }
+
+    /// `ControllerUnpublishVolume` of the volume named `<driver>^<handle>`, with the Secret
+    /// the attach used; then the record goes.
+    async fn detach(&self, volume_name: &str, node: &str) -> PluginResult<()> {
+        let Some((driver, handle)) = volume_name.split_once(VOLUME_NAME_SEPARATOR) else {
+            return Err(CsiError::Driver {
+                driver: self.driver.clone(),
+                reason: format!(
+                    "cannot detach {volume_name:?}: it is not of the form <driver>^<volume handle>"
+                ),
+            }
+            .into());
+        };
+        if driver != self.driver {
+            return Err(CsiError::Driver {
+                driver: self.driver.clone(),
+                reason: format!("cannot detach {volume_name:?}: it belongs to csi driver {driver:?}"),
+            }
+            .into());
+        }
+        self.own_node(node, "detach from")?;
+        let dir = paths::volume_dir(&self.host.paths, &self.driver, handle);
+        let record = local(load_attachment(&dir))?;
+        if self.capabilities.controller.publish_unpublish {
+            let secrets = match record.as_ref().and_then(|r| r.controller_publish_secret_ref.as_ref()) {
+                Some(name) => self.secret("controllerPublishSecretRef", &name.namespace, &name.name)?,
+                None => BTreeMap::new(),
+            };
+            tracing::info!(
+                driver = %self.driver, volume = %handle, node_id = %self.node_id,
+                "ControllerUnpublishVolume"
+            );
+            self.client.controller_unpublish(handle, &self.node_id, secrets).await?;
+        }
+        local(remove_attachment(&dir))?;
+        local(remove_dir_if_empty(&dir))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DeviceMounter for CsiPlugin {
+    fn device_mount_path(&self, spec: &VolumeSpec) -> PluginResult<PathBuf> {
+        let (_, csi) = self.persistent(spec, "staged")?;
+        Ok(self.stage_path(&csi.volume_handle))
+    }
+
+    /// `NodeStageVolume` to `staging_path`, created (0750) with `vol_data.json` saved next to
+    /// it before the call. A final error takes both away again; a retriable one leaves them
+    /// for unstage.
+    async fn stage(
+        &self,
+        spec: &VolumeSpec,
+        device_path: Option<&str>,
+        staging_path: &Path,
+    ) -> PluginResult<()> {
+        let (pv, csi) = self.persistent(spec, "staged")?;
+        check_lifecycle_mode(&self.driver, &self.policy(), LifecycleMode::Persistent)?;
+        if !self.capabilities.node.stage_unstage {
+            return Err(PluginError::Unsupported {
+                plugin: self.driver.clone(),
+                what: "stage volumes: its node service lacks STAGE_UNSTAGE_VOLUME",
+            });
+        }
+        let secrets = self.pv_secret(spec, "nodeStageSecretRef", csi.node_stage_secret_ref.as_ref())?;
+        let context = self.publish_context(device_path, &csi.volume_handle)?;
+        let dir = staging_path.parent().ok_or_else(|| {
+            PluginError::invalid(spec, format!("its staging path {} has no parent", staging_path.display()))
+        })?;
+        create_dir_all(staging_path, DIR_MODE)?;
+        let record = VolData {
+            driver_name: self.driver.clone(),
+            volume_handle: csi.volume_handle.clone(),
+            ..VolData::default()
+        };
+        local(save_vol_data(dir, &record))?;
+        let request = NodeStageVolumeRequest {
+            volume_id: csi.volume_handle.clone(),
+            publish_context: context.into_iter().collect(),
+            staging_target_path: path_field(staging_path)?,
+            volume_capability: Some(self.pv_capability(pv, csi, &[], None)),
+            secrets: secrets.into_iter().collect(),
+            volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
+        };
+        tracing::info!(
+            driver = %self.driver, volume = %csi.volume_handle, staging = %staging_path.display(),
+            "NodeStageVolume"
+        );
+        if let Err(e) = self.client.node_stage(request).await {
+            if !e.is_retriable() {
+                self.clean_up_after_failure(staging_path, dir);
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// `NodeUnstageVolume` of the volume `vol_data.json` next to `staging_path` names, then
+    /// the staging path, the record and the volume directory when empty. No record: nothing
+    /// was staged here (upstream skips too).
+    async fn unstage(&self, staging_path: &Path) -> PluginResult<()> {
+        let Some(dir) = staging_path.parent() else { return Ok(()) };
+        let Some(record) = local(load_vol_data(dir))? else {
+            tracing::debug!(
+                driver = %self.driver, path = %staging_path.display(),
+                "nothing to unstage: no volume record"
+            );
+            return Ok(());
+        };
+        self.check_record_driver(&record.driver_name, dir)?;
+        if self.capabilities.node.stage_unstage {
+            tracing::info!(
+                driver = %self.driver, volume = %record.volume_handle, staging = %staging_path.display(),
+                "NodeUnstageVolume"
+            );
+            self.client.node_unstage(&record.volume_handle, staging_path).await?;
+        }
+        self.remove_driver_dir(staging_path, "NodeUnstageVolume")?;
+        local(remove_vol_data(dir))?;
+        // The attach record, if any, keeps the directory until detach.
+        local(remove_dir_if_empty(dir))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl VolumeMounter for CsiPlugin {
+    /// `NodePublishVolume` to `<target>/mount`. Refused before anything happens when the
+    /// CSIDriver does not list the volume's lifecycle mode or a Secret is missing.
+    async fn publish(&self, req: &PublishRequest<'_>) -> PluginResult<()> {
+        self.publish_volume(req).await
+    }
+
+    /// `NodeUnpublishVolume` of `<target>/mount`, then the empty target, `vol_data.json` and
+    /// the pod volume directory when empty.
+    async fn unpublish(&self, req: &UnpublishRequest<'_>) -> PluginResult<()> {
+        self.unpublish_volume(req).await
+    }
+}
+
+#[async_trait]
+impl NodeExpander for CsiPlugin {
+    /// `NodeExpandVolume` of the volume published at `mount_path` to `new_size` bytes.
+    async fn expand_on_node(
+        &self,
+        spec: &VolumeSpec,
+        _device_path: Option<&str>,
+        mount_path: &Path,
+        new_size: u64,
+        _old_size: u64,
+    ) -> PluginResult<()> {
+        let (pv, csi) = self.persistent(spec, "expanded on the node")?;
+        if !self.capabilities.node.expand {
+            return Err(PluginError::Unsupported {
+                plugin: self.driver.clone(),
+                what: "expand volumes on the node: its node service lacks EXPAND_VOLUME",
+            });
+        }
+        let required_bytes = i64::try_from(new_size).map_err(|_| {
+            PluginError::invalid(spec, format!("the requested size {new_size} is too large for csi"))
+        })?;
+        let staging = self.capabilities.node.stage_unstage.then(|| self.stage_path(&csi.volume_handle));
+        let request = NodeExpandVolumeRequest {
+            volume_id: csi.volume_handle.clone(),
+            volume_path: path_field(mount_path)?,
+            capacity_range: Some(CapacityRange { required_bytes, limit_bytes: 0 }),
+            staging_target_path: staging.as_deref().map(path_field).transpose()?.unwrap_or_default(),
+            volume_capability: Some(self.pv_capability(pv, csi, &[], None)),
+            secrets: self
+                .pv_secret(spec, "nodeExpandSecretRef", csi.node_expand_secret_ref.as_ref())?
+                .into_iter()
+                .collect(),
+        };
+        tracing::info!(driver = %self.driver, volume = %csi.volume_handle, new_size, "NodeExpandVolume");
+        self.client.node_expand(request).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+
+    #[test]
+    fn secret_values_decode_data_and_let_string_data_win() {
+        let secret = Secret {
+            data: Some(BTreeMap::from([
+                ("user".to_string(), ByteString(b"admin".to_vec())),
+                ("key".to_string(), ByteString(b"old".to_vec())),
+            ])),
+            string_data: Some(BTreeMap::from([("key".to_string(), "new".to_string())])),
+            ..Secret::default()
+        };
+        let want = BTreeMap::from([
+            ("key".to_string(), "new".to_string()),
+            ("user".to_string(), "admin".to_string()),
+        ]);
+        assert_eq!(secret_values(&secret), Ok(want));
+        let binary = Secret {
+            data: Some(BTreeMap::from([("cert".to_string(), ByteString(vec![0xff, 0xfe]))])),
+            ..Secret::default()
+        };
+        assert_eq!(secret_values(&binary), Err("the value of key \"cert\" is not UTF-8".to_string()));
+    }
+
+    #[test]
+    fn secret_references_need_a_namespace() {
+        let spec = kvol_plugin::testing::csi_pv("pv-1", "d.example.com");
+        let reference = |namespace: Option<&str>, name: Option<&str>| SecretReference {
+            namespace: namespace.map(str::to_string),
+            name: name.map(str::to_string),
+        };
+        let table = [
+            (None, Ok(None)),
+            (Some(reference(Some("ns"), None)), Ok(None)),
+            (
+                Some(reference(Some("ns"), Some("s"))),
+                Ok(Some(SecretName { namespace: "ns".into(), name: "s".into() })),
+            ),
+            (
+                Some(reference(None, Some("s"))),
+                Err("persistent volume \"pv-1\": its nodeStageSecretRef names secret \"s\" but no namespace"
+                    .to_string()),
+            ),
+        ];
+        for (reference, want) in table {
+            let got = secret_name(&spec, "nodeStageSecretRef", reference.as_ref()).map_err(|e| e.to_string());
+            assert_eq!(got, want, "{reference:?}");
+        }
+    }
+
+    #[test]
+    fn fs_group_gives_the_group_and_group_access_but_follows_no_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("mount");
+        fs::create_dir_all(root.join("sub")).unwrap();
+        fs::write(root.join("sub/file"), "x").unwrap();
+        fs::set_permissions(root.join("sub/file"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::set_permissions(root.join("sub"), fs::Permissions::from_mode(0o700)).unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, "y").unwrap();
+        fs::set_permissions(&outside, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let gid = i64::from(nix::unistd::getegid().as_raw());
+        apply_fs_group(&root, gid).unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&root.join("sub/file")), 0o660);
+        assert_eq!(mode(&root.join("sub")), 0o2770);
+        assert_eq!(mode(&outside), 0o600, "the symlink's target is not touched");
+        assert!(apply_fs_group(&root, -1).unwrap_err().to_string().contains("fsGroup -1 is not a group ID"));
+    }
+}

@@ -1,0 +1,1020 @@
+//! The bundled hostpath driver end to end: real unix sockets, real gRPC, real bind mounts, each test in a private mount namespace of its own thread.
+//!
+//! Every test runs the driver in-process with the real mounter on sockets in a temporary
+//! directory, talks to it with the generated clients, and leaves nothing mounted there. The
+//! runtime is tokio's current-thread one, so the driver's mounts happen on the test's thread,
+//! inside its namespace. These tests need root (CAP_SYS_ADMIN), as the driver itself does.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kvol_csi::CsiError;
+use kvol_csi::bundled::state::{snapshot_id_for_name, volume_id_for_name};
+use kvol_csi::bundled::{EPHEMERAL_CONTEXT_KEY, HostpathConfig, HostpathDriver, RegistrationOutcome};
+use kvol_csi::proto::csi::controller_client::ControllerClient;
+use kvol_csi::proto::csi::identity_client::IdentityClient;
+use kvol_csi::proto::csi::node_client::NodeClient;
+use kvol_csi::proto::csi::{self, volume_capability::access_mode::Mode};
+use kvol_csi::proto::registration::{
+    InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
+};
+use kvol_plugin::mount::{MountPoint, Mounter, SystemMounter};
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+const MIB: i64 = 1 << 20;
+
+/// Moves the calling thread into a mount namespace of its own whose mounts propagate nowhere.
+/// Called first in every test: the async body, and so the driver, then runs on this thread.
+fn enter_private_mount_namespace() {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS)
+        .expect("unshare the mount namespace (these tests need root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+}
+
+/// A temporary root holding the driver's state, sockets, staging and target paths. Dropping it
+/// detaches whatever a failed test left mounted below it before deleting it, so deletion can
+/// never reach through a mount.
+struct Sandbox {
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        enter_private_mount_namespace();
+        let dir = tempfile::tempdir().expect("temporary root");
+        let root = fs::canonicalize(dir.path()).expect("canonical root");
+        Sandbox { root, _dir: dir }
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.root.join(relative)
+    }
+
+    fn config(&self) -> HostpathConfig {
+        HostpathConfig {
+            state_dir: self.path("state"),
+            csi_socket: self.path("plugins/hostpath.csi.kvol.io/csi.sock"),
+            registration_dir: Some(self.path("plugins_registry")),
+            max_volumes_per_node: 7,
+            ..HostpathConfig::new("hostpath.csi.kvol.io", "node-a")
+        }
+    }
+
+    fn mounts(&self) -> Vec<MountPoint> {
+        SystemMounter.mounts_under(&self.root).expect("read the mount table")
+    }
+
+    fn mounts_on(&self, path: &Path) -> Vec<MountPoint> {
+        self.mounts().into_iter().filter(|m| m.target == path).collect()
+    }
+
+    fn assert_nothing_mounted(&self) {
+        let left = self.mounts();
+        assert!(left.is_empty(), "mounts left under the root: {left:?}");
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let mut left = self.mounts();
+        left.reverse();
+        for m in left {
+            let _ = nix::mount::umount2(&m.target, MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// The driver running in-process, and clients of its sockets.
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), CsiError>>,
+    csi_socket: PathBuf,
+    registration_socket: Option<PathBuf>,
+    outcomes: watch::Receiver<Option<RegistrationOutcome>>,
+    identity: IdentityClient<Channel>,
+    controller: ControllerClient<Channel>,
+    node: NodeClient<Channel>,
+}
+
+async fn channel(socket: &Path) -> Channel {
+    Endpoint::from_shared(format!("unix://{}", socket.display()))
+        .expect("a unix endpoint")
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()))
+}
+
+async fn start(config: HostpathConfig) -> Running {
+    let driver = HostpathDriver::bind(config, Arc::new(SystemMounter)).expect("the driver starts");
+    let csi_socket = driver.csi_socket().to_path_buf();
+    let registration_socket = driver.registration_socket().map(Path::to_path_buf);
+    let outcomes = driver.registration_outcomes();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(async {
+        let _ = stopped.await;
+    }));
+    let ch = channel(&csi_socket).await;
+    Running {
+        stop,
+        task,
+        csi_socket,
+        registration_socket,
+        outcomes,
+        identity: IdentityClient::new(ch.clone()),
+        controller: ControllerClient::new(ch.clone()),
+        node: NodeClient::new(ch),
+    }
+}
+
+impl Running {
+    /// Stops the driver: it must end cleanly and take its sockets with it.
+    async fn stop(self) {
+        let Running { stop, task, csi_socket, registration_socket, identity, controller, node, .. } = self;
+        drop((identity, controller, node));
+        stop.send(()).expect("the driver is still running");
+        task.await.expect("the driver task").expect("the driver stops cleanly");
+        assert!(!csi_socket.exists(), "the csi socket is removed");
+        if let Some(reg) = registration_socket {
+            assert!(!reg.exists(), "the registration socket is removed");
+        }
+    }
+}
+
+fn mount_cap(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn block_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
+        ..mount_cap(Mode::SingleNodeWriter)
+    }
+}
+
+fn create_req(name: &str, required_bytes: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: (required_bytes > 0).then_some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
+        volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
+        ..Default::default()
+    }
+}
+
+fn stage_req(volume_id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: volume_id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
+        ..Default::default()
+    }
+}
+
+fn unstage_req(volume_id: &str, staging: &Path) -> csi::NodeUnstageVolumeRequest {
+    csi::NodeUnstageVolumeRequest {
+        volume_id: volume_id.to_string(),
+        staging_target_path: staging.display().to_string(),
+    }
+}
+
+fn publish_req(
+    volume_id: &str,
+    staging: &Path,
+    target: &Path,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume_id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
+        readonly,
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(volume_id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest {
+        volume_id: volume_id.to_string(),
+        target_path: target.display().to_string(),
+    }
+}
+
+fn code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> Code {
+    match result {
+        Ok(v) => panic!("expected an error status, got {v:?}"),
+        Err(s) => s.code(),
+    }
+}
+
+/// Creates volume `name`; its id.
+async fn create(d: &mut Running, name: &str, required_bytes: i64) -> String {
+    let v = d
+        .controller
+        .create_volume(create_req(name, required_bytes))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    v.volume_id
+}
+
+#[tokio::test]
+async fn identity_and_node_info_describe_the_driver() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let info = d.identity.get_plugin_info(csi::GetPluginInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        (info.name.as_str(), info.vendor_version.as_str()),
+        ("hostpath.csi.kvol.io", env!("CARGO_PKG_VERSION"))
+    );
+    let probe = d.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+
+    use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
+    let caps =
+        d.identity.get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}).await.unwrap().into_inner();
+    let caps: Vec<_> = caps.capabilities.into_iter().filter_map(|c| c.r#type).collect();
+    assert_eq!(
+        caps,
+        [
+            Type::Service(Service { r#type: service::Type::ControllerService as i32 }),
+            Type::Service(Service { r#type: service::Type::VolumeAccessibilityConstraints as i32 }),
+            Type::VolumeExpansion(VolumeExpansion { r#type: volume_expansion::Type::Online as i32 }),
+        ]
+    );
+
+    use csi::controller_service_capability::rpc::Type as C;
+    let rpcs = |caps: Vec<csi::ControllerServiceCapability>| -> Vec<i32> {
+        caps.into_iter()
+            .map(|c| match c.r#type {
+                Some(csi::controller_service_capability::Type::Rpc(r)) => r.r#type,
+                None => panic!("a capability without an rpc"),
+            })
+            .collect()
+    };
+    let caps =
+        d.controller.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}).await.unwrap();
+    let want = [
+        C::CreateDeleteVolume,
+        C::CreateDeleteSnapshot,
+        C::ListSnapshots,
+        C::ListVolumes,
+        C::CloneVolume,
+        C::ExpandVolume,
+    ];
+    assert_eq!(rpcs(caps.into_inner().capabilities), want.map(|c| c as i32));
+
+    use csi::node_service_capability::rpc::Type as N;
+    let caps = d.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
+    let caps: Vec<i32> = caps
+        .capabilities
+        .into_iter()
+        .map(|c| match c.r#type {
+            Some(csi::node_service_capability::Type::Rpc(r)) => r.r#type,
+            None => panic!("a capability without an rpc"),
+        })
+        .collect();
+    assert_eq!(caps, [N::StageUnstageVolume as i32, N::GetVolumeStats as i32]);
+
+    let info = d.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.node_id, "node-a");
+    assert_eq!(info.max_volumes_per_node, 7);
+    let topology = info.accessible_topology.unwrap().segments;
+    assert_eq!(
+        topology,
+        HashMap::from([("topology.hostpath.csi.kvol.io/node".to_string(), "node-a".to_string())])
+    );
+
+    // Attach and capacity are not served.
+    let publish = csi::ControllerPublishVolumeRequest {
+        volume_id: "v".into(),
+        node_id: "node-a".into(),
+        ..Default::default()
+    };
+    assert_eq!(code(d.controller.controller_publish_volume(publish).await), Code::Unimplemented);
+    assert_eq!(
+        code(d.controller.get_capacity(csi::GetCapacityRequest::default()).await),
+        Code::Unimplemented
+    );
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn create_volume_is_idempotent_by_name_and_checks_its_arguments() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let first =
+        d.controller.create_volume(create_req("pvc-a", MIB + 1)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(first.volume_id, volume_id_for_name("pvc-a"));
+    assert_eq!(first.capacity_bytes, 2 * MIB, "rounded up to whole mebibytes");
+    assert_eq!(
+        first.accessible_topology[0].segments["topology.hostpath.csi.kvol.io/node"], "node-a",
+        "the volume lives on this node"
+    );
+    let dir = sb.path("state/volumes").join(&first.volume_id);
+    assert!(dir.is_dir(), "{} is the volume", dir.display());
+    fs::write(dir.join("keep"), "data").unwrap();
+
+    let again =
+        d.controller.create_volume(create_req("pvc-a", MIB + 1)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(again, first, "the same name and a compatible size return the same volume");
+    assert_eq!(fs::read_to_string(dir.join("keep")).unwrap(), "data", "and leave its content alone");
+    let smaller =
+        d.controller.create_volume(create_req("pvc-a", MIB)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(smaller.volume_id, first.volume_id, "2 MiB satisfies a request for 1 MiB");
+
+    let bigger = d.controller.create_volume(create_req("pvc-a", 10 * MIB)).await;
+    assert_eq!(code(bigger), Code::AlreadyExists);
+    let capped = csi::CreateVolumeRequest {
+        capacity_range: Some(csi::CapacityRange { required_bytes: 0, limit_bytes: MIB }),
+        ..create_req("pvc-a", 0)
+    };
+    assert_eq!(code(d.controller.create_volume(capped).await), Code::AlreadyExists);
+
+    let invalid = [
+        csi::CreateVolumeRequest { name: String::new(), ..create_req("x", 0) },
+        csi::CreateVolumeRequest { volume_capabilities: vec![], ..create_req("pvc-b", 0) },
+        csi::CreateVolumeRequest { volume_capabilities: vec![block_cap()], ..create_req("pvc-b", 0) },
+        csi::CreateVolumeRequest {
+            capacity_range: Some(csi::CapacityRange { required_bytes: 2 * MIB, limit_bytes: MIB }),
+            ..create_req("pvc-b", 0)
+        },
+    ];
+    for req in invalid {
+        let shown = format!("{req:?}");
+        assert_eq!(code(d.controller.create_volume(req).await), Code::InvalidArgument, "{shown}");
+    }
+    let elsewhere = csi::CreateVolumeRequest {
+        accessibility_requirements: Some(csi::TopologyRequirement {
+            requisite: vec![csi::Topology {
+                segments: HashMap::from([("topology.hostpath.csi.kvol.io/node".into(), "node-b".into())]),
+            }],
+            preferred: vec![],
+        }),
+        ..create_req("pvc-b", 0)
+    };
+    assert_eq!(code(d.controller.create_volume(elsewhere).await), Code::ResourceExhausted);
+    assert!(
+        !sb.path("state/volumes").join(volume_id_for_name("pvc-b")).exists(),
+        "refused volumes leave nothing"
+    );
+
+    // Expansion records the new capacity; nothing happens on the node.
+    let expand = |required_bytes| csi::ControllerExpandVolumeRequest {
+        volume_id: first.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
+        ..Default::default()
+    };
+    let grown = d.controller.controller_expand_volume(expand(5 * MIB)).await.unwrap().into_inner();
+    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (5 * MIB, false));
+    let same = d.controller.controller_expand_volume(expand(MIB)).await.unwrap().into_inner();
+    assert_eq!(same.capacity_bytes, 5 * MIB, "volumes never shrink");
+    let unknown = csi::ControllerExpandVolumeRequest { volume_id: volume_id_for_name("nope"), ..expand(MIB) };
+    assert_eq!(code(d.controller.controller_expand_volume(unknown).await), Code::NotFound);
+    let no_range = csi::ControllerExpandVolumeRequest { capacity_range: None, ..expand(MIB) };
+    assert_eq!(code(d.controller.controller_expand_volume(no_range).await), Code::InvalidArgument);
+    let no_id = csi::ControllerExpandVolumeRequest { volume_id: String::new(), ..expand(MIB) };
+    assert_eq!(code(d.controller.controller_expand_volume(no_id).await), Code::InvalidArgument);
+    let listed = d.controller.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed.entries[0].volume.as_ref().unwrap().capacity_bytes, 5 * MIB);
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn list_volumes_pages_by_token() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        ids.push(create(&mut d, name, 0).await);
+    }
+    ids.sort();
+    let list = |max_entries, starting_token: &str| csi::ListVolumesRequest {
+        max_entries,
+        starting_token: starting_token.into(),
+    };
+    let first = d.controller.list_volumes(list(2, "")).await.unwrap().into_inner();
+    let got: Vec<_> = first.entries.iter().map(|e| e.volume.as_ref().unwrap().volume_id.clone()).collect();
+    assert_eq!(got, ids[..2]);
+    assert_eq!(first.next_token, ids[2]);
+    let second = d.controller.list_volumes(list(2, &first.next_token)).await.unwrap().into_inner();
+    assert_eq!(second.entries.len(), 1);
+    assert_eq!(second.entries[0].volume.as_ref().unwrap().volume_id, ids[2]);
+    assert_eq!(second.next_token, "");
+    assert_eq!(code(d.controller.list_volumes(list(0, "invalid-token")).await), Code::Aborted);
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn delete_volume_is_idempotent_and_refused_while_in_use() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let del = |id: &str| csi::DeleteVolumeRequest { volume_id: id.to_string(), ..Default::default() };
+    assert_eq!(code(d.controller.delete_volume(del("")).await), Code::InvalidArgument);
+    d.controller
+        .delete_volume(del(&volume_id_for_name("never")))
+        .await
+        .expect("an unknown volume is deleted already");
+
+    let id = create(&mut d, "pvc", 0).await;
+    let dir = sb.path("state/volumes").join(&id);
+    let staging = sb.path("kubelet/globalmount");
+    let target = sb.path("pods/p/mount");
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    assert_eq!(code(d.controller.delete_volume(del(&id)).await), Code::FailedPrecondition, "staged");
+    d.node.node_publish_volume(publish_req(&id, &staging, &target, false)).await.unwrap();
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    let err = d.controller.delete_volume(del(&id)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "published");
+    assert_eq!(err.message(), format!("volume {id} is still in use: mounted on {}", target.display()));
+    assert!(dir.is_dir(), "a refused delete keeps the data");
+
+    d.node.node_unpublish_volume(unpublish_req(&id, &target)).await.unwrap();
+    d.controller.delete_volume(del(&id)).await.unwrap();
+    assert!(!dir.exists(), "the volume's directory is gone");
+    d.controller.delete_volume(del(&id)).await.expect("deleting twice is fine");
+    let listed = d.controller.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty());
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn validate_volume_capabilities_confirms_mount_access_only() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = create(&mut d, "pvc", 0).await;
+    let validate =
+        |volume_id: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: volume_id.to_string(),
+            volume_capabilities: caps,
+            volume_context: HashMap::from([("k".to_string(), "v".to_string())]),
+            ..Default::default()
+        };
+    let ok = d
+        .controller
+        .validate_volume_capabilities(validate(&id, vec![mount_cap(Mode::MultiNodeMultiWriter)]))
+        .await
+        .unwrap()
+        .into_inner();
+    let confirmed = ok.confirmed.expect("mount access is confirmed");
+    assert_eq!(confirmed.volume_capabilities, [mount_cap(Mode::MultiNodeMultiWriter)]);
+    assert_eq!(confirmed.volume_context["k"], "v");
+
+    let block = d
+        .controller
+        .validate_volume_capabilities(validate(&id, vec![mount_cap(Mode::SingleNodeWriter), block_cap()]));
+    let block = block.await.unwrap().into_inner();
+    assert_eq!(block.confirmed, None);
+    assert!(block.message.contains("block access is not supported"), "{}", block.message);
+
+    let unknown = validate(&volume_id_for_name("nope"), vec![mount_cap(Mode::SingleNodeWriter)]);
+    assert_eq!(code(d.controller.validate_volume_capabilities(unknown).await), Code::NotFound);
+    assert_eq!(
+        code(d.controller.validate_volume_capabilities(validate(&id, vec![])).await),
+        Code::InvalidArgument
+    );
+    let no_id = validate("", vec![mount_cap(Mode::SingleNodeWriter)]);
+    assert_eq!(code(d.controller.validate_volume_capabilities(no_id).await), Code::InvalidArgument);
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn snapshots_copy_content_list_page_restore_and_delete() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let src = create(&mut d, "src", 3 * MIB).await;
+    let other = create(&mut d, "other", 0).await;
+    let src_dir = sb.path("state/volumes").join(&src);
+    fs::create_dir(src_dir.join("sub")).unwrap();
+    fs::write(src_dir.join("sub/data.txt"), "before").unwrap();
+
+    let snap = |name: &str, source: &str| csi::CreateSnapshotRequest {
+        name: name.to_string(),
+        source_volume_id: source.to_string(),
+        ..Default::default()
+    };
+    let s1 = d.controller.create_snapshot(snap("s1", &src)).await.unwrap().into_inner().snapshot.unwrap();
+    assert_eq!(s1.snapshot_id, snapshot_id_for_name("s1"));
+    assert_eq!((s1.source_volume_id.as_str(), s1.size_bytes, s1.ready_to_use), (src.as_str(), 3 * MIB, true));
+    assert!(s1.creation_time.is_some_and(|t| t.seconds > 0));
+    let snap_dir = sb.path("state/snapshots").join(&s1.snapshot_id);
+    assert_eq!(fs::read_to_string(snap_dir.join("sub/data.txt")).unwrap(), "before");
+    fs::write(src_dir.join("sub/data.txt"), "after").unwrap();
+    assert_eq!(fs::read_to_string(snap_dir.join("sub/data.txt")).unwrap(), "before", "a copy, not a link");
+
+    let again = d.controller.create_snapshot(snap("s1", &src)).await.unwrap().into_inner().snapshot.unwrap();
+    assert_eq!(again, s1, "the same name and source return the same snapshot");
+    assert_eq!(code(d.controller.create_snapshot(snap("s1", &other)).await), Code::AlreadyExists);
+    assert_eq!(code(d.controller.create_snapshot(snap("", &src)).await), Code::InvalidArgument);
+    assert_eq!(code(d.controller.create_snapshot(snap("s3", "")).await), Code::InvalidArgument);
+    assert_eq!(
+        code(d.controller.create_snapshot(snap("s3", &volume_id_for_name("nope"))).await),
+        Code::NotFound
+    );
+    let s2 = d.controller.create_snapshot(snap("s2", &other)).await.unwrap().into_inner().snapshot.unwrap();
+
+    let lister = d.controller.clone();
+    let list = |req: csi::ListSnapshotsRequest| {
+        let mut c = lister.clone();
+        async move {
+            let r = c.list_snapshots(req).await?.into_inner();
+            let ids: Vec<String> = r.entries.into_iter().map(|e| e.snapshot.unwrap().snapshot_id).collect();
+            Ok::<_, tonic::Status>((ids, r.next_token))
+        }
+    };
+    let mut all = vec![s1.snapshot_id.clone(), s2.snapshot_id.clone()];
+    all.sort();
+    assert_eq!(list(Default::default()).await.unwrap(), (all.clone(), String::new()));
+    let by_source = csi::ListSnapshotsRequest { source_volume_id: other.clone(), ..Default::default() };
+    assert_eq!(list(by_source).await.unwrap().0, [s2.snapshot_id.as_str()]);
+    let by_id = csi::ListSnapshotsRequest { snapshot_id: s1.snapshot_id.clone(), ..Default::default() };
+    assert_eq!(list(by_id).await.unwrap().0, [s1.snapshot_id.as_str()]);
+    let by_unknown =
+        csi::ListSnapshotsRequest { snapshot_id: snapshot_id_for_name("nope"), ..Default::default() };
+    assert_eq!(list(by_unknown).await.unwrap().0, Vec::<String>::new());
+    let page1 = list(csi::ListSnapshotsRequest { max_entries: 1, ..Default::default() }).await.unwrap();
+    assert_eq!(page1, (vec![all[0].clone()], all[1].clone()));
+    let page2 =
+        list(csi::ListSnapshotsRequest { max_entries: 1, starting_token: page1.1, ..Default::default() });
+    assert_eq!(page2.await.unwrap(), (vec![all[1].clone()], String::new()));
+    let bad =
+        list(csi::ListSnapshotsRequest { starting_token: "invalid-token".into(), ..Default::default() });
+    assert_eq!(bad.await.unwrap_err().code(), Code::Aborted);
+
+    // Restore: a new volume made from the snapshot, at least as large as its source.
+    let from = |name: &str, source: csi::volume_content_source::Type| csi::CreateVolumeRequest {
+        volume_content_source: Some(csi::VolumeContentSource { r#type: Some(source) }),
+        ..create_req(name, MIB)
+    };
+    let snapshot_source = |id: &str| {
+        csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
+            snapshot_id: id.into(),
+        })
+    };
+    let restored =
+        d.controller.create_volume(from("restored", snapshot_source(&s1.snapshot_id))).await.unwrap();
+    let restored = restored.into_inner().volume.unwrap();
+    assert_eq!(restored.capacity_bytes, 3 * MIB, "grown to the snapshot's size");
+    assert_eq!(
+        restored.content_source,
+        Some(csi::VolumeContentSource { r#type: Some(snapshot_source(&s1.snapshot_id)) })
+    );
+    let restored_dir = sb.path("state/volumes").join(&restored.volume_id);
+    assert_eq!(fs::read_to_string(restored_dir.join("sub/data.txt")).unwrap(), "before");
+    let missing = from("restored-2", snapshot_source(&snapshot_id_for_name("nope")));
+    assert_eq!(code(d.controller.create_volume(missing).await), Code::NotFound);
+    let other_source = from("restored", snapshot_source(&s2.snapshot_id));
+    assert_eq!(code(d.controller.create_volume(other_source).await), Code::AlreadyExists);
+
+    // Clone: a new volume made from a volume.
+    let volume_source = csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource {
+        volume_id: src.clone(),
+    });
+    let clone =
+        d.controller.create_volume(from("clone", volume_source)).await.unwrap().into_inner().volume.unwrap();
+    let clone_dir = sb.path("state/volumes").join(&clone.volume_id);
+    assert_eq!(fs::read_to_string(clone_dir.join("sub/data.txt")).unwrap(), "after");
+
+    let del = |id: &str| csi::DeleteSnapshotRequest { snapshot_id: id.to_string(), ..Default::default() };
+    d.controller.delete_snapshot(del(&s1.snapshot_id)).await.unwrap();
+    assert!(!snap_dir.exists());
+    d.controller.delete_snapshot(del(&s1.snapshot_id)).await.expect("deleting twice is fine");
+    assert_eq!(code(d.controller.delete_snapshot(del("")).await), Code::InvalidArgument);
+    assert_eq!(
+        fs::read_to_string(restored_dir.join("sub/data.txt")).unwrap(),
+        "before",
+        "a restored volume outlives its snapshot"
+    );
+    assert_eq!(list(Default::default()).await.unwrap().0, [s2.snapshot_id.as_str()]);
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn stage_publish_write_read_only_unpublish_unstage() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = create(&mut d, "pvc", 0).await;
+    let dir = sb.path("state/volumes").join(&id);
+    let staging = sb.path("kubelet/plugins/globalmount");
+    let rw = sb.path("pods/p1/volumes/mount");
+    let ro = sb.path("pods/p2/volumes/mount");
+
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.expect("staging again is fine");
+    assert_eq!(sb.mounts_on(&staging).len(), 1, "staged once");
+
+    d.node.node_publish_volume(publish_req(&id, &staging, &rw, false)).await.unwrap();
+    fs::write(rw.join("hello.txt"), "through the target").unwrap();
+    assert_eq!(
+        fs::read_to_string(dir.join("hello.txt")).unwrap(),
+        "through the target",
+        "it lands in the volume"
+    );
+    d.node
+        .node_publish_volume(publish_req(&id, &staging, &rw, false))
+        .await
+        .expect("publishing again is fine");
+    let on_rw = sb.mounts_on(&rw);
+    assert_eq!(on_rw.len(), 1, "published once: {on_rw:?}");
+    assert!(!on_rw[0].read_only());
+    let flipped = d.node.node_publish_volume(publish_req(&id, &staging, &rw, true)).await;
+    assert_eq!(code(flipped), Code::AlreadyExists, "published read-write, asked read-only");
+
+    d.node.node_publish_volume(publish_req(&id, &staging, &ro, true)).await.unwrap();
+    assert!(sb.mounts_on(&ro)[0].read_only());
+    assert_eq!(fs::read_to_string(ro.join("hello.txt")).unwrap(), "through the target");
+    let err = fs::write(ro.join("nope.txt"), "x").unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    // A reader-only access mode publishes read-only even without the flag.
+    let reader = sb.path("pods/p3/volumes/mount");
+    let req = csi::NodePublishVolumeRequest {
+        volume_capability: Some(mount_cap(Mode::SingleNodeReaderOnly)),
+        ..publish_req(&id, &staging, &reader, false)
+    };
+    d.node.node_publish_volume(req).await.unwrap();
+    assert!(sb.mounts_on(&reader)[0].read_only());
+
+    for target in [&rw, &ro, &reader] {
+        d.node.node_unpublish_volume(unpublish_req(&id, target)).await.unwrap();
+        assert!(sb.mounts_on(target).is_empty());
+        assert!(!target.exists(), "{} is removed", target.display());
+        d.node.node_unpublish_volume(unpublish_req(&id, target)).await.expect("unpublishing again is fine");
+    }
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    assert!(sb.mounts_on(&staging).is_empty());
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.expect("unstaging again is fine");
+    assert_eq!(
+        fs::read_to_string(dir.join("hello.txt")).unwrap(),
+        "through the target",
+        "data stays in the volume"
+    );
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn node_rpcs_name_missing_arguments_unknown_volumes_and_foreign_paths() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = create(&mut d, "pvc", 0).await;
+    let other = create(&mut d, "other", 0).await;
+    let unknown = volume_id_for_name("unknown");
+    let staging = sb.path("stage");
+    let target = sb.path("target");
+
+    let publishes = [
+        (
+            csi::NodePublishVolumeRequest {
+                volume_id: String::new(),
+                ..publish_req(&id, &staging, &target, false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            csi::NodePublishVolumeRequest {
+                target_path: String::new(),
+                ..publish_req(&id, &staging, &target, false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            csi::NodePublishVolumeRequest {
+                target_path: "rel/target".into(),
+                ..publish_req(&id, &staging, &target, false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            csi::NodePublishVolumeRequest {
+                volume_capability: None,
+                ..publish_req(&id, &staging, &target, false)
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            csi::NodePublishVolumeRequest {
+                volume_capability: Some(block_cap()),
+                ..publish_req(&id, &staging, &target, false)
+            },
+            Code::InvalidArgument,
+        ),
+        (publish_req(&unknown, &staging, &target, false), Code::NotFound),
+        (
+            csi::NodePublishVolumeRequest {
+                staging_target_path: String::new(),
+                ..publish_req(&id, &staging, &target, false)
+            },
+            Code::FailedPrecondition,
+        ),
+        (publish_req(&id, &staging, &target, false), Code::FailedPrecondition),
+    ];
+    for (req, want) in publishes {
+        let shown = format!("{req:?}");
+        assert_eq!(code(d.node.node_publish_volume(req).await), want, "{shown}");
+    }
+    assert!(!target.exists(), "failed publishes create no target");
+
+    let stages = [
+        (
+            csi::NodeStageVolumeRequest { volume_id: String::new(), ..stage_req(&id, &staging) },
+            Code::InvalidArgument,
+        ),
+        (
+            csi::NodeStageVolumeRequest { staging_target_path: String::new(), ..stage_req(&id, &staging) },
+            Code::InvalidArgument,
+        ),
+        (
+            csi::NodeStageVolumeRequest { volume_capability: None, ..stage_req(&id, &staging) },
+            Code::InvalidArgument,
+        ),
+        (stage_req(&unknown, &staging), Code::NotFound),
+    ];
+    for (req, want) in stages {
+        let shown = format!("{req:?}");
+        assert_eq!(code(d.node.node_stage_volume(req).await), want, "{shown}");
+    }
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    assert_eq!(
+        code(d.node.node_stage_volume(stage_req(&other, &staging)).await),
+        Code::AlreadyExists,
+        "staged by another"
+    );
+
+    assert_eq!(code(d.node.node_unstage_volume(unstage_req("", &staging)).await), Code::InvalidArgument);
+    assert_eq!(
+        code(d.node.node_unstage_volume(unstage_req(&id, Path::new(""))).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(code(d.node.node_unstage_volume(unstage_req(&unknown, &staging)).await), Code::NotFound);
+    d.node.node_unstage_volume(unstage_req(&other, &staging)).await.expect("not staged there: nothing to do");
+    assert_eq!(sb.mounts_on(&staging).len(), 1, "another volume's unstage leaves the mount alone");
+
+    assert_eq!(code(d.node.node_unpublish_volume(unpublish_req("", &target)).await), Code::InvalidArgument);
+    assert_eq!(
+        code(d.node.node_unpublish_volume(unpublish_req(&id, Path::new(""))).await),
+        Code::InvalidArgument
+    );
+    d.node
+        .node_unpublish_volume(unpublish_req(&unknown, &target))
+        .await
+        .expect("an unknown target is unpublished");
+
+    // Something this driver did not mount: never unmounted, never mounted over.
+    let foreign = sb.path("foreign");
+    fs::create_dir(&foreign).unwrap();
+    SystemMounter.mount("tmpfs", &foreign, "tmpfs", false, &[]).unwrap();
+    d.node.node_unpublish_volume(unpublish_req(&id, &foreign)).await.unwrap();
+    assert_eq!(sb.mounts_on(&foreign).len(), 1, "the foreign mount is left alone");
+    assert_eq!(
+        code(d.node.node_publish_volume(publish_req(&id, &staging, &foreign, false)).await),
+        Code::AlreadyExists
+    );
+    assert_eq!(code(d.node.node_stage_volume(stage_req(&other, &foreign)).await), Code::AlreadyExists);
+    SystemMounter.unmount(&foreign).unwrap();
+
+    let stats = |volume_id: &str, volume_path: &str| csi::NodeGetVolumeStatsRequest {
+        volume_id: volume_id.to_string(),
+        volume_path: volume_path.to_string(),
+        ..Default::default()
+    };
+    let target_str = target.display().to_string();
+    assert_eq!(code(d.node.node_get_volume_stats(stats("", &target_str)).await), Code::InvalidArgument);
+    assert_eq!(code(d.node.node_get_volume_stats(stats(&id, "")).await), Code::InvalidArgument);
+    assert_eq!(code(d.node.node_get_volume_stats(stats(&unknown, "some/path")).await), Code::NotFound);
+    assert_eq!(code(d.node.node_get_volume_stats(stats(&id, "some/path")).await), Code::NotFound);
+    assert_eq!(
+        code(d.node.node_get_volume_stats(stats(&id, &target_str)).await),
+        Code::NotFound,
+        "not published"
+    );
+    let expand = csi::NodeExpandVolumeRequest { volume_id: id.clone(), ..Default::default() };
+    assert_eq!(code(d.node.node_expand_volume(expand).await), Code::Unimplemented);
+
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn ephemeral_volumes_live_from_publish_to_unpublish() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = "csi-5f2bb1a0c4e4b2f1d5b33c1e";
+    let target = sb.path("pods/p/volumes/kubernetes.io~csi/scratch/mount");
+    let ephemeral = |volume_id: &str, target: &Path| csi::NodePublishVolumeRequest {
+        volume_context: HashMap::from([
+            (EPHEMERAL_CONTEXT_KEY.to_string(), "true".to_string()),
+            ("csi.storage.k8s.io/pod.name".to_string(), "p".to_string()),
+        ]),
+        ..publish_req(volume_id, Path::new(""), target, false)
+    };
+    let eph_dir = sb.path("state/ephemeral");
+    let entries = || fs::read_dir(&eph_dir).unwrap().map(|e| e.unwrap().path()).collect::<Vec<_>>();
+    assert!(entries().is_empty());
+
+    d.node.node_publish_volume(ephemeral(id, &target)).await.unwrap();
+    let made = entries();
+    assert_eq!(made.len(), 1, "one fresh directory for the volume: {made:?}");
+    fs::write(target.join("scratch.txt"), "tmp").unwrap();
+    assert_eq!(fs::read_to_string(made[0].join("scratch.txt")).unwrap(), "tmp");
+    d.node.node_publish_volume(ephemeral(id, &target)).await.expect("publishing again is fine");
+    assert_eq!(sb.mounts_on(&target).len(), 1);
+
+    let stats = csi::NodeGetVolumeStatsRequest {
+        volume_id: id.to_string(),
+        volume_path: target.display().to_string(),
+        ..Default::default()
+    };
+    assert_eq!(d.node.node_get_volume_stats(stats).await.unwrap().into_inner().usage.len(), 2);
+    let del = csi::DeleteVolumeRequest { volume_id: id.to_string(), ..Default::default() };
+    assert_eq!(code(d.controller.delete_volume(del).await), Code::FailedPrecondition);
+    let listed = d.controller.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty(), "ephemeral volumes are not the controller's");
+
+    let persistent = create(&mut d, "pvc", 0).await;
+    let other_target = sb.path("pods/q/mount");
+    assert_eq!(
+        code(d.node.node_publish_volume(ephemeral(&persistent, &other_target)).await),
+        Code::InvalidArgument
+    );
+
+    d.node.node_unpublish_volume(unpublish_req(id, &target)).await.unwrap();
+    assert!(sb.mounts_on(&target).is_empty());
+    assert!(!target.exists());
+    assert!(entries().is_empty(), "the ephemeral volume is deleted with its last publication");
+    d.node.node_unpublish_volume(unpublish_req(id, &target)).await.expect("unpublishing again is fine");
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn volume_stats_report_the_filesystem_of_a_published_path() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = create(&mut d, "pvc", 0).await;
+    let staging = sb.path("stage");
+    let target = sb.path("target");
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    d.node.node_publish_volume(publish_req(&id, &staging, &target, false)).await.unwrap();
+
+    let stats = |path: &Path| csi::NodeGetVolumeStatsRequest {
+        volume_id: id.clone(),
+        volume_path: path.display().to_string(),
+        ..Default::default()
+    };
+    let usage = d.node.node_get_volume_stats(stats(&target)).await.unwrap().into_inner().usage;
+    let (bytes, inodes) = (&usage[0], &usage[1]);
+    assert_eq!(bytes.unit, csi::volume_usage::Unit::Bytes as i32);
+    assert_eq!(inodes.unit, csi::volume_usage::Unit::Inodes as i32);
+    let fs_stats = nix::sys::statvfs::statvfs(&sb.path("state")).unwrap();
+    assert_eq!(
+        bytes.total as u64,
+        fs_stats.blocks() * fs_stats.fragment_size(),
+        "the state filesystem's size"
+    );
+    assert!(bytes.total > 0 && bytes.available <= bytes.total && bytes.used <= bytes.total, "{bytes:?}");
+    assert!(inodes.used <= inodes.total, "{inodes:?}");
+    d.node.node_get_volume_stats(stats(&staging)).await.expect("the staging path has stats too");
+
+    d.node.node_unpublish_volume(unpublish_req(&id, &target)).await.unwrap();
+    assert_eq!(code(d.node.node_get_volume_stats(stats(&target)).await), Code::NotFound);
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn records_survive_a_restart() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = create(&mut d, "pvc", 0).await;
+    let staging = sb.path("stage");
+    let target = sb.path("target");
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    d.node.node_publish_volume(publish_req(&id, &staging, &target, true)).await.unwrap();
+    d.stop().await;
+    assert_eq!(sb.mounts_on(&target).len(), 1, "stopping the driver unmounts nothing");
+
+    let mut d = start(sb.config()).await;
+    d.node.node_publish_volume(publish_req(&id, &staging, &target, true)).await.expect("still published");
+    assert_eq!(
+        code(d.node.node_publish_volume(publish_req(&id, &staging, &target, false)).await),
+        Code::AlreadyExists
+    );
+    let del = csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() };
+    assert_eq!(code(d.controller.delete_volume(del.clone()).await), Code::FailedPrecondition, "still in use");
+    d.node.node_unpublish_volume(unpublish_req(&id, &target)).await.unwrap();
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    d.controller.delete_volume(del).await.unwrap();
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn the_registrar_answers_get_info_and_hears_the_verdict() {
+    let sb = Sandbox::new();
+    let config = sb.config();
+    let reg_socket = sb.path("plugins_registry/hostpath.csi.kvol.io-reg.sock");
+    let mut d = start(config.clone()).await;
+    assert_eq!(d.registration_socket.as_deref(), Some(reg_socket.as_path()));
+    let mut reg = RegistrationClient::new(channel(&reg_socket).await);
+    let info = reg.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.r#type, "CSIPlugin");
+    assert_eq!(info.name, "hostpath.csi.kvol.io");
+    assert_eq!(info.endpoint, d.csi_socket.display().to_string());
+    assert_eq!(info.supported_versions, ["1.0.0"]);
+
+    let status = |registered: bool, error: &str| RegistrationStatus {
+        plugin_registered: registered,
+        error: error.into(),
+    };
+    reg.notify_registration_status(status(false, "driver already registered")).await.unwrap();
+    let outcome = d.outcomes.wait_for(Option::is_some).await.unwrap().clone();
+    assert_eq!(
+        outcome,
+        Some(RegistrationOutcome { registered: false, error: "driver already registered".into() })
+    );
+    d.identity
+        .probe(csi::ProbeRequest {})
+        .await
+        .expect("a failed registration does not stop the driver by default");
+    reg.notify_registration_status(status(true, "")).await.unwrap();
+    drop(reg);
+    d.stop().await;
+
+    // Told to, the driver stops on a failed registration, with an error, sockets removed.
+    let d = start(HostpathConfig { exit_on_registration_failure: true, ..config.clone() }).await;
+    let mut reg = RegistrationClient::new(channel(&reg_socket).await);
+    reg.notify_registration_status(status(false, "no handler for this version")).await.unwrap();
+    let err = d.task.await.unwrap().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "plugin socket {}: the kubelet did not register driver {}: no handler for this version",
+            reg_socket.display(),
+            "hostpath.csi.kvol.io"
+        )
+    );
+    assert!(!reg_socket.exists() && !d.csi_socket.exists(), "both sockets are removed");
+
+    // Without registration there is no registration socket.
+    let d = start(HostpathConfig { registration_dir: None, ..config }).await;
+    assert_eq!(d.registration_socket, None);
+    assert!(!reg_socket.exists());
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn stale_sockets_are_replaced_and_other_files_refused() {
+    let sb = Sandbox::new();
+    let config = sb.config();
+    fs::create_dir_all(config.csi_socket.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&config.csi_socket).unwrap());
+    assert!(config.csi_socket.exists(), "a stale socket from an earlier run");
+    let mut d = start(config.clone()).await;
+    d.identity.probe(csi::ProbeRequest {}).await.expect("the driver serves on the replaced socket");
+    d.stop().await;
+
+    fs::write(&config.csi_socket, "not a socket").unwrap();
+    let err = HostpathDriver::bind(config.clone(), Arc::new(SystemMounter)).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "plugin socket {}: something other than a socket is there; refusing to replace it",
+            config.csi_socket.display()
+        )
+    );
+    assert_eq!(fs::read_to_string(&config.csi_socket).unwrap(), "not a socket");
+    let reg = config.registration_socket().unwrap();
+    assert!(!reg.exists(), "nothing else was bound");
+
+    fs::remove_file(&config.csi_socket).unwrap();
+    fs::write(config.state_dir.join("state.json"), "{").unwrap();
+    let err = HostpathDriver::bind(config.clone(), Arc::new(SystemMounter)).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("cannot load {}", config.state_dir.join("state.json").display())),
+        "{err}"
+    );
+    assert!(!config.csi_socket.exists(), "a damaged state file stops the driver before it listens");
+    sb.assert_nothing_mounted();
+}

@@ -1,0 +1,179 @@
+//! `kvol csi-driver`: runs the bundled hostpath CSI driver, and its registrar, on this node until SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use kvol_csi::bundled::{
+    DEFAULT_DRIVER_NAME, DEFAULT_REGISTRATION_DIR, DEFAULT_STATE_DIR, HostpathConfig, HostpathDriver,
+    default_csi_socket,
+};
+use kvol_plugin::mount::SystemMounter;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CsiDriverArgs {
+    /// The CSI driver name.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    pub name: String,
+    /// This node's name (NodeGetInfo's node id and topology); defaults to the host name.
+    #[arg(long, env = "KVOL_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Where volumes, snapshots and the state file live.
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// The CSI socket; defaults to /var/lib/kubelet/plugins/<name>/csi.sock.
+    #[arg(long)]
+    pub csi_socket: Option<PathBuf>,
+    /// The kubelet's plugin-registration directory; the driver serves <name>-reg.sock there.
+    #[arg(long, default_value = DEFAULT_REGISTRATION_DIR)]
+    pub registration_dir: PathBuf,
+    /// Serve no registration socket (register the driver some other way).
+    #[arg(long, conflicts_with = "registration_dir")]
+    pub no_register: bool,
+    /// NodeGetInfo's max_volumes_per_node; 0 means no limit.
+    #[arg(long, default_value_t = 0)]
+    pub max_volumes_per_node: i64,
+    /// Exit (with status 1) when the kubelet reports a failed registration, as
+    /// node-driver-registrar does; by default the failure is printed and the driver keeps serving.
+    #[arg(long)]
+    pub exit_on_registration_failure: bool,
+}
+
+/// The driver configuration the arguments describe, on node `node`.
+pub fn config(args: &CsiDriverArgs, node: &str) -> HostpathConfig {
+    HostpathConfig {
+        driver_name: args.name.clone(),
+        node_name: node.to_string(),
+        state_dir: args.state_dir.clone(),
+        csi_socket: args.csi_socket.clone().unwrap_or_else(|| default_csi_socket(&args.name)),
+        registration_dir: (!args.no_register).then(|| args.registration_dir.clone()),
+        max_volumes_per_node: args.max_volumes_per_node,
+        exit_on_registration_failure: args.exit_on_registration_failure,
+    }
+}
+
+/// Runs the driver until SIGTERM or SIGINT, then removes its sockets and returns success.
+pub fn run(args: &CsiDriverArgs, node: &str) -> anyhow::Result<ExitCode> {
+    let config = config(args, node);
+    let name = config.driver_name.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        // Handlers first: a signal from now on stops the driver cleanly.
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let driver = HostpathDriver::bind(config, Arc::new(SystemMounter))?;
+        eprintln!(
+            "kvol: csi driver {name} on node {node} serving {} (state in {})",
+            driver.csi_socket().display(),
+            driver.config().state_dir.display()
+        );
+        match driver.registration_socket() {
+            Some(socket) => eprintln!("kvol: csi driver {name} registers through {}", socket.display()),
+            None => eprintln!("kvol: csi driver {name} serves no registration socket"),
+        }
+        let mut outcomes = driver.registration_outcomes();
+        let reporter = name.clone();
+        tokio::spawn(async move {
+            while outcomes.changed().await.is_ok() {
+                let outcome = outcomes.borrow_and_update().clone();
+                match outcome {
+                    Some(o) if o.registered => {
+                        eprintln!("kvol: the kubelet registered csi driver {reporter}")
+                    }
+                    Some(o) => {
+                        eprintln!("kvol: the kubelet did not register csi driver {reporter}: {}", o.error)
+                    }
+                    None => {}
+                }
+            }
+        });
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        driver.run(stop).await?;
+        eprintln!("kvol: csi driver {name} stopped; sockets removed");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn args(argv: &[&str]) -> CsiDriverArgs {
+        let cli = Cli::try_parse_from([&["kvol", "csi-driver"], argv].concat()).unwrap();
+        match cli.command {
+            Command::CsiDriver(a) => a,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_driver_name() {
+        let c = config(&args(&[]), "node-a");
+        assert_eq!(c, HostpathConfig::new(DEFAULT_DRIVER_NAME, "node-a"));
+        let c = config(&args(&["--name", "x.example"]), "n");
+        assert_eq!(c.csi_socket, PathBuf::from("/var/lib/kubelet/plugins/x.example/csi.sock"));
+        assert_eq!(
+            c.registration_socket(),
+            Some(PathBuf::from("/var/lib/kubelet/plugins_registry/x.example-reg.sock"))
+        );
+    }
+
+    #[test]
+    fn flags_set_every_field() {
+        let a = args(&[
+            "--name=d.example",
+            "--state-dir=/s",
+            "--csi-socket=/c.sock",
+            "--registration-dir=/r",
+            "--max-volumes-per-node=3",
+            "--exit-on-registration-failure",
+        ]);
+        let c = config(&a, "n");
+        assert_eq!(
+            c,
+            HostpathConfig {
+                driver_name: "d.example".into(),
+                node_name: "n".into(),
+                state_dir: "/s".into(),
+                csi_socket: "/c.sock".into(),
+                registration_dir: Some("/r".into()),
+                max_volumes_per_node: 3,
+                exit_on_registration_failure: true,
+            }
+        );
+        assert_eq!(config(&args(&["--no-register"]), "n").registration_dir, None);
+    }
+
+    #[test]
+    fn no_register_and_a_registration_dir_conflict() {
+        let err = Cli::try_parse_from(["kvol", "csi-driver", "--no-register", "--registration-dir", "/r"])
+            .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+    /// The example CSIDriver object names this driver and asks for what it does: no attach,
+    /// pod info (which carries the ephemeral marker), persistent and ephemeral volumes.
+    #[test]
+    fn the_example_csidriver_matches_the_driver() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/csi/hostpath-csidriver.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let driver: k8s_openapi::api::storage::v1::CSIDriver = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(driver.metadata.name.as_deref(), Some(DEFAULT_DRIVER_NAME));
+        assert_eq!(driver.spec.attach_required, Some(false));
+        assert_eq!(driver.spec.pod_info_on_mount, Some(true));
+        let modes = driver.spec.volume_lifecycle_modes.unwrap_or_default();
+        assert_eq!(modes, ["Persistent", "Ephemeral"]);
+    }
+}

@@ -1,0 +1,146 @@
+//! The real `kvol csi-driver` binary: it binds its sockets, stops cleanly on SIGTERM or SIGINT and removes them, and refuses what it must refuse.
+//!
+//! No volume is mounted here (the driver mounts only when asked over gRPC, which the kvol-csi
+//! tests do), so these tests need no mount namespace.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("kvol-csi-driver-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.0.join(relative)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn driver(scratch: &Scratch, extra: &[&str]) -> Child {
+    let state = scratch.path("state");
+    let csi = scratch.path("plugins/csi.sock");
+    let reg = scratch.path("registry");
+    let mut args = vec![
+        "csi-driver".to_string(),
+        "--node-name=node-a".to_string(),
+        format!("--state-dir={}", state.display()),
+        format!("--csi-socket={}", csi.display()),
+    ];
+    if !extra.contains(&"--no-register") {
+        args.push(format!("--registration-dir={}", reg.display()));
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(&args)
+        .env_remove("KVOL_CONFIG")
+        .env_remove("KVOL_FEATURE_GATES")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the kvol binary runs")
+}
+
+/// Waits until every path exists, or the child exits, or 20 seconds pass.
+fn wait_for(child: &mut Child, paths: &[&Path]) {
+    let start = Instant::now();
+    while !paths.iter().all(|p| p.exists()) {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("kvol csi-driver exited early with {status}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "sockets never appeared: {paths:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status =
+        Command::new("kill").args(["-s", name, &child.id().to_string()]).status().expect("kill runs");
+    assert!(status.success());
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn it_serves_until_sigterm_then_removes_its_sockets() {
+    let scratch = Scratch::new("term");
+    let csi = scratch.path("plugins/csi.sock");
+    let reg = scratch.path("registry/hostpath.csi.kvol.io-reg.sock");
+    let mut child = driver(&scratch, &[]);
+    wait_for(&mut child, &[&csi, &reg]);
+    for dir in ["state/volumes", "state/snapshots", "state/ephemeral"] {
+        assert!(scratch.path(dir).is_dir(), "{dir} is created");
+    }
+    signal(&child, "TERM");
+    let out: Output = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!csi.exists() && !reg.exists(), "both sockets are removed");
+    assert!(
+        err.contains(&format!(
+            "kvol: csi driver hostpath.csi.kvol.io on node node-a serving {}",
+            csi.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains(&format!("registers through {}", reg.display())), "{err}");
+    assert!(err.ends_with("kvol: csi driver hostpath.csi.kvol.io stopped; sockets removed\n"), "{err}");
+}
+
+#[test]
+fn without_registration_it_serves_the_csi_socket_only_and_stops_on_sigint() {
+    let scratch = Scratch::new("int");
+    let csi = scratch.path("plugins/csi.sock");
+    let mut child = driver(&scratch, &["--no-register", "--name=other.example"]);
+    wait_for(&mut child, &[&csi]);
+    assert!(!scratch.path("registry").exists(), "no registration directory is touched");
+    signal(&child, "INT");
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("kvol: csi driver other.example serves no registration socket"), "{err}");
+    assert!(!csi.exists());
+}
+
+#[test]
+fn a_file_in_the_sockets_place_fails_the_start_with_its_name() {
+    let scratch = Scratch::new("busy");
+    let csi = scratch.path("plugins/csi.sock");
+    std::fs::create_dir_all(csi.parent().unwrap()).unwrap();
+    std::fs::write(&csi, "mine").unwrap();
+    let out = driver(&scratch, &[]).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "kvol: plugin socket {}: something other than a socket is there; refusing to replace it\n",
+            csi.display()
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&csi).unwrap(), "mine");
+}
+
+#[test]
+fn a_bad_driver_name_is_refused_before_anything_is_bound() {
+    let scratch = Scratch::new("name");
+    let out = driver(&scratch, &["--name=bad name"]).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.starts_with("kvol: csi driver bad name: driver name \"bad name\" may hold only"), "{err}");
+    assert!(!scratch.path("plugins").exists());
+}
