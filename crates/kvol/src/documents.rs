@@ -52,6 +52,24 @@ pub fn read_stream(text: &str, source_name: &str) -> Result<Vec<Document>, Strea
     Ok(docs)
 }
 
+/// The documents of a YAML or JSON stream as plain values, a `List` expanded into its items and
+/// empty documents skipped.
+pub fn read_values(text: &str, source_name: &str) -> Result<Vec<Value>, StreamError> {
+    let values =
+        parse_values(text).map_err(|reason| StreamError { source_name: source_name.to_string(), reason })?;
+    let mut out = Vec::new();
+    for value in values {
+        match value {
+            Value::Null => {}
+            Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+                out.extend(map.get("items").and_then(Value::as_array).cloned().unwrap_or_default());
+            }
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
 fn parse_values(text: &str) -> Result<Vec<Value>, String> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {

@@ -103,6 +103,12 @@ pub struct PluginsArgs {
     /// The Flexvolume plugin directory; each driver in it is checked and its `init` run.
     #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
     pub flex_dir: PathBuf,
+    /// The plugin-registration directory; each CSI driver registered there is asked who it is.
+    #[arg(long, default_value = kvol_csi::registration::DEFAULT_REGISTRY_DIR)]
+    pub registration_dir: PathBuf,
+    /// Files or directories with CSIDriver objects whose settings apply to the CSI drivers found.
+    #[arg(long = "manifests", value_name = "PATH")]
+    pub manifests: Vec<PathBuf>,
 }
 
 /// This machine's host name, the default node name as kubelet uses it.
@@ -159,7 +165,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Gates(args) => gates_cmd::run(&gates, args.output),
         Command::Plugins(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
-            plugins_cmd::run(&gates, args.output, args.root.clone(), &node, &args.flex_dir)
+            let sources = plugins_cmd::Sources {
+                flex_dir: &args.flex_dir,
+                registration_dir: &args.registration_dir,
+                manifests: &args.manifests,
+            };
+            plugins_cmd::run(&gates, args.output, args.root.clone(), &node, &sources)
         }
         Command::Flex(FlexCommand::Install(args)) => {
             flex_cmd::run_install(&args.driver_file, &args.name, &args.dir)
@@ -179,7 +190,7 @@ pub fn run(cli: Cli) -> ExitCode {
 }
 
 /// The input files of `translate`, directories expanded.
-fn input_files(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn input_files(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for input in inputs {
         if input.is_dir() {

@@ -144,3 +144,38 @@ fn a_bad_driver_name_is_refused_before_anything_is_bound() {
     assert!(err.starts_with("kvol: csi driver bad name: driver name \"bad name\" may hold only"), "{err}");
     assert!(!scratch.path("plugins").exists());
 }
+
+#[test]
+fn kvol_plugins_lists_a_registered_csi_driver_with_its_version_and_csidriver_settings() {
+    let scratch = Scratch::new("plugins");
+    let mut child = driver(&scratch, &[]);
+    let reg = scratch.path("registry/hostpath.csi.kvol.io-reg.sock");
+    wait_for(&mut child, &[&scratch.path("plugins/csi.sock"), &reg]);
+    let manifests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/csi/hostpath-csidriver.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(["plugins", "-o", "json", "--node-name", "node-a"])
+        .arg(format!("--registration-dir={}", scratch.path("registry").display()))
+        .arg(format!("--flex-dir={}", scratch.path("no-flex").display()))
+        .arg(format!("--manifests={}", manifests.display()))
+        .env_remove("KVOL_CONFIG")
+        .env_remove("KVOL_FEATURE_GATES")
+        .output()
+        .unwrap();
+    signal(&child, "TERM");
+    let _ = child.wait();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row = rows.iter().find(|r| r["name"] == "hostpath.csi.kvol.io").expect("the driver is listed");
+    assert_eq!(row["kind"], "csi");
+    assert_eq!(row["registered"], true);
+    assert_eq!(row["source"], "csi");
+    assert_eq!(row["details"]["version"], "1.0.0");
+    assert_eq!(row["details"]["nodeID"], "node-a");
+    assert_eq!(row["details"]["endpoint"], scratch.path("plugins/csi.sock").display().to_string());
+    assert!(row["details"]["nodeCapabilities"].as_str().unwrap().contains("STAGE_UNSTAGE_VOLUME"), "{row}");
+    assert!(
+        row["details"]["csiDriver"].as_str().unwrap().starts_with("attachRequired=false podInfoOnMount=true"),
+        "{row}"
+    );
+    assert!(row["capabilities"].as_array().unwrap().contains(&"stage".into()), "{row}");
+}
