@@ -66,6 +66,13 @@ pub struct FlexInstallArgs {
     pub dir: PathBuf,
 }
 
+impl Command {
+    /// Whether the command runs until stopped (a server), rather than answering once.
+    pub fn is_long_running(&self) -> bool {
+        matches!(self, Command::CsiDriver(_))
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct TranslateArgs {
     /// Files or directories (their *.yaml, *.yml, *.json files, in name order) to read; `-` or

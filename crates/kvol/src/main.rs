@@ -7,5 +7,13 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    kvol::run(kvol::Cli::parse())
+    let cli = kvol::Cli::parse();
+    // Logs go to stderr; `KVOL_LOG` (tracing's filter syntax, e.g. `info` or
+    // `kvol_csi=debug`) chooses what, and long-running commands default to `info`.
+    let default = if cli.command.is_long_running() { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KVOL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    kvol::run(cli)
 }
