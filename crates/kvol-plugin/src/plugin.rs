@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kvol_api::MigratablePlugin;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::spec::{SourceKey, VolumeSpec};
@@ -209,7 +209,7 @@ pub trait DeviceMounter: Send + Sync {
 }
 
 /// The pod a volume is published for.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodInfo {
     pub name: String,

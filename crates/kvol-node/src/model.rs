@@ -1,0 +1,188 @@
+//! The agent's vocabulary: the objects a source provides, the volumes pods want, the volumes the node has, and the operations between them; plain data, no I/O.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kvol_plugin::VolumeSpec;
+use kvol_plugin::plugin::PodInfo;
+use serde::{Deserialize, Serialize};
+
+/// Something wrong with one document of a source, with where it is; the other documents are
+/// unaffected.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceProblem {
+    /// The file (or `api` in cluster mode) the document came from.
+    pub origin: String,
+    /// The document's 1-based position in its file, when known.
+    pub document: Option<usize>,
+    pub reason: String,
+}
+
+impl fmt::Display for SourceProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.document {
+            Some(n) => write!(f, "{} document {n}: {}", self.origin, self.reason),
+            None => write!(f, "{}: {}", self.origin, self.reason),
+        }
+    }
+}
+
+/// Everything a source holds at one moment: the objects volumes need, by namespace/name (or
+/// name for cluster-scoped kinds), and the problems found reading them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObjectSet {
+    /// Pods by `namespace/name`.
+    pub pods: BTreeMap<String, Pod>,
+    /// PersistentVolumes by name.
+    pub persistent_volumes: BTreeMap<String, PersistentVolume>,
+    /// PersistentVolumeClaims by `namespace/name`.
+    pub claims: BTreeMap<String, PersistentVolumeClaim>,
+    /// StorageClasses by name.
+    pub storage_classes: BTreeMap<String, StorageClass>,
+    /// CSIDrivers by name.
+    pub csi_drivers: BTreeMap<String, CSIDriver>,
+    /// Secrets by `namespace/name`.
+    pub secrets: BTreeMap<String, Secret>,
+    pub problems: Vec<SourceProblem>,
+}
+
+/// One volume of one pod: the unit of publishing.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodVolumeKey {
+    pub pod_uid: String,
+    /// The pod's name for the volume (`spec.volumes[].name`).
+    pub volume: String,
+}
+
+impl fmt::Display for PodVolumeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.pod_uid, self.volume)
+    }
+}
+
+/// A volume a pod wants, resolved to a spec, or pending with the reason.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredVolume {
+    pub key: PodVolumeKey,
+    pub pod: PodInfo,
+    /// `namespace/name` of the pod, for messages.
+    pub pod_name: String,
+    /// The spec to mount; `None` while pending.
+    pub spec: Option<VolumeSpec>,
+    /// Why the volume cannot be set up yet (an unbound claim, a missing PV …).
+    pub pending: Option<String>,
+    /// Mount options from the PV (`spec.mountOptions`).
+    pub mount_options: Vec<String>,
+}
+
+/// What the pods on this node want.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DesiredState {
+    pub volumes: BTreeMap<PodVolumeKey, DesiredVolume>,
+}
+
+/// A volume attached to this node (node-driven attach).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachedVolume {
+    /// The plugin's unique volume name (`VolumePlugin::volume_name`).
+    pub unique_name: String,
+    pub plugin: String,
+    pub spec: VolumeSpec,
+    /// The device path attach or wait-for-attach returned.
+    pub device_path: Option<String>,
+}
+
+/// A volume staged (mount-device) on this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StagedVolume {
+    pub unique_name: String,
+    pub plugin: String,
+    pub spec: VolumeSpec,
+    pub staging_path: PathBuf,
+    pub device_path: Option<String>,
+}
+
+/// A volume published into a pod's volume directory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedVolume {
+    pub key: PodVolumeKey,
+    pub pod: PodInfo,
+    pub pod_name: String,
+    pub unique_name: String,
+    pub plugin: String,
+    pub spec: VolumeSpec,
+    /// The pod volume directory (`pods/<uid>/volumes/<plugin>/<volume>`).
+    pub target: PathBuf,
+    pub staging_path: Option<PathBuf>,
+    pub device_path: Option<String>,
+}
+
+/// What the node has: the agent's record, persisted in the journal store.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActualState {
+    /// By unique volume name.
+    pub attached: BTreeMap<String, AttachedVolume>,
+    /// By unique volume name.
+    pub staged: BTreeMap<String, StagedVolume>,
+    pub published: BTreeMap<PodVolumeKey, PublishedVolume>,
+}
+
+/// One step the reconciler asks for. Teardown steps carry the record of what is there;
+/// bring-up steps carry what to set up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum Operation {
+    Unpublish { volume: PublishedVolume },
+    Unstage { volume: StagedVolume },
+    Detach { volume: AttachedVolume },
+    Attach { unique_name: String, plugin: String, spec: VolumeSpec },
+    Stage { unique_name: String, plugin: String, spec: VolumeSpec, device_path: Option<String> },
+    Publish { volume: PublishedVolume, mount_options: Vec<String> },
+}
+
+impl Operation {
+    /// The kubelet-style operation name (for metrics and logs).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Operation::Unpublish { .. } => "volume_unmount",
+            Operation::Unstage { .. } => "unmount_device",
+            Operation::Detach { .. } => "volume_detach",
+            Operation::Attach { .. } => "volume_attach",
+            Operation::Stage { .. } => "mount_device",
+            Operation::Publish { .. } => "volume_mount",
+        }
+    }
+
+    /// The key that serialises operations: one operation per volume at a time. Attach, stage,
+    /// unstage and detach are per unique volume; publish and unpublish per pod volume.
+    pub fn lock_key(&self) -> String {
+        match self {
+            Operation::Unpublish { volume } | Operation::Publish { volume, .. } => {
+                format!("pod:{}", volume.key)
+            }
+            Operation::Unstage { volume } => format!("volume:{}", volume.unique_name),
+            Operation::Detach { volume } => format!("volume:{}", volume.unique_name),
+            Operation::Attach { unique_name, .. } | Operation::Stage { unique_name, .. } => {
+                format!("volume:{unique_name}")
+            }
+        }
+    }
+
+    /// The plugin the operation runs through.
+    pub fn plugin(&self) -> &str {
+        match self {
+            Operation::Unpublish { volume } | Operation::Publish { volume, .. } => &volume.plugin,
+            Operation::Unstage { volume } => &volume.plugin,
+            Operation::Detach { volume } => &volume.plugin,
+            Operation::Attach { plugin, .. } | Operation::Stage { plugin, .. } => plugin,
+        }
+    }
+}
