@@ -18,13 +18,18 @@
 //! `Internal` and `Unknown` are final as upstream has them: the CSI spec gives them no
 //! "retry" meaning, and kvol's reconciler retries every failed operation anyway; `retriable`
 //! says whether the operation may still be in progress or clear up by itself.
+//!
+//! A client with an [`RpcObserver`] tells it the outcome of every call, as kubelet's gRPC
+//! interceptor feeds `csi_operations_seconds` (`pkg/volume/csi/csi_metrics.go`): the full gRPC
+//! method, the status code (a local timeout is `DeadlineExceeded`, a socket that cannot be
+//! dialled `Unavailable`) and how long the call took.
 
 use std::collections::BTreeMap;
 use std::error::Error as _;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::OnceCell;
@@ -190,6 +195,77 @@ pub const fn is_retriable(code: Code) -> bool {
     )
 }
 
+/// Told the outcome of every call of the clients it is given to ([`CsiClient::with_observer`]).
+pub trait RpcObserver: Send + Sync + std::fmt::Debug {
+    /// One finished call: `driver`'s `method` (the full gRPC method, as
+    /// `/csi.v1.Node/NodePublishVolume`) ended with `code` after `elapsed`. Called on the task
+    /// that made the call, so [`call_is_migrated`] tells whether it served a migrated volume;
+    /// it must not block.
+    fn observe(&self, driver: &str, method: &str, code: Code, elapsed: Duration);
+}
+
+tokio::task_local! {
+    static MIGRATED: bool;
+}
+
+/// Runs `work` with the CSI calls made in it marked as serving a migrated in-tree volume (or
+/// not): kubelet's `migrated` label, which its CSI plugin passes in the call's context.
+pub async fn with_migrated<F: Future>(migrated: bool, work: F) -> F::Output {
+    MIGRATED.scope(migrated, work).await
+}
+
+/// Whether the CSI call being made serves a migrated volume: the innermost [`with_migrated`]
+/// around it says; false outside any.
+pub fn call_is_migrated() -> bool {
+    MIGRATED.try_with(|migrated| *migrated).unwrap_or(false)
+}
+
+/// Every CSI v1 RPC and its full gRPC method (`/<package>.<service>/<rpc>`), the name kubelet's
+/// metrics give a call.
+pub const GRPC_METHODS: [(&str, &str); 23] = [
+    ("GetPluginInfo", "/csi.v1.Identity/GetPluginInfo"),
+    ("GetPluginCapabilities", "/csi.v1.Identity/GetPluginCapabilities"),
+    ("Probe", "/csi.v1.Identity/Probe"),
+    ("CreateVolume", "/csi.v1.Controller/CreateVolume"),
+    ("DeleteVolume", "/csi.v1.Controller/DeleteVolume"),
+    ("ControllerPublishVolume", "/csi.v1.Controller/ControllerPublishVolume"),
+    ("ControllerUnpublishVolume", "/csi.v1.Controller/ControllerUnpublishVolume"),
+    ("ValidateVolumeCapabilities", "/csi.v1.Controller/ValidateVolumeCapabilities"),
+    ("ListVolumes", "/csi.v1.Controller/ListVolumes"),
+    ("GetCapacity", "/csi.v1.Controller/GetCapacity"),
+    ("ControllerGetCapabilities", "/csi.v1.Controller/ControllerGetCapabilities"),
+    ("CreateSnapshot", "/csi.v1.Controller/CreateSnapshot"),
+    ("DeleteSnapshot", "/csi.v1.Controller/DeleteSnapshot"),
+    ("ListSnapshots", "/csi.v1.Controller/ListSnapshots"),
+    ("ControllerExpandVolume", "/csi.v1.Controller/ControllerExpandVolume"),
+    ("NodeStageVolume", "/csi.v1.Node/NodeStageVolume"),
+    ("NodeUnstageVolume", "/csi.v1.Node/NodeUnstageVolume"),
+    ("NodePublishVolume", "/csi.v1.Node/NodePublishVolume"),
+    ("NodeUnpublishVolume", "/csi.v1.Node/NodeUnpublishVolume"),
+    ("NodeGetVolumeStats", "/csi.v1.Node/NodeGetVolumeStats"),
+    ("NodeExpandVolume", "/csi.v1.Node/NodeExpandVolume"),
+    ("NodeGetCapabilities", "/csi.v1.Node/NodeGetCapabilities"),
+    ("NodeGetInfo", "/csi.v1.Node/NodeGetInfo"),
+];
+
+/// The full gRPC method of the CSI RPC `rpc` (`NodePublishVolume` →
+/// `/csi.v1.Node/NodePublishVolume`); `None` for a name CSI v1 does not have.
+pub fn grpc_method(rpc: &str) -> Option<&'static str> {
+    GRPC_METHODS.iter().find(|(name, _)| *name == rpc).map(|(_, method)| *method)
+}
+
+/// The gRPC code an observer is told for a call's outcome.
+fn outcome_code<R>(outcome: &Result<R>) -> Code {
+    match outcome {
+        Ok(_) => Code::Ok,
+        Err(CsiError::Rpc { code, .. }) => *code,
+        Err(CsiError::Timeout { .. }) => Code::DeadlineExceeded,
+        // What gRPC reports when the socket cannot be dialled.
+        Err(CsiError::Connect { .. }) => Code::Unavailable,
+        Err(_) => Code::Unknown,
+    }
+}
+
 /// A path as a CSI request field (proto strings are UTF-8).
 pub fn path_field(path: &Path) -> Result<String> {
     path.to_str().map(str::to_string).ok_or_else(|| {
@@ -198,11 +274,13 @@ pub fn path_field(path: &Path) -> Result<String> {
     })
 }
 
-/// The client of one CSI driver. Clones share the connection and the capability caches.
+/// The client of one CSI driver. Clones share the connection, the capability caches and the
+/// observer.
 #[derive(Clone, Debug)]
 pub struct CsiClient {
     channel: Channel,
     inner: Arc<Inner>,
+    observer: Option<Arc<dyn RpcObserver>>,
 }
 
 #[derive(Debug)]
@@ -240,7 +318,12 @@ impl CsiClient {
             node_capabilities: OnceCell::new(),
             controller_capabilities: OnceCell::new(),
         };
-        Ok(CsiClient { channel, inner: Arc::new(inner) })
+        Ok(CsiClient { channel, inner: Arc::new(inner), observer: None })
+    }
+
+    /// This client telling `observer` the outcome of every call it makes from now on.
+    pub fn with_observer(self, observer: Arc<dyn RpcObserver>) -> CsiClient {
+        CsiClient { observer: Some(observer), ..self }
     }
 
     pub fn driver(&self) -> &str {
@@ -417,18 +500,24 @@ impl CsiClient {
         request
     }
 
-    /// Runs one call under the deadline and maps its failure.
+    /// Runs one call under the deadline, maps its failure and tells the observer.
     async fn run<R>(
         &self,
         rpc: &'static str,
         call: impl Future<Output = std::result::Result<Response<R>, Status>>,
     ) -> Result<R> {
         let limit = self.inner.timeouts.call;
-        match tokio::time::timeout(limit, call).await {
+        let started = Instant::now();
+        let outcome = match tokio::time::timeout(limit, call).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(self.status_error(rpc, status)),
             Err(_) => Err(self.timeout_error(rpc)),
+        };
+        if let Some(observer) = &self.observer {
+            let method = grpc_method(rpc).unwrap_or(rpc);
+            observer.observe(&self.inner.driver, method, outcome_code(&outcome), started.elapsed());
         }
+        outcome
     }
 
     fn timeout_error(&self, rpc: &'static str) -> CsiError {
@@ -612,6 +701,193 @@ mod tests {
         let err =
             CsiClient::new("d.example.com", Path::new("/no/such.sock"), Timeouts::default()).unwrap_err();
         assert!(err.to_string().contains("inside a tokio runtime"), "{err}");
+    }
+
+    #[test]
+    fn grpc_methods_are_those_of_the_generated_services() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/csi.v1.rs"));
+        for (rpc, method) in GRPC_METHODS {
+            assert!(generated.contains(&format!("\"{method}\"")), "{method} is not a generated method");
+            assert!(method.ends_with(&format!("/{rpc}")), "{rpc} → {method}");
+            assert_eq!(grpc_method(rpc), Some(method));
+        }
+        // Every method the services have is in the table.
+        let all: std::collections::BTreeSet<&str> =
+            generated.split("\"/csi.v1.").skip(1).map(|rest| &rest[..rest.find('"').unwrap()]).collect();
+        assert_eq!(all.len(), GRPC_METHODS.len(), "{all:?}");
+        assert_eq!(grpc_method("NodeFrobnicate"), None);
+    }
+
+    #[test]
+    fn every_rpc_this_client_runs_has_a_grpc_method() {
+        let source = include_str!("client.rs");
+        let mut seen = 0;
+        for piece in source.split(".run(\"").skip(1) {
+            let rpc = &piece[..piece.find('"').unwrap()];
+            assert!(grpc_method(rpc).is_some(), "{rpc} is not a csi v1 rpc");
+            seen += 1;
+        }
+        assert!(seen >= 14, "found {seen} calls");
+    }
+
+    #[test]
+    fn outcomes_become_the_codes_kubelet_records() {
+        let driver = || "d".to_string();
+        let table: [(Result<()>, Code); 5] = [
+            (Ok(()), Code::Ok),
+            (
+                Err(CsiError::Rpc {
+                    driver: driver(),
+                    rpc: "Probe",
+                    code: Code::NotFound,
+                    message: String::new(),
+                    retriable: false,
+                }),
+                Code::NotFound,
+            ),
+            (
+                Err(CsiError::Timeout { driver: driver(), rpc: "Probe", limit: Duration::ZERO }),
+                Code::DeadlineExceeded,
+            ),
+            (
+                Err(CsiError::Connect { driver: driver(), endpoint: "/x".into(), reason: String::new() }),
+                Code::Unavailable,
+            ),
+            (Err(CsiError::Driver { driver: driver(), reason: String::new() }), Code::Unknown),
+        ];
+        for (outcome, code) in table {
+            assert_eq!(outcome_code(&outcome), code, "{outcome:?}");
+        }
+    }
+
+    /// One call an observer saw.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Seen {
+        driver: String,
+        method: String,
+        code: Code,
+        migrated: bool,
+        elapsed: Duration,
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorder(std::sync::Mutex<Vec<Seen>>);
+
+    impl RpcObserver for Recorder {
+        fn observe(&self, driver: &str, method: &str, code: Code, elapsed: Duration) {
+            let seen = Seen {
+                driver: driver.into(),
+                method: method.into(),
+                code,
+                migrated: call_is_migrated(),
+                elapsed,
+            };
+            self.0.lock().unwrap().push(seen);
+        }
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<(String, String, Code, bool)> {
+            let seen = std::mem::take(&mut *self.0.lock().unwrap());
+            seen.into_iter().map(|s| (s.driver, s.method, s.code, s.migrated)).collect()
+        }
+    }
+
+    /// An Identity service: GetPluginInfo answers, Probe fails, GetPluginCapabilities hangs.
+    #[derive(Debug)]
+    struct Identity;
+
+    #[tonic::async_trait]
+    impl crate::proto::csi::identity_server::Identity for Identity {
+        async fn get_plugin_info(
+            &self,
+            _: Request<GetPluginInfoRequest>,
+        ) -> std::result::Result<Response<GetPluginInfoResponse>, Status> {
+            Ok(Response::new(GetPluginInfoResponse { name: "d.example.com".into(), ..Default::default() }))
+        }
+
+        async fn get_plugin_capabilities(
+            &self,
+            _: Request<GetPluginCapabilitiesRequest>,
+        ) -> std::result::Result<Response<crate::proto::csi::GetPluginCapabilitiesResponse>, Status> {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(Response::new(Default::default()))
+        }
+
+        async fn probe(
+            &self,
+            _: Request<ProbeRequest>,
+        ) -> std::result::Result<Response<crate::proto::csi::ProbeResponse>, Status> {
+            Err(Status::failed_precondition("not ready"))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_observer_is_told_every_call_and_its_outcome() {
+        use crate::proto::csi::identity_server::IdentityServer;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(IdentityServer::new(Identity))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let recorder = Arc::new(Recorder::default());
+        let timeouts = Timeouts::with_call(Duration::from_millis(300));
+        let plain = CsiClient::new("d.example.com", &socket, timeouts).unwrap();
+        let client = plain.clone().with_observer(recorder.clone());
+
+        plain.plugin_info().await.unwrap();
+        assert_eq!(recorder.take(), [], "a client without the observer tells it nothing");
+
+        let (d, ok, fail, late) =
+            ("d.example.com".to_string(), Code::Ok, Code::FailedPrecondition, Code::DeadlineExceeded);
+        client.plugin_info().await.unwrap();
+        client.clone().probe().await.unwrap_err();
+        with_migrated(true, client.plugin_info()).await.unwrap();
+        client.plugin_capabilities().await.unwrap_err();
+        assert_eq!(
+            recorder.take(),
+            [
+                (d.clone(), "/csi.v1.Identity/GetPluginInfo".to_string(), ok, false),
+                (d.clone(), "/csi.v1.Identity/Probe".to_string(), fail, false),
+                (d.clone(), "/csi.v1.Identity/GetPluginInfo".to_string(), ok, true),
+                (d.clone(), "/csi.v1.Identity/GetPluginCapabilities".to_string(), late, false),
+            ]
+        );
+
+        let gone = CsiClient::new("d.example.com", &dir.path().join("gone.sock"), timeouts)
+            .unwrap()
+            .with_observer(recorder.clone());
+        gone.node_get_info().await.unwrap_err();
+        assert_eq!(
+            recorder.take(),
+            [(d.clone(), "/csi.v1.Node/NodeGetInfo".to_string(), Code::Unavailable, false)]
+        );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn the_observer_is_told_how_long_a_call_took() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        // A socket that accepts and never answers: the call runs into its deadline.
+        let _listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let recorder = Arc::new(Recorder::default());
+        let client =
+            CsiClient::new("d.example.com", &socket, Timeouts::with_call(Duration::from_millis(200)))
+                .unwrap()
+                .with_observer(recorder.clone());
+        client.probe().await.unwrap_err();
+        let seen = recorder.0.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].code, Code::DeadlineExceeded);
+        assert!(
+            seen[0].elapsed >= Duration::from_millis(200) && seen[0].elapsed < Duration::from_secs(5),
+            "{:?}",
+            seen[0].elapsed
+        );
     }
 
     #[test]

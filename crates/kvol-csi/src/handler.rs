@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use kvol_api::FeatureGates;
 use kvol_plugin::{DynamicSource, PluginHost, PluginRegistry, ProbeEvent};
 
-use crate::client::{CsiClient, Timeouts};
+use crate::client::{CsiClient, RpcObserver, Timeouts};
 use crate::csinode;
 use crate::objects::NodeObjects;
 use crate::plugin::CsiPlugin;
@@ -33,6 +33,8 @@ pub struct CsiRegistrationHandler {
     host: PluginHost,
     migrated_plugins: Vec<&'static str>,
     timeouts: Timeouts,
+    /// Given to the client of every driver registered from now on.
+    observer: Option<Arc<dyn RpcObserver>>,
     state: Mutex<State>,
 }
 
@@ -69,8 +71,15 @@ impl CsiRegistrationHandler {
             host,
             migrated_plugins,
             timeouts,
+            observer: None,
             state: Mutex::default(),
         }
+    }
+
+    /// This handler giving `observer` to the client of every driver it registers, so each CSI
+    /// call those drivers' plugins make is reported.
+    pub fn with_observer(self, observer: Arc<dyn RpcObserver>) -> Self {
+        CsiRegistrationHandler { observer: Some(observer), ..self }
     }
 
     /// The drivers registered now, by name.
@@ -112,7 +121,11 @@ impl CsiRegistrationHandler {
         endpoint: &str,
         version: Version,
     ) -> Result<RegisteredDriver, String> {
-        let client = CsiClient::new(name, Path::new(endpoint), self.timeouts).map_err(|e| e.to_string())?;
+        let mut client =
+            CsiClient::new(name, Path::new(endpoint), self.timeouts).map_err(|e| e.to_string())?;
+        if let Some(observer) = &self.observer {
+            client = client.with_observer(Arc::clone(observer));
+        }
         let info = client.node_get_info().await.map_err(|e| e.to_string())?;
         let objects = Arc::clone(&self.objects);
         let plugin = CsiPlugin::connect(name, client, self.host.clone(), objects, info.node_id.clone())

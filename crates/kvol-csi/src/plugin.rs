@@ -648,6 +648,10 @@ impl VolumePlugin for CsiPlugin {
         true
     }
 
+    fn pod_dir_plugin_name(&self) -> &str {
+        crate::paths::CSI_PLUGIN_NAME
+    }
+
     fn details(&self) -> Vec<(String, String)> {
         let policy = self.policy();
         let node = self.capabilities.node;

@@ -1,6 +1,16 @@
 //! kvol's node agent: pods in, volumes attached, staged and published through whichever plugin serves them, state that survives a crash.
 
+pub mod agent;
+pub mod desired;
+pub mod executor;
+pub mod metrics;
 pub mod model;
+pub mod provision;
+pub mod rebuild;
+pub mod reconciler;
+pub mod source;
+pub mod status;
+pub mod store;
 
 pub use model::{
     ActualState, AttachedVolume, DesiredState, DesiredVolume, ObjectSet, Operation, PodVolumeKey,

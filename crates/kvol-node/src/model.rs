@@ -140,12 +140,32 @@ pub struct ActualState {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "op")]
 pub enum Operation {
-    Unpublish { volume: PublishedVolume },
-    Unstage { volume: StagedVolume },
-    Detach { volume: AttachedVolume },
-    Attach { unique_name: String, plugin: String, spec: VolumeSpec },
-    Stage { unique_name: String, plugin: String, spec: VolumeSpec, device_path: Option<String> },
-    Publish { volume: PublishedVolume, mount_options: Vec<String> },
+    Unpublish {
+        volume: PublishedVolume,
+    },
+    Unstage {
+        volume: StagedVolume,
+    },
+    Detach {
+        volume: AttachedVolume,
+    },
+    Attach {
+        unique_name: String,
+        plugin: String,
+        spec: VolumeSpec,
+    },
+    Stage {
+        unique_name: String,
+        plugin: String,
+        spec: VolumeSpec,
+        device_path: Option<String>,
+        /// Where to stage: carried so a journal entry says where an interrupted stage mounted.
+        staging_path: PathBuf,
+    },
+    Publish {
+        volume: PublishedVolume,
+        mount_options: Vec<String>,
+    },
 }
 
 impl Operation {

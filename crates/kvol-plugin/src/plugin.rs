@@ -130,6 +130,12 @@ pub trait VolumePlugin: Send + Sync + fmt::Debug {
     fn volume_name(&self, spec: &VolumeSpec) -> Result<String> {
         Ok(format!("{}^{}", self.name(), spec.name()))
     }
+    /// The plugin name pod volume directories are filed under
+    /// (`pods/<uid>/volumes/<this, / as ~>/<volume>`): the plugin's name, except that every CSI
+    /// driver files under `kubernetes.io/csi` as kubelet does.
+    fn pod_dir_plugin_name(&self) -> &str {
+        self.name()
+    }
     /// Facts worth showing in `kvol plugins`, as key/value pairs (a driver's version, endpoint,
     /// CSIDriver settings …); none by default.
     fn details(&self) -> Vec<(String, String)> {

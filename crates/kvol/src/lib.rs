@@ -1,10 +1,12 @@
 //! The kvol command line: argument parsing and the commands, over the kvol libraries.
 
+pub mod agent_cmd;
 pub mod csi_driver_cmd;
 pub mod documents;
 pub mod flex_cmd;
 pub mod gates_cmd;
 pub mod plugins_cmd;
+pub mod status_cmd;
 pub mod translate_cmd;
 
 use std::io::{Read, Write};
@@ -45,6 +47,11 @@ pub enum Command {
     Flex(FlexCommand),
     /// Run the bundled hostpath CSI driver and its registrar until SIGTERM or SIGINT.
     CsiDriver(csi_driver_cmd::CsiDriverArgs),
+    /// Run the node agent: pods in the manifests directory get their volumes attached, staged
+    /// and published; state survives a crash. SIGTERM stops it without unmounting anything.
+    Agent(agent_cmd::AgentArgs),
+    /// Show what the node agent last reported: its volumes, their phases and last errors.
+    Status(status_cmd::StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,7 +76,7 @@ pub struct FlexInstallArgs {
 impl Command {
     /// Whether the command runs until stopped (a server), rather than answering once.
     pub fn is_long_running(&self) -> bool {
-        matches!(self, Command::CsiDriver(_))
+        matches!(self, Command::CsiDriver(_) | Command::Agent(_))
     }
 }
 
@@ -182,10 +189,15 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Flex(FlexCommand::Install(args)) => {
             flex_cmd::run_install(&args.driver_file, &args.name, &args.dir)
         }
+        Command::Agent(args) => {
+            let node = args.node_name.clone().unwrap_or_else(host_name);
+            agent_cmd::run(&gates, args, node)
+        }
         Command::CsiDriver(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
             csi_driver_cmd::run(args, &node)
         }
+        Command::Status(args) => status_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,611 @@
+//! The agent: wires sources, plugins (compiled-in, Flexvolume, CSI), the journal, the reconciler and the executor into kvol's main loop.
+//!
+//! Start-up: open the journal, rebuild the actual state from it, the mount table and the pod
+//! volume directories; register the compiled-in plugins; install the example Flexvolume
+//! drivers and start the prober; start the CSI registration watcher and (by default) the
+//! bundled CSI driver; watch the manifests directory. Then loop: desired state from the
+//! objects, a resolution per volume, a plan, operations submitted; again whenever the objects
+//! change, an operation ends, a retry falls due or the resync timer fires. SIGTERM stops the
+//! loop and lets running operations finish; nothing is unmounted (volumes outlive the agent).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::core::v1::Secret;
+use kvol_api::FeatureGates;
+use kvol_csi::bundled::{HostpathConfig, HostpathDriver};
+use kvol_csi::registration::{RegistrationWatcher, WatcherConfig};
+use kvol_csi::{CsiRegistrationHandler, MemoryObjects, NodeObjects, Timeouts};
+use kvol_flex::prober::{FlexProber, ProberConfig};
+use kvol_plugin::migration::{NodeMigration, NodeStatus, resolve};
+use kvol_plugin::{
+    Mounter, NodeInfo, NodePaths, PluginHost, PluginRegistry, SecretStore, Snapshot, SystemMounter,
+};
+use tokio::sync::Notify;
+
+use crate::desired::desired_state;
+use crate::executor::{ExecSnapshot, Executor};
+use crate::metrics::Metrics;
+use crate::model::{DesiredState, DesiredVolume, ObjectSet};
+use crate::reconciler::{Resolution, Resolutions, plan};
+use crate::source::ManifestsSource;
+use crate::status::{Phase, StatusReport, VolumeStatus, write_status};
+use crate::store::Store;
+
+/// The bundled CSI driver's name.
+pub const BUNDLED_DRIVER: &str = "hostpath.csi.kvol.io";
+
+/// The example Flexvolume drivers the embedded default installs: directory name and script.
+const EXAMPLE_FLEX_DRIVERS: [(&str, &[u8]); 2] = [
+    ("kvol~tmpfs", include_bytes!("../../../examples/flexvolume/kvol~tmpfs/tmpfs")),
+    ("kvol~loop", include_bytes!("../../../examples/flexvolume/kvol~loop/loop")),
+];
+
+/// How the agent runs. [`AgentConfig::embedded`] is the standalone default under one root.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub root: PathBuf,
+    pub node_name: String,
+    pub gates: FeatureGates,
+    /// Pods and the objects their volumes need.
+    pub manifests_dir: PathBuf,
+    /// Kubelet's root directory layout (pods/, plugins/) lives here.
+    pub kubelet_dir: PathBuf,
+    pub flex_dir: PathBuf,
+    pub registration_dir: PathBuf,
+    /// Run the bundled CSI driver in the agent (it registers like any driver).
+    pub bundled_driver: bool,
+    /// Install the example Flexvolume drivers into `flex_dir` at start.
+    pub example_flex_drivers: bool,
+    /// Serve Prometheus metrics here (`None`: no endpoint).
+    pub metrics_address: Option<SocketAddr>,
+    /// How often published volumes are checked against the mount table.
+    pub resync: Duration,
+}
+
+impl AgentConfig {
+    /// Everything under `root`: `manifests/`, `kubelet/`, `flexvolume/`, `plugins_registry/`,
+    /// `csi-hostpath/`, `state.redb`, `status.json`; the bundled driver and example drivers on.
+    pub fn embedded(root: impl Into<PathBuf>, node_name: impl Into<String>) -> AgentConfig {
+        let root = root.into();
+        AgentConfig {
+            manifests_dir: root.join("manifests"),
+            kubelet_dir: root.join("kubelet"),
+            flex_dir: root.join("flexvolume"),
+            registration_dir: root.join("plugins_registry"),
+            root,
+            node_name: node_name.into(),
+            gates: FeatureGates::default(),
+            bundled_driver: true,
+            example_flex_drivers: true,
+            metrics_address: None,
+            resync: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Secrets as the current objects hold them, for plugins.
+#[derive(Debug, Default)]
+struct ObjectSecrets(RwLock<BTreeMap<String, Secret>>);
+
+impl SecretStore for ObjectSecrets {
+    fn get(&self, namespace: &str, name: &str) -> Option<Secret> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).get(&format!("{namespace}/{name}")).cloned()
+    }
+}
+
+/// Runs the agent until `shutdown` completes.
+pub async fn run_agent(
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), String> {
+    let started = SystemTime::now();
+    for dir in [&config.root, &config.kubelet_dir, &config.flex_dir, &config.registration_dir] {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    // The mount table holds resolved paths: keep one spelling of every path under the root.
+    let mut config = config;
+    for dir in [&mut config.root, &mut config.kubelet_dir, &mut config.flex_dir, &mut config.registration_dir]
+    {
+        *dir = std::fs::canonicalize(&*dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+    }
+    let mounter: Arc<dyn Mounter> = Arc::new(SystemMounter);
+    let secrets = Arc::new(ObjectSecrets::default());
+    let host = PluginHost::new(
+        NodePaths::new(&config.kubelet_dir),
+        NodeInfo::named(&config.node_name),
+        Arc::clone(&mounter),
+    )
+    .with_secrets(secrets.clone());
+
+    // The journal, and the actual state rebuilt from it and the node.
+    let store_path = config.root.join("state.redb");
+    let store = Arc::new(Store::open(&store_path).map_err(|e| e.to_string())?);
+    let loaded = store.load().map_err(|e| e.to_string())?;
+    let seen = crate::rebuild::observe(&host.paths, mounter.as_ref()).map_err(|e| e.to_string())?;
+    let rebuilt = crate::rebuild::rebuild(&loaded.actual, &loaded.incomplete, &seen);
+    for note in &rebuilt.notes {
+        tracing::info!(%note, "rebuilt state");
+    }
+    for orphan in &rebuilt.orphans {
+        tracing::warn!(path = %orphan.path.display(), "pod volume directory kvol has no record of; left alone");
+    }
+    store.replace_actual(&rebuilt.actual).map_err(|e| e.to_string())?;
+    tracing::info!(
+        published = rebuilt.actual.published.len(),
+        staged = rebuilt.actual.staged.len(),
+        attached = rebuilt.actual.attached.len(),
+        interrupted = loaded.incomplete.len(),
+        "actual state rebuilt"
+    );
+
+    // Plugins.
+    let (compiled, _) = kvol_plugin::catalog::compiled_in(&host, &config.gates);
+    let registry = Arc::new(PluginRegistry::new(compiled).map_err(|e| e.to_string())?);
+    let metrics = Metrics::new();
+    if config.example_flex_drivers {
+        install_example_flex_drivers(&config)?;
+    }
+    let prober = FlexProber::start(ProberConfig::new(&config.flex_dir), host.clone(), Arc::clone(&registry))
+        .map_err(|e| e.to_string())?;
+    let objects = MemoryObjects::new();
+    let handler = Arc::new(
+        CsiRegistrationHandler::new(
+            Arc::clone(&registry),
+            Arc::new(objects.clone()),
+            host.clone(),
+            &config.gates,
+            Timeouts::default(),
+        )
+        .with_observer(metrics.clone()),
+    );
+    let watcher = RegistrationWatcher::start(WatcherConfig::new(&config.registration_dir), handler.clone())
+        .map_err(|e| e.to_string())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let driver_task = config.bundled_driver.then(|| {
+        let driver_config = HostpathConfig {
+            state_dir: config.root.join("csi-hostpath"),
+            csi_socket: config.kubelet_dir.join("plugins").join(BUNDLED_DRIVER).join("csi.sock"),
+            registration_dir: Some(config.registration_dir.clone()),
+            ..HostpathConfig::new(BUNDLED_DRIVER, &config.node_name)
+        };
+        tokio::spawn(supervise_bundled_driver(driver_config, Arc::clone(&mounter), stop_rx.clone()))
+    });
+    let metrics_address = match config.metrics_address {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| format!("cannot listen for metrics on {address}: {e}"))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            let mut stop = stop_rx.clone();
+            let m = metrics.clone();
+            tokio::spawn(async move {
+                let _ = crate::metrics::serve_metrics(listener, m, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            });
+            tracing::info!(address = %bound, "serving metrics");
+            Some(bound.to_string())
+        }
+        None => None,
+    };
+
+    let source = ManifestsSource::start(config.manifests_dir.clone()).map_err(|e| e.to_string())?;
+    let mut objects_rx = source.subscribe();
+    let wake = Arc::new(Notify::new());
+    let executor = Executor::new(
+        host.clone(),
+        Arc::clone(&registry),
+        Arc::clone(&store),
+        metrics.clone(),
+        rebuilt.actual.clone(),
+        Arc::clone(&wake),
+    );
+
+    let provisioned_dir = config.root.join("provisioned");
+    let (records, problems) = crate::provision::load(&provisioned_dir);
+    for problem in problems {
+        tracing::warn!(%problem, "provisioned volumes");
+    }
+    let provisioned = Arc::new(std::sync::Mutex::new(records));
+    let provisioning = Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut last_resync = Instant::now();
+    loop {
+        let mut current = (*source.current()).clone();
+        {
+            let provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+            crate::provision::overlay(&mut current, &provisioned);
+        }
+        start_provisioning(&config, &current, &handler, &provisioned, &provisioning, &provisioned_dir, &wake);
+        {
+            let failures = provisioning.lock().unwrap_or_else(|p| p.into_inner());
+            current.problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
+                crate::model::SourceProblem {
+                    origin: format!("provisioning of claim {claim}"),
+                    document: None,
+                    reason: e.clone(),
+                }
+            }));
+        }
+        secrets_from(&secrets, &current);
+        for driver in current.csi_drivers.values() {
+            objects.put_csi_driver(driver.clone());
+        }
+        let snapshot = registry.snapshot();
+        let desired = desired_state(&current, &config.node_name);
+        let own = NodeMigration::of_own_node(
+            &config.node_name,
+            &config.gates,
+            handler.drivers().iter().map(|d| d.name.as_str()),
+        );
+        let node_view = objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
+        let node_view = node_view.unwrap_or(own);
+        let resolutions = resolve_all(&snapshot, &config.gates, &node_view, &host.paths, &desired);
+        if last_resync.elapsed() >= config.resync {
+            last_resync = Instant::now();
+            repair_drift(&executor, mounter.as_ref());
+        }
+        let exec = executor.snapshot();
+        for op in plan(&desired, &resolutions, &exec.actual) {
+            executor.submit(op);
+        }
+        let exec = executor.snapshot();
+        let report = status_report(
+            &config,
+            &current,
+            &desired,
+            &resolutions,
+            &exec,
+            started,
+            &metrics_address,
+            &snapshot,
+        );
+        metrics.set_volumes(
+            report.volumes.iter().filter(|v| v.phase == Phase::Published).count() as i64,
+            report.volumes.iter().filter(|v| v.phase == Phase::Pending).count() as i64,
+            report.volumes.iter().filter(|v| v.phase == Phase::Failed).count() as i64,
+        );
+        if let Err(e) = write_status(&config.root, &report) {
+            tracing::warn!(error = %e, "cannot write the status file");
+        }
+
+        // Sleep until something changes: objects, an operation ending, a retry due, a plugin
+        // change (polled: the registry has no notification), the resync, or shutdown.
+        let retry_in = executor
+            .next_retry()
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_secs(1));
+        let nap = retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5));
+        tokio::select! {
+            _ = &mut shutdown => break,
+            changed = objects_rx.changed() => { if changed.is_err() { break; } }
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+
+    tracing::info!("shutting down: volumes stay mounted");
+    let still_running = executor.close(Duration::from_secs(30)).await;
+    if still_running > 0 {
+        tracing::warn!(
+            still_running,
+            "operations still running at shutdown; the journal finishes them on restart"
+        );
+    }
+    let _ = stop_tx.send(true);
+    if let Some(task) = driver_task {
+        let _ = task.await;
+    }
+    watcher.shutdown().await;
+    prober.shutdown().await;
+    source.shutdown();
+    Ok(())
+}
+
+/// Starts provisioning each claim that needs it (one task per claim at a time); a failure is kept
+/// as the claim's problem and retried on a later pass.
+fn start_provisioning(
+    config: &AgentConfig,
+    objects: &ObjectSet,
+    handler: &Arc<CsiRegistrationHandler>,
+    provisioned: &Arc<std::sync::Mutex<BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>>>,
+    provisioning: &Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    dir: &std::path::Path,
+    wake: &Arc<Notify>,
+) {
+    let drivers = handler.drivers();
+    let names: Vec<String> = drivers.iter().map(|d| d.name.clone()).collect();
+    let done = provisioned.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for request in
+        crate::provision::claims_to_provision(objects, &config.node_name, &done, &names, &config.gates)
+    {
+        {
+            let mut running = provisioning.lock().unwrap_or_else(|p| p.into_inner());
+            // An empty entry is a provisioning in flight; an error waits for the next resync.
+            if running.get(&request.claim_key).is_some_and(|e| e.is_empty()) {
+                continue;
+            }
+            running.insert(request.claim_key.clone(), String::new());
+        }
+        let Some(endpoint) = drivers.iter().find(|d| d.name == request.driver).map(|d| d.endpoint.clone())
+        else {
+            continue;
+        };
+        let (provisioned, provisioning, dir, wake) =
+            (Arc::clone(provisioned), Arc::clone(provisioning), dir.to_path_buf(), Arc::clone(wake));
+        tokio::spawn(async move {
+            let claim = request.claim_key.clone();
+            let outcome = provision_one(&request, &endpoint).await.and_then(|pv| {
+                crate::provision::save(&dir, &claim, &pv)?;
+                Ok(pv)
+            });
+            match outcome {
+                Ok(pv) => {
+                    tracing::info!(claim = %claim, driver = %request.driver, volume = ?pv.metadata.name, "claim provisioned");
+                    provisioned.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), pv);
+                    provisioning.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %claim, driver = %request.driver, error = %e, "provisioning failed");
+                    // Retried after a pause: keep the error visible, then forget it.
+                    provisioning.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), e);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    provisioning.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                }
+            }
+            wake.notify_one();
+        });
+    }
+}
+
+async fn provision_one(
+    request: &crate::provision::ProvisionRequest,
+    endpoint: &str,
+) -> Result<k8s_openapi::api::core::v1::PersistentVolume, String> {
+    let create = crate::provision::create_request(request)?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{endpoint}"))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to csi driver {} at {endpoint}: {e}", request.driver))?;
+    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
+    let response = tokio::time::timeout(Duration::from_secs(120), client.create_volume(create))
+        .await
+        .map_err(|_| format!("csi driver {}: CreateVolume did not answer within 2m", request.driver))?
+        .map_err(|s| {
+            format!("csi driver {}: CreateVolume failed ({:?}): {}", request.driver, s.code(), s.message())
+        })?
+        .into_inner();
+    let volume = response
+        .volume
+        .ok_or_else(|| format!("csi driver {}: CreateVolume returned no volume", request.driver))?;
+    crate::provision::bound_pv(request, &volume)
+}
+
+/// Copies the example drivers' scripts into the Flexvolume directory with the atomic
+/// installer (unchanged ones are left alone).
+fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
+    let scratch = config.root.join(".flex-install");
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
+    for (dir_name, script) in EXAMPLE_FLEX_DRIVERS {
+        let source = scratch.join(dir_name);
+        std::fs::write(&source, script).map_err(|e| format!("cannot write {}: {e}", source.display()))?;
+        std::fs::set_permissions(&source, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| format!("cannot chmod {}: {e}", source.display()))?;
+        kvol_flex::install::install(&source, &config.flex_dir, dir_name).map_err(|e| e.to_string())?;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// Runs the bundled driver until told to stop, restarting it (after a pause) if it fails.
+async fn supervise_bundled_driver(
+    config: HostpathConfig,
+    mounter: Arc<dyn Mounter>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut pause = Duration::from_millis(500);
+    loop {
+        let stopping = {
+            let mut stop = stop.clone();
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            }
+        };
+        let result = match HostpathDriver::bind(config.clone(), Arc::clone(&mounter)) {
+            Ok(driver) => driver.run(stopping).await,
+            Err(e) => Err(e),
+        };
+        if *stop.borrow() {
+            return;
+        }
+        match result {
+            Ok(()) => tracing::warn!(driver = BUNDLED_DRIVER, "the bundled csi driver stopped; restarting"),
+            Err(e) => {
+                tracing::warn!(driver = BUNDLED_DRIVER, error = %e, "the bundled csi driver failed; restarting")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        pause = (pause * 2).min(Duration::from_secs(30));
+    }
+}
+
+fn secrets_from(secrets: &ObjectSecrets, objects: &ObjectSet) {
+    let mut map = secrets.0.write().unwrap_or_else(|p| p.into_inner());
+    if *map != objects.secrets {
+        *map = objects.secrets.clone();
+    }
+}
+
+/// Resolves every wanted volume that has a spec: plugin, unique name, staging path, target.
+pub fn resolve_all(
+    snapshot: &Snapshot,
+    gates: &FeatureGates,
+    node: &NodeMigration,
+    paths: &NodePaths,
+    desired: &DesiredState,
+) -> Resolutions {
+    desired
+        .volumes
+        .iter()
+        .filter_map(|(key, volume)| {
+            let spec = volume.spec.as_ref()?;
+            Some((key.clone(), resolve_one(snapshot, gates, node, paths, volume, spec)))
+        })
+        .collect()
+}
+
+fn resolve_one(
+    snapshot: &Snapshot,
+    gates: &FeatureGates,
+    node: &NodeMigration,
+    paths: &NodePaths,
+    volume: &DesiredVolume,
+    spec: &kvol_plugin::VolumeSpec,
+) -> Result<Resolution, String> {
+    let resolved = resolve(snapshot, gates, spec, NodeStatus::Known(node)).map_err(|e| e.to_string())?;
+    let plugin = resolved.plugin;
+    let spec = resolved.spec.into_owned();
+    let unique_name = plugin.volume_name(&spec).map_err(|e| e.to_string())?;
+    let staging_path = match plugin.device_mounter() {
+        Some(stager) if plugin.can_device_mount(&spec) => {
+            Some(stager.device_mount_path(&spec).map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
+    Ok(Resolution {
+        plugin: plugin.name().to_string(),
+        unique_name,
+        attach: plugin.can_attach(&spec),
+        staging_path,
+        target: paths.pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume),
+        spec,
+    })
+}
+
+/// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are
+/// plain directories: their directory must exist.
+fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
+    let Ok(mounts) = mounter.mount_points() else { return };
+    let exec = executor.snapshot();
+    for (key, volume) in &exec.actual.published {
+        if exec.running.contains_key(&format!("pod:{key}")) {
+            continue;
+        }
+        let mounted = mounts.iter().any(|m| m.target.starts_with(&volume.target));
+        let fine = mounted || (volume.plugin == "kubernetes.io/empty-dir" && volume.target.is_dir());
+        if !fine {
+            tracing::warn!(volume = %key, target = %volume.target.display(), "published volume's mount is gone; publishing it again");
+            if let Err(e) = executor.forget_published(key) {
+                tracing::warn!(volume = %key, error = %e, "cannot record the lost mount");
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn status_report(
+    config: &AgentConfig,
+    objects: &ObjectSet,
+    desired: &DesiredState,
+    resolutions: &Resolutions,
+    exec: &ExecSnapshot,
+    started: SystemTime,
+    metrics_address: &Option<String>,
+    snapshot: &Snapshot,
+) -> StatusReport {
+    let now = SystemTime::now();
+    let ms = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let mut volumes = Vec::new();
+    let mut keys: Vec<_> = desired.volumes.keys().cloned().collect();
+    for key in exec.actual.published.keys() {
+        if !desired.volumes.contains_key(key) {
+            keys.push(key.clone());
+        }
+    }
+    for key in keys {
+        let want = desired.volumes.get(&key);
+        let published = exec.actual.published.get(&key);
+        let resolution = resolutions.get(&key);
+        let ok = resolution.and_then(|r| r.as_ref().ok());
+        let unique = ok.map(|r| r.unique_name.clone()).or_else(|| published.map(|p| p.unique_name.clone()));
+        let pod_lock = format!("pod:{key}");
+        let volume_lock = unique.as_ref().map(|u| format!("volume:{u}"));
+        let running =
+            exec.running.get(&pod_lock).or_else(|| volume_lock.as_ref().and_then(|l| exec.running.get(l)));
+        let failure =
+            exec.failures.get(&pod_lock).or_else(|| volume_lock.as_ref().and_then(|l| exec.failures.get(l)));
+        let staged = unique.as_ref().and_then(|u| exec.actual.staged.get(u));
+        let attached = unique.as_ref().and_then(|u| exec.actual.attached.get(u));
+        let phase = if let Some(r) = running {
+            match r.operation {
+                "volume_attach" => Phase::Attaching,
+                "mount_device" => Phase::Staging,
+                "volume_mount" => Phase::Publishing,
+                _ => Phase::TearingDown,
+            }
+        } else if want.is_none() {
+            Phase::TearingDown
+        } else if published.is_some() {
+            Phase::Published
+        } else if failure.is_some() || matches!(resolution, Some(Err(_))) {
+            Phase::Failed
+        } else if staged.is_some() {
+            Phase::Staged
+        } else if attached.is_some() {
+            Phase::Attached
+        } else {
+            Phase::Pending
+        };
+        let last_error = failure
+            .map(|f| format!("{} failed {} time(s): {}", f.operation, f.count, f.last_error))
+            .or_else(|| resolution.and_then(|r| r.as_ref().err().cloned()));
+        let spec = published.map(|p| &p.spec).or(ok.map(|r| &r.spec));
+        volumes.push(VolumeStatus {
+            pod: want
+                .map(|w| w.pod_name.clone())
+                .or_else(|| published.map(|p| p.pod_name.clone()))
+                .unwrap_or_default(),
+            pod_uid: key.pod_uid.clone(),
+            volume: key.volume.clone(),
+            plugin: published.map(|p| p.plugin.clone()).or_else(|| ok.map(|r| r.plugin.clone())),
+            phase,
+            migrated: spec.is_some_and(|s| s.migrated.is_some()),
+            device_path: published
+                .and_then(|p| p.device_path.clone())
+                .or_else(|| attached.and_then(|a| a.device_path.clone())),
+            staging_path: staged
+                .map(|s| s.staging_path.clone())
+                .or_else(|| ok.and_then(|r| r.staging_path.clone())),
+            target: published.map(|p| p.target.clone()).or_else(|| ok.map(|r| r.target.clone())),
+            last_error,
+            pending_reason: want.and_then(|w| w.pending.clone()),
+            progress: running
+                .map(|r| format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())),
+        });
+    }
+    StatusReport {
+        node: config.node_name.clone(),
+        pid: std::process::id(),
+        started_unix_ms: ms(started),
+        updated_unix_ms: ms(now),
+        metrics_address: metrics_address.clone(),
+        volumes,
+        problems: objects.problems.iter().map(ToString::to_string).collect(),
+        plugins: snapshot.plugins().iter().map(|r| r.plugin.name().to_string()).collect(),
+    }
+}
+
+/// Where the bundled driver keeps its volumes: for tests and the benchmark.
+pub fn bundled_volume_dir(config: &AgentConfig, volume_id: &str) -> PathBuf {
+    config.root.join("csi-hostpath").join("volumes").join(volume_id)
+}

@@ -1,0 +1,677 @@
+//! What the pods on this node want: every volume of every running pod, resolved to a spec or pending with the reason; pure.
+//!
+//! Choices beyond what the kubelet does:
+//!
+//! - configMap, secret, projected, downwardAPI, image and gitRepo volumes are the container
+//!   runtime's, not a storage plugin's; they are listed, pending with that reason, so status
+//!   shows every volume of a pod and says why kvol leaves some alone.
+//! - A volume with no source or more than one is pending here with the reason, rather than
+//!   handed on to fail in plugin lookup.
+//! - A PersistentVolume without a `claimRef` serves the claim whose `volumeName` names it: in
+//!   standalone mode nothing else would ever bind it. One whose `claimRef` names another claim,
+//!   or the same claim with another uid (an earlier claim of the same name), does not.
+//! - The claim of a generic ephemeral volume must have been created for the pod when it has a
+//!   controller owner; a claim without owners (written as a manifest) is taken as is.
+//! - Two pods with the same uid cannot both have their volumes: the first by `namespace/name`
+//!   keeps them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Volume};
+use kvol_plugin::VolumeSpec;
+use kvol_plugin::plugin::PodInfo;
+
+use crate::model::{DesiredState, DesiredVolume, ObjectSet, PodVolumeKey};
+use crate::source::{DEFAULT_NAMESPACE, static_pod_uid};
+
+/// Volume sources the container runtime sets up; no storage plugin serves them.
+pub const RUNTIME_SOURCES: &[&str] = &["configMap", "downwardAPI", "gitRepo", "image", "projected", "secret"];
+
+/// The volumes the pods bound to `node_name` want. A pod is on the node when its
+/// `spec.nodeName` is unset or names the node; a pod that has finished (phase Succeeded or
+/// Failed) or is being deleted wants nothing.
+pub fn desired_state(objects: &ObjectSet, node_name: &str) -> DesiredState {
+    let mut state = DesiredState::default();
+    for pod in objects.pods.values().filter(|pod| wants_volumes(pod, node_name)) {
+        for volume in pod_volumes(objects, pod) {
+            state.volumes.entry(volume.key.clone()).or_insert(volume);
+        }
+    }
+    state
+}
+
+fn wants_volumes(pod: &Pod, node_name: &str) -> bool {
+    let on_node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_none_or(|name| name.is_empty() || name == node_name);
+    let finished =
+        matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"));
+    on_node && !finished && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// What kvol's plugins are told about a pod: its uid is `metadata.uid`, or [`static_pod_uid`]
+/// when it has none; its service account `default` when it names none.
+pub fn pod_info(pod: &Pod) -> PodInfo {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let namespace = non_empty(pod.metadata.namespace.as_deref()).unwrap_or(DEFAULT_NAMESPACE).to_string();
+    let uid = match non_empty(pod.metadata.uid.as_deref()) {
+        Some(uid) => uid.to_string(),
+        None => static_pod_uid(&namespace, &name),
+    };
+    let spec = pod.spec.as_ref();
+    let service_account = spec
+        .and_then(|s| {
+            non_empty(s.service_account_name.as_deref()).or(non_empty(s.service_account.as_deref()))
+        })
+        .unwrap_or("default")
+        .to_string();
+    let fs_group = spec.and_then(|s| s.security_context.as_ref()).and_then(|c| c.fs_group);
+    PodInfo { name, namespace, uid, service_account, fs_group }
+}
+
+fn non_empty(s: Option<&str>) -> Option<&str> {
+    s.filter(|s| !s.is_empty())
+}
+
+/// One desired volume per volume name of the pod.
+fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
+    let info = pod_info(pod);
+    let pod_name = format!("{}/{}", info.namespace, info.name);
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
+    let invalid = invalid_volumes(volumes).map(|reason| format!("pod {pod_name} is invalid: {reason}"));
+    let mut out: Vec<DesiredVolume> = Vec::new();
+    for volume in volumes {
+        if out.iter().any(|d| d.key.volume == volume.name) {
+            continue;
+        }
+        let resolved = match &invalid {
+            Some(reason) => Err(reason.clone()),
+            None => resolve(objects, &info, &pod_name, volume),
+        };
+        let (spec, pending, mount_options) = match resolved {
+            Ok((spec, mount_options)) => (Some(spec), None, mount_options),
+            Err(reason) => (None, Some(reason), Vec::new()),
+        };
+        out.push(DesiredVolume {
+            key: PodVolumeKey { pod_uid: info.uid.clone(), volume: volume.name.clone() },
+            pod: info.clone(),
+            pod_name: pod_name.clone(),
+            spec,
+            pending,
+            mount_options,
+        });
+    }
+    out
+}
+
+/// Why the pod's volume list cannot be used as a whole: a volume without a name, or a name
+/// used twice (the volumes' directories would collide).
+fn invalid_volumes(volumes: &[Volume]) -> Option<String> {
+    if volumes.iter().any(|v| v.name.is_empty()) {
+        return Some("a volume has no name".to_string());
+    }
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for volume in volumes {
+        *counts.entry(&volume.name).or_default() += 1;
+    }
+    let repeated: Vec<String> =
+        counts.into_iter().filter(|(_, n)| *n > 1).map(|(v, _)| format!("{v:?}")).collect();
+    (!repeated.is_empty()).then(|| format!("more than one volume is named {}", repeated.join(", ")))
+}
+
+type Resolved = Result<(VolumeSpec, Vec<String>), String>;
+
+/// A volume's spec and mount options, or why it is pending.
+fn resolve(objects: &ObjectSet, pod: &PodInfo, pod_name: &str, volume: &Volume) -> Resolved {
+    let sources: Vec<&str> = kvol_translate::inline_sources(volume).into_iter().map(|(f, _)| f).collect();
+    match sources.as_slice() {
+        [] => Err(format!("volume {:?} sets no volume source", volume.name)),
+        [_, _, ..] => {
+            Err(format!("volume {:?} sets more than one volume source: {}", volume.name, sources.join(", ")))
+        }
+        ["persistentVolumeClaim"] => {
+            let source = volume.persistent_volume_claim.as_ref().expect("the source is set");
+            let claim = claim(objects, &pod.namespace, &source.claim_name)?;
+            let (spec, options) = bound_volume(objects, &pod.namespace, &source.claim_name, claim)?;
+            Ok((spec.with_read_only(source.read_only.unwrap_or(false)), options))
+        }
+        ["ephemeral"] => {
+            let claim_name = format!("{}-{}", pod.name, volume.name);
+            let Some(claim) = objects.claims.get(&format!("{}/{claim_name}", pod.namespace)) else {
+                return Err(format!(
+                    "persistentvolumeclaim {}/{claim_name} of ephemeral volume {:?} does not exist; kvol \
+                     does not create ephemeral volume claims in standalone mode, write the claim as a \
+                     manifest",
+                    pod.namespace, volume.name
+                ));
+            };
+            created_for(claim, pod, pod_name, &claim_name)?;
+            let claim = live(claim, &pod.namespace, &claim_name)?;
+            bound_volume(objects, &pod.namespace, &claim_name, claim)
+        }
+        [field] if RUNTIME_SOURCES.contains(field) => {
+            Err(format!("{field} volumes are not served by kvol (they are the container runtime's)"))
+        }
+        [_] => Ok((VolumeSpec::inline(volume.clone(), pod.namespace.clone()), Vec::new())),
+    }
+}
+
+/// The claim `namespace/name`, if it exists and is not being deleted.
+fn claim<'a>(
+    objects: &'a ObjectSet,
+    namespace: &str,
+    name: &str,
+) -> Result<&'a PersistentVolumeClaim, String> {
+    let claim = objects
+        .claims
+        .get(&format!("{namespace}/{name}"))
+        .ok_or_else(|| format!("persistentvolumeclaim {namespace}/{name} does not exist"))?;
+    live(claim, namespace, name)
+}
+
+fn live<'a>(
+    claim: &'a PersistentVolumeClaim,
+    namespace: &str,
+    name: &str,
+) -> Result<&'a PersistentVolumeClaim, String> {
+    match claim.metadata.deletion_timestamp {
+        Some(_) => Err(format!("persistentvolumeclaim {namespace}/{name} is being deleted")),
+        None => Ok(claim),
+    }
+}
+
+/// An ephemeral volume's claim must be the pod's: if it has a controller, that is the pod.
+fn created_for(
+    claim: &PersistentVolumeClaim,
+    pod: &PodInfo,
+    pod_name: &str,
+    claim_name: &str,
+) -> Result<(), String> {
+    let owners = claim.metadata.owner_references.as_deref().unwrap_or_default();
+    match owners.iter().find(|o| o.controller == Some(true)) {
+        Some(o) if !(o.kind == "Pod" && o.name == pod.name && o.uid == pod.uid) => Err(format!(
+            "persistentvolumeclaim {}/{claim_name} was not created for pod {pod_name}: its controller is \
+             {}/{} (uid {})",
+            pod.namespace, o.kind, o.name, o.uid
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The persistent volume a claim is bound to, as a spec, with its mount options.
+fn bound_volume(
+    objects: &ObjectSet,
+    namespace: &str,
+    claim_name: &str,
+    claim: &PersistentVolumeClaim,
+) -> Resolved {
+    let volume_name =
+        claim.spec.as_ref().and_then(|s| non_empty(s.volume_name.as_deref())).ok_or_else(|| {
+            format!("persistentvolumeclaim {namespace}/{claim_name} is not bound to a volume yet")
+        })?;
+    let pv = objects.persistent_volumes.get(volume_name).ok_or_else(|| {
+        format!("persistentvolume {volume_name} (bound to claim {namespace}/{claim_name}) does not exist")
+    })?;
+    let pv_spec = pv.spec.as_ref();
+    if let Some(claim_ref) = pv_spec.and_then(|s| s.claim_ref.as_ref()) {
+        let ref_namespace = non_empty(claim_ref.namespace.as_deref()).unwrap_or(DEFAULT_NAMESPACE);
+        let ref_name = claim_ref.name.as_deref().unwrap_or_default();
+        if (ref_namespace, ref_name) != (namespace, claim_name) {
+            return Err(format!(
+                "persistentvolume {volume_name} is bound to claim {ref_namespace}/{ref_name}, not to \
+                 persistentvolumeclaim {namespace}/{claim_name}"
+            ));
+        }
+        if let (Some(ref_uid), Some(uid)) =
+            (non_empty(claim_ref.uid.as_deref()), non_empty(claim.metadata.uid.as_deref()))
+            && ref_uid != uid
+        {
+            return Err(format!(
+                "persistentvolume {volume_name} is bound to an earlier claim {namespace}/{claim_name} (uid \
+                 {ref_uid}), not to persistentvolumeclaim {namespace}/{claim_name} (uid {uid})"
+            ));
+        }
+    }
+    let options = pv_spec.and_then(|s| s.mount_options.clone()).unwrap_or_default();
+    Ok((VolumeSpec::persistent(pv.clone()), options))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::SetBuilder;
+    use serde_json::{Value, json};
+
+    /// An object set of the given objects; they must all be valid.
+    fn objects(values: Vec<Value>) -> ObjectSet {
+        let mut builder = SetBuilder::default();
+        builder.add_text("test", &Value::Array(values).to_string());
+        let set = builder.finish();
+        assert!(set.problems.is_empty(), "{:?}", set.problems);
+        set
+    }
+
+    /// The claims and volumes every case can use, all in namespace `ns`.
+    fn storage() -> Vec<Value> {
+        let claim = |name: &str, uid: &str, spec: Value| {
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                   "metadata": {"name": name, "namespace": "ns", "uid": uid}, "spec": spec})
+        };
+        let pv = |name: &str, spec: Value| {
+            let mut spec = spec;
+            spec["csi"] = json!({"driver": "d.example.com", "volumeHandle": name});
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec})
+        };
+        let owned_by = |mut claim: Value, kind: &str, name: &str, uid: &str| {
+            claim["metadata"]["ownerReferences"] =
+                json!([{"apiVersion": "v1", "kind": kind, "name": name, "uid": uid, "controller": true}]);
+            claim
+        };
+        vec![
+            claim("bound", "c-bound", json!({"volumeName": "pv-bound"})),
+            pv(
+                "pv-bound",
+                json!({"claimRef": {"namespace": "ns", "name": "bound", "uid": "c-bound"},
+                       "mountOptions": ["noatime", "nfsvers=4"]}),
+            ),
+            claim("unbound", "c-unbound", json!({})),
+            claim("lost", "c-lost", json!({"volumeName": "pv-gone"})),
+            claim("taken", "c-taken", json!({"volumeName": "pv-taken"})),
+            pv("pv-taken", json!({"claimRef": {"namespace": "other", "name": "taken"}})),
+            claim("recreated", "c-new", json!({"volumeName": "pv-old"})),
+            pv("pv-old", json!({"claimRef": {"namespace": "ns", "name": "recreated", "uid": "c-old"}})),
+            claim("prebound", "", json!({"volumeName": "pv-free"})),
+            pv("pv-free", json!({})),
+            {
+                let mut c = claim("leaving", "c-leaving", json!({"volumeName": "pv-free"}));
+                c["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+                c
+            },
+            owned_by(claim("p-scratch", "c-s", json!({"volumeName": "pv-scratch"})), "Pod", "p", "u-p"),
+            pv("pv-scratch", json!({"claimRef": {"namespace": "ns", "name": "p-scratch"}})),
+            owned_by(
+                claim("p-foreign", "c-f", json!({"volumeName": "pv-free"})),
+                "StatefulSet",
+                "db",
+                "u-db",
+            ),
+            owned_by(claim("p-stale", "c-st", json!({"volumeName": "pv-free"})), "Pod", "p", "u-earlier"),
+            claim("p-manual", "c-m", json!({"volumeName": "pv-manual"})),
+            pv("pv-manual", json!({})),
+            claim("p-waiting", "c-w", json!({})),
+        ]
+    }
+
+    /// Pod `ns/p` (uid `u-p`) with the given volumes and extra spec and status fields.
+    fn pod(volumes: Value, extra: Value) -> Value {
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                             "metadata": {"name": "p", "namespace": "ns", "uid": "u-p"},
+                             "spec": {"containers": [{"name": "c", "image": "i"}], "volumes": volumes}});
+        for (path, value) in extra.as_object().cloned().unwrap_or_default() {
+            let (part, field) = path.split_once('.').expect("extra fields are part.field");
+            pod[part][field] = value;
+        }
+        pod
+    }
+
+    /// A desired volume as one line: its name, then its spec or why it is pending.
+    fn describe(v: &DesiredVolume) -> String {
+        let what = match (&v.spec, &v.pending) {
+            (Some(spec), None) => {
+                format!("{spec} read_only={} options={:?}", spec.read_only, v.mount_options)
+            }
+            (None, Some(reason)) => format!("pending: {reason}"),
+            other => panic!("a volume has a spec or is pending, not {other:?}"),
+        };
+        format!("{}: {what}", v.key.volume)
+    }
+
+    #[test]
+    fn volumes_resolve_or_say_why_not() {
+        let claim = |name: &str| json!({"name": "v", "persistentVolumeClaim": {"claimName": name}});
+        let ephemeral = |name: &str| {
+            let template = json!({"spec": {"accessModes": ["ReadWriteOnce"]}});
+            json!({"name": name, "ephemeral": {"volumeClaimTemplate": template}})
+        };
+        let bound = |read_only: bool| {
+            format!(
+                r#"v: persistent volume "pv-bound" read_only={read_only} options=["noatime", "nfsvers=4"]"#
+            )
+        };
+        let runtime_pending = |field: &str| {
+            format!("v: pending: {field} volumes are not served by kvol (they are the container runtime's)")
+        };
+        const DUPLICATE: &str = r#"pod ns/p is invalid: more than one volume is named "a""#;
+        const NAMELESS: &str = "pod ns/p is invalid: a volume has no name";
+        let empty_dir = || json!([{"name": "v", "emptyDir": {}}]);
+        // (what, pod volumes, extra pod fields, the desired volumes described)
+        let cases: Vec<(&str, Value, Value, Vec<String>)> = vec![
+            (
+                "a bound claim: its volume, its mount options",
+                json!([claim("bound")]),
+                json!({}),
+                vec![bound(false)],
+            ),
+            (
+                "a read-only claim",
+                json!([{"name": "v", "persistentVolumeClaim": {"claimName": "bound", "readOnly": true}}]),
+                json!({}),
+                vec![bound(true)],
+            ),
+            (
+                "a missing claim",
+                json!([claim("nope")]),
+                json!({}),
+                vec!["v: pending: persistentvolumeclaim ns/nope does not exist".into()],
+            ),
+            (
+                "an unbound claim",
+                json!([claim("unbound")]),
+                json!({}),
+                vec!["v: pending: persistentvolumeclaim ns/unbound is not bound to a volume yet".into()],
+            ),
+            (
+                "a claim bound to a missing volume",
+                json!([claim("lost")]),
+                json!({}),
+                vec!["v: pending: persistentvolume pv-gone (bound to claim ns/lost) does not exist".into()],
+            ),
+            (
+                "a volume bound to another claim",
+                json!([claim("taken")]),
+                json!({}),
+                vec![
+                    "v: pending: persistentvolume pv-taken is bound to claim other/taken, not to \
+                      persistentvolumeclaim ns/taken"
+                        .into(),
+                ],
+            ),
+            (
+                "a volume bound to an earlier claim of the same name",
+                json!([claim("recreated")]),
+                json!({}),
+                vec![
+                    "v: pending: persistentvolume pv-old is bound to an earlier claim ns/recreated (uid \
+                      c-old), not to persistentvolumeclaim ns/recreated (uid c-new)"
+                        .into(),
+                ],
+            ),
+            (
+                "a volume without a claimRef serves the claim naming it",
+                json!([claim("prebound")]),
+                json!({}),
+                vec![r#"v: persistent volume "pv-free" read_only=false options=[]"#.into()],
+            ),
+            (
+                "a claim being deleted",
+                json!([claim("leaving")]),
+                json!({}),
+                vec!["v: pending: persistentvolumeclaim ns/leaving is being deleted".into()],
+            ),
+            (
+                "an ephemeral volume's claim, created for the pod",
+                json!([ephemeral("scratch")]),
+                json!({}),
+                vec![r#"scratch: persistent volume "pv-scratch" read_only=false options=[]"#.into()],
+            ),
+            (
+                "an ephemeral volume's claim written by hand, without owners",
+                json!([ephemeral("manual")]),
+                json!({}),
+                vec![r#"manual: persistent volume "pv-manual" read_only=false options=[]"#.into()],
+            ),
+            (
+                "an ephemeral volume without its claim",
+                json!([ephemeral("missing")]),
+                json!({}),
+                vec![
+                    "missing: pending: persistentvolumeclaim ns/p-missing of ephemeral volume \"missing\" \
+                      does not exist; kvol does not create ephemeral volume claims in standalone mode, write \
+                      the claim as a manifest"
+                        .into(),
+                ],
+            ),
+            (
+                "an ephemeral volume's claim controlled by something else",
+                json!([ephemeral("foreign")]),
+                json!({}),
+                vec![
+                    "foreign: pending: persistentvolumeclaim ns/p-foreign was not created for pod ns/p: \
+                      its controller is StatefulSet/db (uid u-db)"
+                        .into(),
+                ],
+            ),
+            (
+                "an ephemeral volume's claim created for an earlier pod of the same name",
+                json!([ephemeral("stale")]),
+                json!({}),
+                vec![
+                    "stale: pending: persistentvolumeclaim ns/p-stale was not created for pod ns/p: its \
+                      controller is Pod/p (uid u-earlier)"
+                        .into(),
+                ],
+            ),
+            (
+                "an ephemeral volume's claim not bound yet",
+                json!([ephemeral("waiting")]),
+                json!({}),
+                vec![
+                    "waiting: pending: persistentvolumeclaim ns/p-waiting is not bound to a volume yet"
+                        .into(),
+                ],
+            ),
+            (
+                "configMap",
+                json!([{"name": "v", "configMap": {"name": "x"}}]),
+                json!({}),
+                vec![runtime_pending("configMap")],
+            ),
+            (
+                "secret",
+                json!([{"name": "v", "secret": {"secretName": "x"}}]),
+                json!({}),
+                vec![runtime_pending("secret")],
+            ),
+            (
+                "projected",
+                json!([{"name": "v", "projected": {"sources": []}}]),
+                json!({}),
+                vec![runtime_pending("projected")],
+            ),
+            (
+                "downwardAPI",
+                json!([{"name": "v", "downwardAPI": {}}]),
+                json!({}),
+                vec![runtime_pending("downwardAPI")],
+            ),
+            (
+                "image",
+                json!([{"name": "v", "image": {"reference": "r"}}]),
+                json!({}),
+                vec![runtime_pending("image")],
+            ),
+            (
+                "gitRepo",
+                json!([{"name": "v", "gitRepo": {"repository": "r"}}]),
+                json!({}),
+                vec![runtime_pending("gitRepo")],
+            ),
+            (
+                "inline sources, in volume name order",
+                json!([
+                    {"name": "e", "emptyDir": {}},
+                    {"name": "h", "hostPath": {"path": "/srv"}},
+                    {"name": "c", "csi": {"driver": "d.example.com"}},
+                    {"name": "n", "nfs": {"server": "s", "path": "/x", "readOnly": true}},
+                    {"name": "f", "flexVolume": {"driver": "v/d"}},
+                ]),
+                json!({}),
+                ["c", "e", "f", "h", "n"]
+                    .map(|v| format!(r#"{v}: inline volume "{v}" read_only=false options=[]"#))
+                    .to_vec(),
+            ),
+            (
+                "a volume without a source",
+                json!([{"name": "v"}]),
+                json!({}),
+                vec![r#"v: pending: volume "v" sets no volume source"#.into()],
+            ),
+            (
+                "a volume with two sources",
+                json!([{"name": "v", "emptyDir": {}, "persistentVolumeClaim": {"claimName": "bound"}}]),
+                json!({}),
+                vec![
+                    "v: pending: volume \"v\" sets more than one volume source: emptyDir, \
+                      persistentVolumeClaim"
+                        .into(),
+                ],
+            ),
+            (
+                "a volume name used twice: every volume of the pod is pending",
+                json!([
+                    {"name": "a", "emptyDir": {}},
+                    {"name": "b", "hostPath": {"path": "/x"}},
+                    {"name": "a", "hostPath": {"path": "/y"}},
+                ]),
+                json!({}),
+                ["a", "b"].map(|v| format!("{v}: pending: {DUPLICATE}")).to_vec(),
+            ),
+            (
+                "a volume without a name",
+                json!([{"name": "a", "emptyDir": {}}, {"name": "", "emptyDir": {}}]),
+                json!({}),
+                ["", "a"].map(|v| format!("{v}: pending: {NAMELESS}")).to_vec(),
+            ),
+            ("a pod without volumes", json!([]), json!({}), vec![]),
+            (
+                "a pod bound to this node",
+                empty_dir(),
+                json!({"spec.nodeName": "node-1"}),
+                vec![r#"v: inline volume "v" read_only=false options=[]"#.into()],
+            ),
+            (
+                "a pod with an empty nodeName",
+                empty_dir(),
+                json!({"spec.nodeName": ""}),
+                vec![r#"v: inline volume "v" read_only=false options=[]"#.into()],
+            ),
+            (
+                "a running pod",
+                empty_dir(),
+                json!({"status.phase": "Running"}),
+                vec![r#"v: inline volume "v" read_only=false options=[]"#.into()],
+            ),
+            ("a pod on another node", empty_dir(), json!({"spec.nodeName": "node-2"}), vec![]),
+            ("a pod that succeeded", empty_dir(), json!({"status.phase": "Succeeded"}), vec![]),
+            ("a pod that failed", empty_dir(), json!({"status.phase": "Failed"}), vec![]),
+            (
+                "a pod being deleted",
+                empty_dir(),
+                json!({"metadata.deletionTimestamp": "2025-01-01T00:00:00Z"}),
+                vec![],
+            ),
+        ];
+        for (what, volumes, extra, want) in cases {
+            let mut values = storage();
+            values.push(pod(volumes, extra));
+            let state = desired_state(&objects(values), "node-1");
+            let got: Vec<String> = state.volumes.values().map(describe).collect();
+            assert_eq!(got, want, "{what}");
+            for (key, volume) in &state.volumes {
+                assert_eq!(key, &volume.key, "{what}");
+                assert_eq!(key.pod_uid, "u-p", "{what}");
+                assert_eq!(volume.pod_name, "ns/p", "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn specs_carry_the_pod_namespace_and_the_whole_volume() {
+        let values =
+            vec![pod(json!([{"name": "v", "azureFile": {"secretName": "s", "shareName": "sh"}}]), json!({}))];
+        let state = desired_state(&objects(values), "node-1");
+        let spec = state.volumes.values().next().and_then(|v| v.spec.clone()).expect("a spec");
+        match spec.source {
+            kvol_plugin::SpecSource::Inline { volume, pod_namespace } => {
+                assert_eq!(pod_namespace, "ns");
+                assert_eq!(volume.azure_file.map(|a| a.share_name), Some("sh".to_string()));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn pod_info_comes_from_the_pod() {
+        // (what, pod metadata and spec fields, want)
+        let cases = [
+            (
+                "everything given",
+                json!({"metadata": {"name": "a", "namespace": "ns", "uid": "u-a"},
+                       "spec": {"serviceAccountName": "sa", "securityContext": {"fsGroup": 2000}}}),
+                PodInfo {
+                    name: "a".into(),
+                    namespace: "ns".into(),
+                    uid: "u-a".into(),
+                    service_account: "sa".into(),
+                    fs_group: Some(2000),
+                },
+            ),
+            (
+                "the deprecated serviceAccount field",
+                json!({"metadata": {"name": "a", "namespace": "ns", "uid": "u-a"},
+                       "spec": {"serviceAccount": "old"}}),
+                PodInfo {
+                    name: "a".into(),
+                    namespace: "ns".into(),
+                    uid: "u-a".into(),
+                    service_account: "old".into(),
+                    fs_group: None,
+                },
+            ),
+            (
+                "defaults: namespace, uid, service account",
+                json!({"metadata": {"name": "a"}, "spec": {"serviceAccountName": ""}}),
+                PodInfo {
+                    name: "a".into(),
+                    namespace: "default".into(),
+                    uid: static_pod_uid("default", "a"),
+                    service_account: "default".into(),
+                    fs_group: None,
+                },
+            ),
+        ];
+        for (what, fields, want) in cases {
+            // Straight from JSON, not through the source, so the defaults are pod_info's own.
+            let pod: Pod = serde_json::from_value(fields).unwrap();
+            assert_eq!(pod_info(&pod), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn pods_are_keyed_by_uid_and_a_repeated_uid_keeps_the_first() {
+        let volume = json!([{"name": "v", "emptyDir": {}}]);
+        let named = |name: &str, uid: Option<&str>| {
+            let mut p = pod(volume.clone(), json!({}));
+            p["metadata"]["name"] = json!(name);
+            match uid {
+                Some(uid) => p["metadata"]["uid"] = json!(uid),
+                None => drop(p["metadata"].as_object_mut().unwrap().remove("uid")),
+            }
+            p
+        };
+        let state = desired_state(
+            &objects(vec![named("b", Some("same")), named("a", Some("same")), named("s", None)]),
+            "node-1",
+        );
+        let got: Vec<(String, String)> =
+            state.volumes.iter().map(|(k, v)| (k.to_string(), v.pod_name.clone())).collect();
+        let mut want = vec![
+            ("same/v".to_string(), "ns/a".to_string()),
+            (format!("{}/v", static_pod_uid("ns", "s")), "ns/s".to_string()),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,346 @@
+//! The agent's Prometheus metrics, named and labelled as kubelet's, and the HTTP endpoint that serves them.
+//!
+//! | metric | labels | from |
+//! |---|---|---|
+//! | `storage_operation_duration_seconds` (histogram) | `migrated`, `operation_name`, `status`, `volume_plugin` | kubelet `pkg/volume/util/metrics.go`; `status` is `success` or `fail-unknown` |
+//! | `csi_operations_seconds` (histogram) | `driver_name`, `grpc_status_code`, `method_name`, `migrated` | the same file, fed by kubelet's gRPC interceptor (`pkg/volume/csi/csi_metrics.go`): the full gRPC method and grpc-go's name of the code |
+//! | `kvol_volumes` (gauge) | `state` (`published`, `pending`, `failing`) | kvol's own |
+//!
+//! Both histograms have kubelet's buckets. Labels are declared in the order kubelet's Go
+//! client prints them (by name); only a bucket's `le` comes first rather than last.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tonic::Code;
+
+/// kubelet's buckets of both operation histograms, in seconds.
+pub const BUCKETS: [f64; 13] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];
+
+/// The content type of the OpenMetrics text `encode` writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// kubelet's `status` label of a finished operation.
+pub const STATUS_SUCCESS: &str = "success";
+/// kubelet's `status` label of a failed operation (it tells no failure from another).
+pub const STATUS_FAIL_UNKNOWN: &str = "fail-unknown";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    migrated: &'static str,
+    operation_name: String,
+    status: &'static str,
+    volume_plugin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CsiLabels {
+    driver_name: String,
+    grpc_status_code: &'static str,
+    method_name: String,
+    migrated: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    state: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn kubelet_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+/// The agent's metrics. Shared by the executor, the CSI clients and the endpoint.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    operations: HistogramFamily<OperationLabels>,
+    csi: HistogramFamily<CsiLabels>,
+    volumes: Family<VolumeLabels, Gauge>,
+}
+
+impl Metrics {
+    /// All metrics registered, none observed yet.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let operations: HistogramFamily<OperationLabels> = Family::new_with_constructor(kubelet_histogram);
+        let csi: HistogramFamily<CsiLabels> = Family::new_with_constructor(kubelet_histogram);
+        let volumes = Family::<VolumeLabels, Gauge>::default();
+        registry.register(
+            "storage_operation_duration_seconds",
+            "Storage operation duration",
+            operations.clone(),
+        );
+        registry.register(
+            "csi_operations_seconds",
+            "Container Storage Interface operation duration with gRPC error code status total",
+            csi.clone(),
+        );
+        registry.register("kvol_volumes", "Pod volumes of this node by state", volumes.clone());
+        Arc::new(Metrics { registry, operations, csi, volumes })
+    }
+
+    /// One finished volume operation: `operation` is kubelet's name (`volume_attach`,
+    /// `mount_device`, `volume_mount`, `volume_unmount`, `unmount_device`, `volume_detach`),
+    /// `plugin` the plugin's name as kubelet gives it (`kubernetes.io/csi:<driver>` for CSI).
+    pub fn observe_operation(
+        &self,
+        operation: &str,
+        plugin: &str,
+        ok: bool,
+        migrated: bool,
+        elapsed: Duration,
+    ) {
+        let labels = OperationLabels {
+            migrated: bool_label(migrated),
+            operation_name: operation.to_string(),
+            status: if ok { STATUS_SUCCESS } else { STATUS_FAIL_UNKNOWN },
+            volume_plugin: plugin.to_string(),
+        };
+        self.operations.get_or_create(&labels).observe(elapsed.as_secs_f64());
+    }
+
+    /// How many pod volumes are published, pending (waiting for something, or being set up)
+    /// and failing (their last operation failed).
+    pub fn set_volumes(&self, published: i64, pending: i64, failing: i64) {
+        for (state, count) in [("published", published), ("pending", pending), ("failing", failing)] {
+            self.volumes.get_or_create(&VolumeLabels { state }).set(count);
+        }
+    }
+
+    /// Every metric in the OpenMetrics text format, ending in `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        if let Err(e) = encode(&mut text, &self.registry) {
+            tracing::warn!(error = %e, "cannot encode the metrics");
+        }
+        text
+    }
+}
+
+impl kvol_csi::client::RpcObserver for Metrics {
+    fn observe(&self, driver: &str, method: &str, code: Code, elapsed: Duration) {
+        let labels = CsiLabels {
+            driver_name: driver.to_string(),
+            grpc_status_code: grpc_code_name(code),
+            method_name: method.to_string(),
+            migrated: bool_label(kvol_csi::client::call_is_migrated()),
+        };
+        self.csi.get_or_create(&labels).observe(elapsed.as_secs_f64());
+    }
+}
+
+/// A boolean label as Go's `strconv.FormatBool` writes it.
+fn bool_label(value: bool) -> &'static str {
+    if value { "true" } else { "false" }
+}
+
+/// A gRPC code as grpc-go names it (`codes.Code.String()`), which kubelet puts in
+/// `grpc_status_code`; note `Canceled`, not tonic's `Cancelled`.
+pub fn grpc_code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` completes; every other path is 404.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.encode()) }
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found: kvol serves /metrics\n").into_response() });
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvol_csi::client::RpcObserver;
+
+    /// The sample lines of `text` whose name is `name` (buckets, sum, count or the value).
+    fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(name) && !l.starts_with('#')).collect()
+    }
+
+    #[test]
+    fn grpc_codes_are_named_as_grpc_go_names_them() {
+        let table = [
+            (Code::Ok, "OK"),
+            (Code::Cancelled, "Canceled"),
+            (Code::Unknown, "Unknown"),
+            (Code::InvalidArgument, "InvalidArgument"),
+            (Code::DeadlineExceeded, "DeadlineExceeded"),
+            (Code::NotFound, "NotFound"),
+            (Code::AlreadyExists, "AlreadyExists"),
+            (Code::PermissionDenied, "PermissionDenied"),
+            (Code::ResourceExhausted, "ResourceExhausted"),
+            (Code::FailedPrecondition, "FailedPrecondition"),
+            (Code::Aborted, "Aborted"),
+            (Code::OutOfRange, "OutOfRange"),
+            (Code::Unimplemented, "Unimplemented"),
+            (Code::Internal, "Internal"),
+            (Code::Unavailable, "Unavailable"),
+            (Code::DataLoss, "DataLoss"),
+            (Code::Unauthenticated, "Unauthenticated"),
+        ];
+        for (code, name) in table {
+            assert_eq!(grpc_code_name(code), name, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn operations_are_labelled_as_kubelet_labels_them() {
+        let table = [
+            (
+                ("volume_mount", "kubernetes.io/csi:hostpath.csi.kvol.io", true, false),
+                r#"{migrated="false",operation_name="volume_mount",status="success",volume_plugin="kubernetes.io/csi:hostpath.csi.kvol.io"}"#,
+            ),
+            (
+                ("mount_device", "kubernetes.io/csi:ebs.csi.aws.com", false, true),
+                r#"{migrated="true",operation_name="mount_device",status="fail-unknown",volume_plugin="kubernetes.io/csi:ebs.csi.aws.com"}"#,
+            ),
+            (
+                ("volume_detach", "kubernetes.io/nfs", false, false),
+                r#"{migrated="false",operation_name="volume_detach",status="fail-unknown",volume_plugin="kubernetes.io/nfs"}"#,
+            ),
+        ];
+        for ((operation, plugin, ok, migrated), labels) in table {
+            let metrics = Metrics::new();
+            metrics.observe_operation(operation, plugin, ok, migrated, Duration::from_millis(300));
+            let text = metrics.encode();
+            let count = format!("storage_operation_duration_seconds_count{labels} 1");
+            assert!(text.lines().any(|l| l == count), "no {count} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn an_operation_falls_in_kubelets_buckets() {
+        let metrics = Metrics::new();
+        let labels = r#"migrated="false",operation_name="volume_attach",status="success",volume_plugin="p""#;
+        for ms in [50, 300, 300, 7000, 700_000] {
+            metrics.observe_operation("volume_attach", "p", true, false, Duration::from_millis(ms));
+        }
+        let text = metrics.encode();
+        let buckets = samples(&text, "storage_operation_duration_seconds_bucket");
+        let want: Vec<String> = [
+            ("0.1", 1),
+            ("0.25", 1),
+            ("0.5", 3),
+            ("1.0", 3),
+            ("2.5", 3),
+            ("5.0", 3),
+            ("10.0", 4),
+            ("15.0", 4),
+            ("25.0", 4),
+            ("50.0", 4),
+            ("120.0", 4),
+            ("300.0", 4),
+            ("600.0", 4),
+            ("+Inf", 5),
+        ]
+        .iter()
+        .map(|(le, n)| format!("storage_operation_duration_seconds_bucket{{le=\"{le}\",{labels}}} {n}"))
+        .collect();
+        assert_eq!(buckets, want, "\n{text}");
+        assert!(
+            text.contains(&format!("storage_operation_duration_seconds_sum{{{labels}}} 707.65\n")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn csi_calls_are_labelled_as_kubelets_interceptor_labels_them() {
+        let metrics = Metrics::new();
+        let driver = "hostpath.csi.kvol.io";
+        metrics.observe(driver, "/csi.v1.Node/NodePublishVolume", Code::Ok, Duration::from_millis(20));
+        metrics.observe(driver, "/csi.v1.Node/NodePublishVolume", Code::Cancelled, Duration::from_millis(20));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(kvol_csi::client::with_migrated(true, async {
+            metrics.observe(driver, "/csi.v1.Node/NodeStageVolume", Code::Ok, Duration::from_millis(20));
+        }));
+        let text = metrics.encode();
+        for labels in [
+            r#"driver_name="hostpath.csi.kvol.io",grpc_status_code="OK",method_name="/csi.v1.Node/NodePublishVolume",migrated="false""#,
+            r#"driver_name="hostpath.csi.kvol.io",grpc_status_code="Canceled",method_name="/csi.v1.Node/NodePublishVolume",migrated="false""#,
+            r#"driver_name="hostpath.csi.kvol.io",grpc_status_code="OK",method_name="/csi.v1.Node/NodeStageVolume",migrated="true""#,
+        ] {
+            let count = format!("csi_operations_seconds_count{{{labels}}} 1");
+            assert!(text.lines().any(|l| l == count), "no {count} in\n{text}");
+        }
+        assert_eq!(samples(&text, "csi_operations_seconds_count").len(), 3, "{text}");
+    }
+
+    #[test]
+    fn volume_gauges_are_set_not_added() {
+        let metrics = Metrics::new();
+        metrics.set_volumes(5, 2, 1);
+        metrics.set_volumes(3, 0, 1);
+        let text = metrics.encode();
+        // Series come in no set order.
+        let mut gauges = samples(&text, "kvol_volumes");
+        gauges.sort();
+        assert_eq!(
+            gauges,
+            [
+                r#"kvol_volumes{state="failing"} 1"#,
+                r#"kvol_volumes{state="pending"} 0"#,
+                r#"kvol_volumes{state="published"} 3"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn the_text_declares_every_metric_and_ends_in_eof() {
+        let metrics = Metrics::new();
+        metrics.set_volumes(0, 0, 0);
+        metrics.observe_operation("volume_mount", "p", true, false, Duration::ZERO);
+        metrics.observe("d", "/csi.v1.Identity/Probe", Code::Ok, Duration::ZERO);
+        let text = metrics.encode();
+        for declaration in [
+            "# TYPE storage_operation_duration_seconds histogram",
+            "# TYPE csi_operations_seconds histogram",
+            "# TYPE kvol_volumes gauge",
+        ] {
+            assert!(text.lines().any(|l| l == declaration), "no {declaration} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}

@@ -1,0 +1,784 @@
+//! Crash recovery: the actual state rebuilt from the store's record, the operations a crash interrupted, the mount table and the pod volume directories.
+//!
+//! [`observe`] reads the node (the mount table and a walk of `<root>/pods/*/volumes/*/*`);
+//! [`rebuild`] is pure and decides. "Mounted at or under P" below means some mount point equals
+//! P or lies below it, compared by path components (`/a/b-2` is not below `/a/b`). A publish
+//! target counts as mounted when something is mounted below it because CSI publishes at
+//! `<target>/mount`.
+//!
+//! Interrupted operations (journal entries not finished), applied in id order:
+//!
+//! - **Publish**: target mounted at or under → recorded published (it finished before the
+//!   crash); otherwise not published, and the reconciler redoes it if the pod still wants it
+//!   (publish is idempotent).
+//! - **Unpublish**: target still mounted at or under → stays published (the reconciler retries
+//!   the teardown if the pod no longer wants it); otherwise removed.
+//! - **Stage** / **Unstage**: the same with the staging path (which the journal entry carries):
+//!   mounted at or under → staged, otherwise not.
+//! - **Attach**: whether the storage side finished is unknown, so the volume is recorded
+//!   attached with no device path (`device_path: None`): detached if no longer wanted (no
+//!   leaked attachment), attached again if still wanted, which is idempotent in every plugin and
+//!   learns the device. A stored attached record of the volume is kept as it is.
+//! - **Detach**: stays attached (the reconciler retries the detach).
+//!
+//! Records no journal entry touches:
+//!
+//! - A **published** record whose target has nothing mounted at or under it is dropped ("mount
+//!   gone"), so the reconciler publishes it again if still wanted (drift repair), except a
+//!   `kubernetes.io/empty-dir` record whose directory still exists: a disk emptyDir is a plain
+//!   directory, not a mount.
+//! - A **staged** record is kept whether or not its staging path is mounted: some plugins stage
+//!   without a mount (a local volume that is a directory, drivers whose stage mounts nothing).
+//! - An **attached** record is kept: attachments are not visible in the mount table.
+//!
+//! Finally, every pod volume directory on disk that neither is nor contains the target of a
+//! published record is an **orphan**; the agent tears it down if no pod wants it.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+
+use kvol_plugin::{MountError, Mounter, NodePaths};
+
+use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, StagedVolume};
+use crate::store::JournalEntry;
+
+/// The plugin whose published volumes may be plain directories.
+const EMPTY_DIR: &str = "kubernetes.io/empty-dir";
+
+/// A directory `<root>/pods/<uid>/volumes/<plugin dir>/<volume>` found on disk.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodVolumeDir {
+    pub pod_uid: String,
+    /// The plugin's directory name as on disk (`kubernetes.io~csi`).
+    pub plugin_dir: String,
+    pub volume: String,
+    pub path: PathBuf,
+}
+
+/// What the node shows after a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeObservation {
+    /// Every mount point of the agent's mount namespace.
+    pub mount_points: BTreeSet<PathBuf>,
+    /// Every pod volume directory, in path order.
+    pub pod_volume_dirs: Vec<PodVolumeDir>,
+}
+
+/// The rebuilt actual state, each decision about an interrupted operation or a drifted record
+/// in words, and the pod volume directories no record accounts for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rebuilt {
+    pub actual: ActualState,
+    pub notes: Vec<String>,
+    pub orphans: Vec<PodVolumeDir>,
+}
+
+/// The node could not be observed.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error(transparent)]
+    MountTable(#[from] MountError),
+    #[error("cannot read directory {}: {source}", path.display())]
+    ReadDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Reads the mount table and walks `<root>/pods/*/volumes/*/*`. A missing `pods` or
+/// `volumes` directory (or one removed during the walk) is no error; entries of
+/// `volumes/<plugin dir>/` are listed without being opened, so a hung network mount cannot
+/// stall the walk.
+pub fn observe(paths: &NodePaths, mounter: &dyn Mounter) -> Result<NodeObservation, ObserveError> {
+    let mount_points = mounter.mount_points()?.into_iter().map(|m| m.target).collect();
+    let mut pod_volume_dirs = Vec::new();
+    for (pod_uid, pod_dir) in subdirectories(&paths.root().join("pods"))? {
+        for (plugin_dir, plugin_path) in subdirectories(&pod_dir.join("volumes"))? {
+            for (volume, path) in entries(&plugin_path)? {
+                pod_volume_dirs.push(PodVolumeDir {
+                    pod_uid: pod_uid.clone(),
+                    plugin_dir: plugin_dir.clone(),
+                    volume,
+                    path,
+                });
+            }
+        }
+    }
+    pod_volume_dirs.sort();
+    Ok(NodeObservation { mount_points, pod_volume_dirs })
+}
+
+/// The entries of `dir` that are directories, by name; none if `dir` does not exist.
+fn subdirectories(dir: &Path) -> Result<Vec<(String, PathBuf)>, ObserveError> {
+    let mut found = Vec::new();
+    for (name, path) in entries(dir)? {
+        // symlink_metadata: never follow a link out of the kubelet tree.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            found.push((name, path));
+        }
+    }
+    Ok(found)
+}
+
+/// Every entry of `dir` (names lossily decoded), without opening them; none if `dir` does not
+/// exist.
+fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, ObserveError> {
+    let read_error = |source| ObserveError::ReadDir { path: dir.to_path_buf(), source };
+    let listing = match std::fs::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(read_error(e)),
+    };
+    let mut found = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(read_error)?;
+        found.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Whether some path of `set` equals `path` or lies below it. Paths order by components, so
+/// the paths below `path` follow it directly.
+fn any_at_or_under(set: &BTreeSet<PathBuf>, path: &Path) -> bool {
+    set.range::<Path, _>((Bound::Included(path), Bound::Unbounded))
+        .next()
+        .is_some_and(|p| p.starts_with(path))
+}
+
+/// Rebuilds the actual state from the stored record, the unfinished journal entries (in id
+/// order) and what the node shows, by the rules of the module documentation.
+pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObservation) -> Rebuilt {
+    let mounted = |path: &Path| any_at_or_under(&seen.mount_points, path);
+    let mut actual = stored.clone();
+    let mut notes = Vec::new();
+    let mut journaled: BTreeSet<PodVolumeKey> = BTreeSet::new();
+
+    for entry in incomplete {
+        let id = entry.id;
+        match &entry.operation {
+            Operation::Publish { volume, .. } => {
+                journaled.insert(volume.key.clone());
+                let target = volume.target.display();
+                if mounted(&volume.target) {
+                    notes.push(format!(
+                        "interrupted publish of {} (journal entry {id}): {target} is mounted, recorded published",
+                        volume.key
+                    ));
+                    actual.published.insert(volume.key.clone(), volume.clone());
+                } else {
+                    notes.push(format!(
+                        "interrupted publish of {} (journal entry {id}): nothing is mounted at {target}, not published",
+                        volume.key
+                    ));
+                    actual.published.remove(&volume.key);
+                }
+            }
+            Operation::Unpublish { volume } => {
+                journaled.insert(volume.key.clone());
+                let target = volume.target.display();
+                if mounted(&volume.target) {
+                    notes.push(format!(
+                        "interrupted unpublish of {} (journal entry {id}): {target} is still mounted, stays published",
+                        volume.key
+                    ));
+                    actual.published.entry(volume.key.clone()).or_insert_with(|| volume.clone());
+                } else {
+                    notes.push(format!(
+                        "interrupted unpublish of {} (journal entry {id}): nothing is mounted at {target}, not published",
+                        volume.key
+                    ));
+                    actual.published.remove(&volume.key);
+                }
+            }
+            Operation::Stage { unique_name, plugin, spec, device_path, staging_path } => {
+                let staging_path = staging_path.clone();
+                if mounted(&staging_path) {
+                    notes.push(format!(
+                        "interrupted stage of {unique_name} (journal entry {id}): {} is mounted, recorded staged",
+                        staging_path.display()
+                    ));
+                    let volume = StagedVolume {
+                        unique_name: unique_name.clone(),
+                        plugin: plugin.clone(),
+                        spec: spec.clone(),
+                        staging_path,
+                        device_path: device_path.clone(),
+                    };
+                    actual.staged.insert(unique_name.clone(), volume);
+                } else {
+                    notes.push(format!(
+                        "interrupted stage of {unique_name} (journal entry {id}): nothing is mounted at {}, not staged",
+                        staging_path.display()
+                    ));
+                    actual.staged.remove(unique_name);
+                }
+            }
+            Operation::Unstage { volume } => {
+                let name = &volume.unique_name;
+                let staging = volume.staging_path.display();
+                if mounted(&volume.staging_path) {
+                    notes.push(format!(
+                        "interrupted unstage of {name} (journal entry {id}): {staging} is still mounted, stays staged"
+                    ));
+                    actual.staged.entry(name.clone()).or_insert_with(|| volume.clone());
+                } else {
+                    notes.push(format!(
+                        "interrupted unstage of {name} (journal entry {id}): nothing is mounted at {staging}, not staged"
+                    ));
+                    actual.staged.remove(name);
+                }
+            }
+            Operation::Attach { unique_name, plugin, spec } => {
+                if actual.attached.contains_key(unique_name) {
+                    notes.push(format!(
+                        "interrupted attach of {unique_name} (journal entry {id}): it was attached before, record kept"
+                    ));
+                } else {
+                    notes.push(format!(
+                        "interrupted attach of {unique_name} (journal entry {id}): outcome unknown, recorded attached without a device"
+                    ));
+                    let volume = AttachedVolume {
+                        unique_name: unique_name.clone(),
+                        plugin: plugin.clone(),
+                        spec: spec.clone(),
+                        device_path: None,
+                    };
+                    actual.attached.insert(unique_name.clone(), volume);
+                }
+            }
+            Operation::Detach { volume } => {
+                notes.push(format!(
+                    "interrupted detach of {} (journal entry {id}): stays attached, to be detached again",
+                    volume.unique_name
+                ));
+                actual.attached.entry(volume.unique_name.clone()).or_insert_with(|| volume.clone());
+            }
+        }
+    }
+
+    let dirs: BTreeSet<&Path> = seen.pod_volume_dirs.iter().map(|d| d.path.as_path()).collect();
+    actual.published.retain(|key, volume| {
+        if journaled.contains(key) || mounted(&volume.target) {
+            return true;
+        }
+        if volume.plugin == EMPTY_DIR && dirs.contains(volume.target.as_path()) {
+            return true;
+        }
+        let gone = if volume.plugin == EMPTY_DIR { "directory gone" } else { "mount gone" };
+        notes.push(format!(
+            "published {key} ({}) at {}: {gone}, dropped to be published again if still wanted",
+            volume.plugin,
+            volume.target.display()
+        ));
+        false
+    });
+
+    let targets: BTreeSet<PathBuf> = actual.published.values().map(|v| v.target.clone()).collect();
+    let orphans =
+        seen.pod_volume_dirs.iter().filter(|d| !any_at_or_under(&targets, &d.path)).cloned().collect();
+    Rebuilt { actual, notes, orphans }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::PublishedVolume;
+    use kvol_plugin::plugin::PodInfo;
+    use kvol_plugin::testing::{csi_pv, inline_empty_dir};
+    use std::collections::BTreeMap;
+
+    /// The records of `actual` by kind, as `name` or `name device` strings, for comparing.
+    fn summary(actual: &ActualState) -> BTreeMap<&'static str, Vec<String>> {
+        let attached = actual
+            .attached
+            .values()
+            .map(|a| match &a.device_path {
+                Some(d) => format!("{} {d}", a.unique_name),
+                None => a.unique_name.clone(),
+            })
+            .collect();
+        let staged = actual.staged.keys().cloned().collect();
+        let published = actual.published.keys().map(ToString::to_string).collect();
+        BTreeMap::from([("attached", attached), ("staged", staged), ("published", published)])
+    }
+
+    const ROOT: &str = "/k";
+
+    fn target(pod: &str, plugin: &str, volume: &str) -> PathBuf {
+        NodePaths::new(ROOT).pod_volume_dir(pod, plugin, volume)
+    }
+
+    fn staging(unique: &str) -> PathBuf {
+        PathBuf::from(format!("{ROOT}/plugins/kubernetes.io/csi/d.csi/{unique}/globalmount"))
+    }
+
+    fn published(pod: &str, plugin: &str, volume: &str) -> PublishedVolume {
+        let spec = if plugin == EMPTY_DIR { inline_empty_dir(volume) } else { csi_pv(volume, "d.csi") };
+        PublishedVolume {
+            key: PodVolumeKey { pod_uid: pod.into(), volume: volume.into() },
+            pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
+            pod_name: format!("ns/{pod}"),
+            unique_name: volume.into(),
+            plugin: plugin.into(),
+            spec,
+            target: target(pod, plugin, volume),
+            staging_path: None,
+            device_path: None,
+        }
+    }
+
+    fn csi(pod: &str, volume: &str) -> PublishedVolume {
+        published(pod, "kubernetes.io/csi", volume)
+    }
+
+    fn empty_dir(pod: &str, volume: &str) -> PublishedVolume {
+        published(pod, EMPTY_DIR, volume)
+    }
+
+    fn staged(unique: &str) -> StagedVolume {
+        StagedVolume {
+            unique_name: unique.into(),
+            plugin: "kubernetes.io/csi".into(),
+            spec: csi_pv(unique, "d.csi"),
+            staging_path: staging(unique),
+            device_path: Some("/dev/sdb".into()),
+        }
+    }
+
+    fn attached(unique: &str, device: Option<&str>) -> AttachedVolume {
+        AttachedVolume {
+            unique_name: unique.into(),
+            plugin: "kubernetes.io/csi".into(),
+            spec: csi_pv(unique, "d.csi"),
+            device_path: device.map(str::to_string),
+        }
+    }
+
+    fn state(
+        attached_: &[AttachedVolume],
+        staged_: &[StagedVolume],
+        published_: &[PublishedVolume],
+    ) -> ActualState {
+        ActualState {
+            attached: attached_.iter().map(|v| (v.unique_name.clone(), v.clone())).collect(),
+            staged: staged_.iter().map(|v| (v.unique_name.clone(), v.clone())).collect(),
+            published: published_.iter().map(|v| (v.key.clone(), v.clone())).collect(),
+        }
+    }
+
+    fn dir(pod: &str, plugin: &str, volume: &str) -> PodVolumeDir {
+        PodVolumeDir {
+            pod_uid: pod.into(),
+            plugin_dir: kvol_plugin::host::escape_plugin_name(plugin),
+            volume: volume.into(),
+            path: target(pod, plugin, volume),
+        }
+    }
+
+    fn publish(v: PublishedVolume) -> Operation {
+        Operation::Publish { volume: v, mount_options: vec![] }
+    }
+
+    fn stage(unique: &str) -> Operation {
+        Operation::Stage {
+            unique_name: unique.into(),
+            plugin: "kubernetes.io/csi".into(),
+            spec: csi_pv(unique, "d.csi"),
+            device_path: Some("/dev/sdb".into()),
+            staging_path: staging(unique),
+        }
+    }
+
+    fn attach(unique: &str) -> Operation {
+        Operation::Attach {
+            unique_name: unique.into(),
+            plugin: "kubernetes.io/csi".into(),
+            spec: csi_pv(unique, "d.csi"),
+        }
+    }
+
+    /// One row: the stored state, the interrupted operations, what the node shows, and what
+    /// the rebuild must decide.
+    struct Case {
+        name: &'static str,
+        stored: ActualState,
+        incomplete: Vec<Operation>,
+        mounts: Vec<PathBuf>,
+        dirs: Vec<PodVolumeDir>,
+        /// `attached` (`name` or `name device`), `staged`, `published` (`uid/volume`).
+        want: [Vec<&'static str>; 3],
+        /// Pod volume directory paths (below the root) reported as orphans.
+        orphans: Vec<PathBuf>,
+        /// A phrase one of the notes must contain (or, when empty, there must be no note).
+        note: &'static str,
+    }
+
+    fn cases() -> Vec<Case> {
+        let none = ActualState::default;
+        vec![
+            Case {
+                name: "interrupted publish, target mounted: published",
+                stored: none(),
+                incomplete: vec![publish(csi("p1", "data"))],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec!["p1/data"]],
+                orphans: vec![],
+                note: "is mounted, recorded published",
+            },
+            Case {
+                name: "interrupted publish, mounted below the target (csi <target>/mount): published",
+                stored: none(),
+                incomplete: vec![publish(csi("p1", "data"))],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data").join("mount")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec!["p1/data"]],
+                orphans: vec![],
+                note: "recorded published",
+            },
+            Case {
+                name: "interrupted publish, nothing mounted: not published, its directory an orphan",
+                stored: none(),
+                incomplete: vec![publish(csi("p1", "data"))],
+                mounts: vec![PathBuf::from("/"), PathBuf::from("/k")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
+                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, not published",
+            },
+            Case {
+                name: "interrupted publish, only a sibling sharing a name prefix mounted: not published",
+                stored: state(&[], &[], &[csi("p1", "data-2")]),
+                incomplete: vec![publish(csi("p1", "data"))],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data-2")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/data-2"]],
+                orphans: vec![],
+                note: "not published",
+            },
+            Case {
+                name: "interrupted publish of a disk emptyDir whose directory exists: redone, not assumed",
+                stored: none(),
+                incomplete: vec![publish(empty_dir("p1", "cache"))],
+                mounts: vec![],
+                dirs: vec![dir("p1", EMPTY_DIR, "cache")],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![target("p1", EMPTY_DIR, "cache")],
+                note: "not published",
+            },
+            Case {
+                name: "interrupted unpublish, still mounted: stays published",
+                stored: state(&[], &[], &[csi("p1", "data")]),
+                incomplete: vec![Operation::Unpublish { volume: csi("p1", "data") }],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data").join("mount")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec!["p1/data"]],
+                orphans: vec![],
+                note: "is still mounted, stays published",
+            },
+            Case {
+                name: "interrupted unpublish, still mounted, no stored record: the entry's record is kept",
+                stored: none(),
+                incomplete: vec![Operation::Unpublish { volume: csi("p1", "data") }],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/data"]],
+                orphans: vec![],
+                note: "stays published",
+            },
+            Case {
+                name: "interrupted unpublish, unmounted: removed, the leftover directory an orphan",
+                stored: state(&[], &[], &[csi("p1", "data")]),
+                incomplete: vec![Operation::Unpublish { volume: csi("p1", "data") }],
+                mounts: vec![],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
+                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, not published",
+            },
+            Case {
+                name: "interrupted unpublish of a disk emptyDir: removed (no mount to see)",
+                stored: state(&[], &[], &[empty_dir("p1", "cache")]),
+                incomplete: vec![Operation::Unpublish { volume: empty_dir("p1", "cache") }],
+                mounts: vec![],
+                dirs: vec![dir("p1", EMPTY_DIR, "cache")],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![target("p1", EMPTY_DIR, "cache")],
+                note: "not published",
+            },
+            Case {
+                name: "interrupted stage whose staging path (from the journal) is mounted: staged",
+                stored: state(&[attached("v1", Some("/dev/sdb"))], &[], &[]),
+                incomplete: vec![stage("v1")],
+                mounts: vec![staging("v1")],
+                dirs: vec![],
+                want: [vec!["v1 /dev/sdb"], vec!["v1"], vec![]],
+                orphans: vec![],
+                note: "is mounted, recorded staged",
+            },
+            Case {
+                name: "interrupted stage of a recorded volume, mounted: staged",
+                stored: state(&[], &[staged("v1")], &[]),
+                incomplete: vec![stage("v1")],
+                mounts: vec![staging("v1")],
+                dirs: vec![],
+                want: [vec![], vec!["v1"], vec![]],
+                orphans: vec![],
+                note: "globalmount is mounted, recorded staged",
+            },
+            Case {
+                name: "interrupted stage of a recorded volume, unmounted: not staged",
+                stored: state(&[], &[staged("v1")], &[]),
+                incomplete: vec![stage("v1")],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![],
+                note: "globalmount, not staged",
+            },
+            Case {
+                name: "interrupted unstage, still mounted: stays staged",
+                stored: state(&[], &[staged("v1")], &[]),
+                incomplete: vec![Operation::Unstage { volume: staged("v1") }],
+                mounts: vec![staging("v1")],
+                dirs: vec![],
+                want: [vec![], vec!["v1"], vec![]],
+                orphans: vec![],
+                note: "is still mounted, stays staged",
+            },
+            Case {
+                name: "interrupted unstage, unmounted: not staged",
+                stored: state(&[], &[staged("v1")], &[]),
+                incomplete: vec![Operation::Unstage { volume: staged("v1") }],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![],
+                note: "not staged",
+            },
+            Case {
+                name: "interrupted attach: attached without a device",
+                stored: none(),
+                incomplete: vec![attach("v1")],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec!["v1"], vec![], vec![]],
+                orphans: vec![],
+                note: "outcome unknown, recorded attached without a device",
+            },
+            Case {
+                name: "interrupted re-attach of an attached volume: the record is kept",
+                stored: state(&[attached("v1", Some("/dev/sdb"))], &[], &[]),
+                incomplete: vec![attach("v1")],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec!["v1 /dev/sdb"], vec![], vec![]],
+                orphans: vec![],
+                note: "record kept",
+            },
+            Case {
+                name: "interrupted detach: stays attached",
+                stored: state(&[attached("v1", Some("/dev/sdb"))], &[], &[]),
+                incomplete: vec![Operation::Detach { volume: attached("v1", Some("/dev/sdb")) }],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec!["v1 /dev/sdb"], vec![], vec![]],
+                orphans: vec![],
+                note: "stays attached",
+            },
+            Case {
+                name: "interrupted detach with no stored record: the entry's record",
+                stored: none(),
+                incomplete: vec![Operation::Detach { volume: attached("v1", None) }],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec!["v1"], vec![], vec![]],
+                orphans: vec![],
+                note: "stays attached",
+            },
+            Case {
+                name: "published record with its mount: kept, no note",
+                stored: state(&[], &[], &[csi("p1", "data")]),
+                incomplete: vec![],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data").join("mount")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec!["p1/data"]],
+                orphans: vec![],
+                note: "",
+            },
+            Case {
+                name: "published record whose mount is gone: dropped, its directory an orphan",
+                stored: state(&[], &[], &[csi("p1", "data")]),
+                incomplete: vec![],
+                mounts: vec![PathBuf::from("/k")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
+                note: "mount gone",
+            },
+            Case {
+                name: "published disk emptyDir whose directory exists: kept",
+                stored: state(&[], &[], &[empty_dir("p1", "cache")]),
+                incomplete: vec![],
+                mounts: vec![],
+                dirs: vec![dir("p1", EMPTY_DIR, "cache")],
+                want: [vec![], vec![], vec!["p1/cache"]],
+                orphans: vec![],
+                note: "",
+            },
+            Case {
+                name: "published disk emptyDir whose directory is gone: dropped",
+                stored: state(&[], &[], &[empty_dir("p1", "cache")]),
+                incomplete: vec![],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![],
+                note: "directory gone",
+            },
+            Case {
+                name: "the directory exception is for emptyDir only: a bare hostPath directory is dropped",
+                stored: state(&[], &[], &[published("p1", "kubernetes.io/host-path", "logs")]),
+                incomplete: vec![],
+                mounts: vec![],
+                dirs: vec![dir("p1", "kubernetes.io/host-path", "logs")],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![target("p1", "kubernetes.io/host-path", "logs")],
+                note: "mount gone",
+            },
+            Case {
+                name: "staged and attached records without mounts: kept",
+                stored: state(&[attached("v1", Some("/dev/sdb"))], &[staged("v1")], &[]),
+                incomplete: vec![],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec!["v1 /dev/sdb"], vec!["v1"], vec![]],
+                orphans: vec![],
+                note: "",
+            },
+            Case {
+                name: "pod volume directories no record accounts for: orphans, the others not",
+                stored: state(&[], &[], &[csi("p1", "data"), empty_dir("p1", "cache")]),
+                incomplete: vec![],
+                mounts: vec![target("p1", "kubernetes.io/csi", "data")],
+                dirs: vec![
+                    dir("p1", EMPTY_DIR, "cache"),
+                    dir("p1", "kubernetes.io/csi", "data"),
+                    dir("p1", "kubernetes.io/csi", "old"),
+                    dir("p2", EMPTY_DIR, "scratch"),
+                ],
+                want: [vec![], vec![], vec!["p1/cache", "p1/data"]],
+                orphans: vec![target("p1", "kubernetes.io/csi", "old"), target("p2", EMPTY_DIR, "scratch")],
+                note: "",
+            },
+            Case {
+                name: "entries apply in id order: a publish then its unpublish, unmounted",
+                stored: none(),
+                incomplete: vec![
+                    publish(csi("p1", "data")),
+                    Operation::Unpublish { volume: csi("p1", "data") },
+                ],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec![], vec![], vec![]],
+                orphans: vec![],
+                note: "interrupted unpublish of p1/data (journal entry 2)",
+            },
+            Case {
+                name: "a whole volume mid-bring-up: attach recorded, stage unknown, publish mounted",
+                stored: none(),
+                incomplete: vec![attach("v1"), publish(csi("p1", "v1"))],
+                mounts: vec![target("p1", "kubernetes.io/csi", "v1").join("mount")],
+                dirs: vec![dir("p1", "kubernetes.io/csi", "v1")],
+                want: [vec!["v1"], vec![], vec!["p1/v1"]],
+                orphans: vec![],
+                note: "recorded published",
+            },
+        ]
+    }
+
+    #[test]
+    fn rebuild_follows_the_rules() {
+        for case in cases() {
+            let incomplete: Vec<JournalEntry> = case
+                .incomplete
+                .into_iter()
+                .zip(1..)
+                .map(|(operation, id)| JournalEntry { id, operation, started_unix_ms: 1_700_000_000_000 })
+                .collect();
+            let seen = NodeObservation {
+                mount_points: case.mounts.into_iter().collect(),
+                pod_volume_dirs: case.dirs,
+            };
+            let rebuilt = rebuild(&case.stored, &incomplete, &seen);
+            let want: BTreeMap<&str, Vec<String>> = ["attached", "staged", "published"]
+                .into_iter()
+                .zip(case.want)
+                .map(|(kind, names)| (kind, names.into_iter().map(str::to_string).collect()))
+                .collect();
+            assert_eq!(summary(&rebuilt.actual), want, "{}", case.name);
+            let orphans: Vec<PathBuf> = rebuilt.orphans.iter().map(|o| o.path.clone()).collect();
+            assert_eq!(orphans, case.orphans, "{}: orphans", case.name);
+            if case.note.is_empty() {
+                assert!(rebuilt.notes.is_empty(), "{}: unexpected notes {:?}", case.name, rebuilt.notes);
+            } else {
+                assert!(
+                    rebuilt.notes.iter().any(|n| n.contains(case.note)),
+                    "{}: no note contains {:?}: {:?}",
+                    case.name,
+                    case.note,
+                    rebuilt.notes
+                );
+            }
+            // Every interrupted operation and every dropped record is explained.
+            assert!(rebuilt.notes.len() >= incomplete.len(), "{}: {:?}", case.name, rebuilt.notes);
+        }
+    }
+
+    #[test]
+    fn recorded_records_are_the_ones_decided_on() {
+        // A publish found mounted is recorded exactly as journaled (pod, spec, staging path).
+        let mut volume = csi("p1", "data");
+        volume.staging_path = Some(staging("data"));
+        volume.device_path = Some("/dev/sdc".into());
+        let entry = JournalEntry { id: 7, operation: publish(volume.clone()), started_unix_ms: 0 };
+        let seen = NodeObservation { mount_points: [volume.target.clone()].into(), pod_volume_dirs: vec![] };
+        let rebuilt = rebuild(&ActualState::default(), &[entry], &seen);
+        assert_eq!(rebuilt.actual.published.get(&volume.key), Some(&volume));
+
+        // A stage found mounted takes the journaled spec and device, the stored staging path.
+        let mut before = staged("v1");
+        before.device_path = None;
+        let entry = JournalEntry { id: 8, operation: stage("v1"), started_unix_ms: 0 };
+        let seen = NodeObservation { mount_points: [staging("v1")].into(), pod_volume_dirs: vec![] };
+        let rebuilt = rebuild(&state(&[], &[before], &[]), &[entry], &seen);
+        assert_eq!(rebuilt.actual.staged.get("v1"), Some(&staged("v1")));
+    }
+
+    #[test]
+    fn at_or_under_compares_components() {
+        let set: BTreeSet<PathBuf> =
+            ["/a/b-2", "/a/bc", "/a/b/c/d", "/x"].into_iter().map(PathBuf::from).collect();
+        // (path, whether something of the set is at or under it)
+        let table = [
+            ("/a/b", true),
+            ("/a/b/c", true),
+            ("/a/b/c/d", true),
+            ("/a/b/e", false),
+            ("/a/b-", false),
+            ("/a", true),
+            ("/", true),
+            ("/x", true),
+            ("/x/y", false),
+            ("/y", false),
+        ];
+        for (path, want) in table {
+            assert_eq!(any_at_or_under(&set, Path::new(path)), want, "{path}");
+        }
+        assert!(!any_at_or_under(&BTreeSet::new(), Path::new("/")));
+    }
+}

@@ -1,0 +1,359 @@
+//! The reconciler's decision: from what pods want and what the node has, the next operations — teardown first, then bring-up; pure, no I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use kvol_plugin::VolumeSpec;
+
+use crate::model::{ActualState, DesiredState, Operation, PodVolumeKey, PublishedVolume};
+
+/// How a wanted volume is served, as the plugin registry resolved it (migration decided and
+/// the spec translated if needed).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolution {
+    pub plugin: String,
+    /// The plugin's unique volume name: attach and stage are per unique volume.
+    pub unique_name: String,
+    /// The spec the plugin gets (a translation, for a migrated in-tree spec).
+    pub spec: VolumeSpec,
+    /// Whether the volume must be attached first.
+    pub attach: bool,
+    /// The staging path, when the plugin stages this volume.
+    pub staging_path: Option<PathBuf>,
+    /// The pod volume directory to publish into.
+    pub target: PathBuf,
+}
+
+/// The resolution of each wanted volume that has a spec, or why it could not be resolved (no
+/// plugin, the driver not registered, migration off …).
+pub type Resolutions = BTreeMap<PodVolumeKey, Result<Resolution, String>>;
+
+/// The operations that move the node toward what the pods want, teardown first.
+///
+/// - A published volume is unpublished when no pod wants it, or its pod now wants something
+///   else there (another plugin or volume). A wanted volume whose resolution failed is left
+///   alone: its driver may come back, and tearing down would disturb a running pod.
+/// - A staged volume is unstaged once nothing published uses it and no wanted volume stages it.
+/// - An attached volume is detached once it is neither staged nor published nor wanted.
+/// - A wanted volume is attached (when its plugin attaches and it is not attached, or was
+///   attached before a crash without a known device), then staged, then published — one step
+///   per plan; the next plan takes the next step.
+///
+/// Operations are deduplicated (two pods on one volume ask for one attach).
+pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualState) -> Vec<Operation> {
+    let wanted = |key: &PodVolumeKey| -> Option<&Resolution> {
+        desired
+            .volumes
+            .contains_key(key)
+            .then(|| resolutions.get(key))
+            .flatten()
+            .and_then(|r| r.as_ref().ok())
+    };
+    let unresolved = |key: &PodVolumeKey| {
+        desired.volumes.contains_key(key) && !matches!(resolutions.get(key), Some(Ok(_)))
+    };
+
+    let mut teardown = Vec::new();
+    for (key, published) in &actual.published {
+        let keep = match wanted(key) {
+            Some(r) => r.plugin == published.plugin && r.unique_name == published.unique_name,
+            None => unresolved(key),
+        };
+        if !keep {
+            teardown.push(Operation::Unpublish { volume: published.clone() });
+        }
+    }
+    let published_uses: BTreeSet<&str> = actual.published.values().map(|p| p.unique_name.as_str()).collect();
+    let wanted_all: Vec<&Resolution> =
+        desired.volumes.keys().filter_map(|k| resolutions.get(k).and_then(|r| r.as_ref().ok())).collect();
+    for (unique, staged) in &actual.staged {
+        let needed = published_uses.contains(unique.as_str())
+            || wanted_all.iter().any(|r| &r.unique_name == unique && r.staging_path.is_some());
+        if !needed {
+            teardown.push(Operation::Unstage { volume: staged.clone() });
+        }
+    }
+    for (unique, attached) in &actual.attached {
+        let needed = actual.staged.contains_key(unique)
+            || published_uses.contains(unique.as_str())
+            || wanted_all.iter().any(|r| &r.unique_name == unique && r.attach);
+        if !needed {
+            teardown.push(Operation::Detach { volume: attached.clone() });
+        }
+    }
+
+    let mut bring_up = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (key, volume) in &desired.volumes {
+        let Some(r) = wanted(key) else { continue };
+        if actual.published.contains_key(key) {
+            continue; // published (kept), or being torn down before it is published anew
+        }
+        let attached = actual.attached.get(&r.unique_name);
+        let op = if r.attach && attached.is_none_or(|a| a.device_path.is_none() && r.staging_path.is_some()) {
+            Operation::Attach {
+                unique_name: r.unique_name.clone(),
+                plugin: r.plugin.clone(),
+                spec: r.spec.clone(),
+            }
+        } else if let Some(staging_path) =
+            r.staging_path.clone().filter(|_| !actual.staged.contains_key(&r.unique_name))
+        {
+            Operation::Stage {
+                staging_path,
+                unique_name: r.unique_name.clone(),
+                plugin: r.plugin.clone(),
+                spec: r.spec.clone(),
+                device_path: attached.and_then(|a| a.device_path.clone()),
+            }
+        } else {
+            let device_path = actual
+                .staged
+                .get(&r.unique_name)
+                .and_then(|s| s.device_path.clone())
+                .or_else(|| attached.and_then(|a| a.device_path.clone()));
+            Operation::Publish {
+                volume: PublishedVolume {
+                    key: key.clone(),
+                    pod: volume.pod.clone(),
+                    pod_name: volume.pod_name.clone(),
+                    unique_name: r.unique_name.clone(),
+                    plugin: r.plugin.clone(),
+                    spec: r.spec.clone(),
+                    target: r.target.clone(),
+                    staging_path: r.staging_path.clone(),
+                    device_path,
+                },
+                mount_options: volume.mount_options.clone(),
+            }
+        };
+        if seen.insert((op.lock_key(), op.name())) {
+            bring_up.push(op);
+        }
+    }
+    teardown.extend(bring_up);
+    teardown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{AttachedVolume, DesiredVolume, StagedVolume};
+    use kvol_plugin::plugin::PodInfo;
+    use kvol_plugin::testing::{csi_pv, inline_empty_dir};
+
+    fn key(pod: &str, volume: &str) -> PodVolumeKey {
+        PodVolumeKey { pod_uid: pod.into(), volume: volume.into() }
+    }
+
+    fn want(desired: &mut DesiredState, pod: &str, volume: &str, spec: VolumeSpec) {
+        let k = key(pod, volume);
+        let pod_info =
+            PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() };
+        desired.volumes.insert(
+            k.clone(),
+            DesiredVolume {
+                key: k,
+                pod: pod_info,
+                pod_name: format!("ns/{pod}"),
+                spec: Some(spec),
+                pending: None,
+                mount_options: vec![],
+            },
+        );
+    }
+
+    /// A CSI-like resolution: attach and stage as asked.
+    fn res(unique: &str, attach: bool, stage: bool, pod: &str, volume: &str) -> Resolution {
+        Resolution {
+            plugin: "d.csi".into(),
+            unique_name: unique.into(),
+            spec: csi_pv(unique, "d.csi"),
+            attach,
+            staging_path: stage.then(|| PathBuf::from(format!("/stage/{unique}"))),
+            target: PathBuf::from(format!("/pods/{pod}/{volume}")),
+        }
+    }
+
+    fn published(r: &Resolution, pod: &str, volume: &str) -> PublishedVolume {
+        PublishedVolume {
+            key: key(pod, volume),
+            pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
+            pod_name: format!("ns/{pod}"),
+            unique_name: r.unique_name.clone(),
+            plugin: r.plugin.clone(),
+            spec: r.spec.clone(),
+            target: r.target.clone(),
+            staging_path: r.staging_path.clone(),
+            device_path: None,
+        }
+    }
+
+    fn staged(r: &Resolution) -> StagedVolume {
+        StagedVolume {
+            unique_name: r.unique_name.clone(),
+            plugin: r.plugin.clone(),
+            spec: r.spec.clone(),
+            staging_path: r.staging_path.clone().unwrap(),
+            device_path: Some("/dev/x".into()),
+        }
+    }
+
+    fn attached(r: &Resolution, device: Option<&str>) -> AttachedVolume {
+        AttachedVolume {
+            unique_name: r.unique_name.clone(),
+            plugin: r.plugin.clone(),
+            spec: r.spec.clone(),
+            device_path: device.map(str::to_string),
+        }
+    }
+
+    /// The operations as `name key` strings, in order.
+    fn names(ops: &[Operation]) -> Vec<String> {
+        ops.iter().map(|o| format!("{} {}", o.name(), o.lock_key())).collect()
+    }
+
+    #[test]
+    fn bring_up_goes_attach_then_stage_then_publish() {
+        let r = res("v1", true, true, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let resolutions: Resolutions = [(key("p1", "data"), Ok(r.clone()))].into();
+        // (actual state, the one expected operation)
+        let mut actual = ActualState::default();
+        let steps = [
+            (ActualState::default(), "volume_attach volume:v1"),
+            (
+                {
+                    actual.attached.insert("v1".into(), attached(&r, Some("/dev/x")));
+                    actual.clone()
+                },
+                "mount_device volume:v1",
+            ),
+            (
+                {
+                    actual.staged.insert("v1".into(), staged(&r));
+                    actual.clone()
+                },
+                "volume_mount pod:p1/data",
+            ),
+        ];
+        for (state, want_op) in steps {
+            assert_eq!(names(&plan(&desired, &resolutions, &state)), [want_op]);
+        }
+        actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
+        assert!(plan(&desired, &resolutions, &actual).is_empty(), "all done: nothing to do");
+        // The publish carries the device learned at attach, through the staged record.
+        actual.published.clear();
+        match &plan(&desired, &resolutions, &actual)[0] {
+            Operation::Publish { volume, .. } => assert_eq!(volume.device_path.as_deref(), Some("/dev/x")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn plugins_without_attach_or_stage_publish_at_once() {
+        let spec = inline_empty_dir("cache");
+        let r = Resolution {
+            plugin: "kubernetes.io/empty-dir".into(),
+            unique_name: "cache".into(),
+            spec: spec.clone(),
+            attach: false,
+            staging_path: None,
+            target: "/pods/p1/cache".into(),
+        };
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "cache", spec);
+        let resolutions: Resolutions = [(key("p1", "cache"), Ok(r))].into();
+        assert_eq!(
+            names(&plan(&desired, &resolutions, &ActualState::default())),
+            ["volume_mount pod:p1/cache"]
+        );
+    }
+
+    #[test]
+    fn teardown_comes_first_and_in_order() {
+        let r = res("v1", true, true, "p1", "data");
+        let mut actual = ActualState::default();
+        actual.attached.insert("v1".into(), attached(&r, Some("/dev/x")));
+        actual.staged.insert("v1".into(), staged(&r));
+        actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
+        let desired = DesiredState::default();
+        let none = Resolutions::new();
+        // Published: only the unpublish (the staged and attached volume are still in use).
+        assert_eq!(names(&plan(&desired, &none, &actual)), ["volume_unmount pod:p1/data"]);
+        actual.published.clear();
+        assert_eq!(names(&plan(&desired, &none, &actual)), ["unmount_device volume:v1"]);
+        actual.staged.clear();
+        assert_eq!(names(&plan(&desired, &none, &actual)), ["volume_detach volume:v1"]);
+        actual.attached.clear();
+        assert!(plan(&desired, &none, &actual).is_empty());
+    }
+
+    #[test]
+    fn a_shared_volume_is_attached_once_and_kept_while_any_pod_uses_it() {
+        let r1 = res("v1", true, true, "p1", "data");
+        let r2 = res("v1", true, true, "p2", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r1.spec.clone());
+        want(&mut desired, "p2", "data", r2.spec.clone());
+        let resolutions: Resolutions =
+            [(key("p1", "data"), Ok(r1.clone())), (key("p2", "data"), Ok(r2.clone()))].into();
+        assert_eq!(
+            names(&plan(&desired, &resolutions, &ActualState::default())),
+            ["volume_attach volume:v1"]
+        );
+
+        // p1 goes away while both are published: only p1's publication is torn down.
+        let mut actual = ActualState::default();
+        actual.attached.insert("v1".into(), attached(&r1, Some("/dev/x")));
+        actual.staged.insert("v1".into(), staged(&r1));
+        actual.published.insert(key("p1", "data"), published(&r1, "p1", "data"));
+        actual.published.insert(key("p2", "data"), published(&r2, "p2", "data"));
+        desired.volumes.remove(&key("p1", "data"));
+        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_unmount pod:p1/data"]);
+    }
+
+    #[test]
+    fn an_unresolvable_wanted_volume_is_not_torn_down() {
+        let r = res("v1", false, true, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let mut actual = ActualState::default();
+        actual.staged.insert("v1".into(), staged(&r));
+        actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
+        let failing: Resolutions =
+            [(key("p1", "data"), Err("csi driver d.csi is not registered".to_string()))].into();
+        assert!(plan(&desired, &failing, &actual).is_empty(), "a driver restarting must not unmount pods");
+    }
+
+    #[test]
+    fn a_changed_volume_is_torn_down_before_the_new_one_comes_up() {
+        let old = res("v1", false, false, "p1", "data");
+        let new = res("v2", false, false, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", new.spec.clone());
+        let resolutions: Resolutions = [(key("p1", "data"), Ok(new))].into();
+        let mut actual = ActualState::default();
+        actual.published.insert(key("p1", "data"), published(&old, "p1", "data"));
+        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_unmount pod:p1/data"]);
+        actual.published.clear();
+        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_mount pod:p1/data"]);
+    }
+
+    #[test]
+    fn an_attach_of_unknown_outcome_is_redone_to_learn_the_device() {
+        let r = res("v1", true, true, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let resolutions: Resolutions = [(key("p1", "data"), Ok(r.clone()))].into();
+        let mut actual = ActualState::default();
+        actual.attached.insert("v1".into(), attached(&r, None));
+        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_attach volume:v1"]);
+        // Not wanted any more: detached, not left behind.
+        assert_eq!(
+            names(&plan(&DesiredState::default(), &Resolutions::new(), &actual)),
+            ["volume_detach volume:v1"]
+        );
+    }
+}

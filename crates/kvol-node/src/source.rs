@@ -1,0 +1,900 @@
+//! The standalone source: a directory of YAML or JSON manifests, read into an object set and watched for changes.
+//!
+//! The directory holds Pods, PersistentVolumes, PersistentVolumeClaims, StorageClasses,
+//! CSIDrivers and Secrets, as `kubectl get -o yaml` writes them or as a person writes them by
+//! hand. Every `*.yaml`, `*.yml` and `*.json` file directly in the directory is read, in name
+//! order; dot-files are skipped, so editors' swap files and the temporary file of an atomic
+//! write (`.name.yaml.tmp`, then rename) never count. One bad document or file is a
+//! [`SourceProblem`]; everything else is still loaded.
+//!
+//! Manifests rarely carry `metadata.uid`, and a pod's uid names its volume directories, so a
+//! pod without one gets [`static_pod_uid`]: derived from its namespace and name alone, it stays
+//! the same when the pod is edited, and the pod's volumes stay where they are.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::model::{ObjectSet, SourceProblem};
+
+/// The namespace of a namespaced object that names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// How long the directory must be quiet after a change before it is read again.
+pub const QUIET: Duration = Duration::from_millis(50);
+
+/// The longest a rebuild waits for the directory to go quiet: a directory that never stops
+/// changing is still read at least this often.
+pub const MAX_DELAY: Duration = Duration::from_millis(500);
+
+/// An object read from a manifest.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Pod(Box<Pod>),
+    PersistentVolume(Box<PersistentVolume>),
+    PersistentVolumeClaim(Box<PersistentVolumeClaim>),
+    StorageClass(Box<StorageClass>),
+    CsiDriver(Box<CSIDriver>),
+    Secret(Box<Secret>),
+}
+
+impl Object {
+    /// The object's kind, as the API spells it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Object::Pod(_) => "Pod",
+            Object::PersistentVolume(_) => "PersistentVolume",
+            Object::PersistentVolumeClaim(_) => "PersistentVolumeClaim",
+            Object::StorageClass(_) => "StorageClass",
+            Object::CsiDriver(_) => "CSIDriver",
+            Object::Secret(_) => "Secret",
+        }
+    }
+
+    /// The object's key in an [`ObjectSet`]: `namespace/name` for namespaced kinds, `name` for
+    /// cluster-scoped ones.
+    pub fn key(&self) -> String {
+        let meta = match self {
+            Object::Pod(o) => &o.metadata,
+            Object::PersistentVolume(o) => &o.metadata,
+            Object::PersistentVolumeClaim(o) => &o.metadata,
+            Object::StorageClass(o) => &o.metadata,
+            Object::CsiDriver(o) => &o.metadata,
+            Object::Secret(o) => &o.metadata,
+        };
+        let name = meta.name.as_deref().unwrap_or_default();
+        if namespaced(self.kind()) {
+            format!("{}/{name}", meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))
+        } else {
+            name.to_string()
+        }
+    }
+}
+
+impl fmt::Display for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind(), self.key())
+    }
+}
+
+/// The kinds the source reads, with the apiVersion each must have and whether it is namespaced.
+const KINDS: &[(&str, &str, bool)] = &[
+    ("Pod", "v1", true),
+    ("PersistentVolume", "v1", false),
+    ("PersistentVolumeClaim", "v1", true),
+    ("StorageClass", "storage.k8s.io/v1", false),
+    ("CSIDriver", "storage.k8s.io/v1", false),
+    ("Secret", "v1", true),
+];
+
+fn namespaced(kind: &str) -> bool {
+    KINDS.iter().any(|(k, _, ns)| *k == kind && *ns)
+}
+
+/// The uid of a pod that has none in its manifest: the UUID (version 8, RFC 9562) made of the
+/// first 16 bytes of sha256(`kvol-static-pod/<namespace>/<name>`). It depends on nothing else,
+/// so editing the pod keeps its uid and its volume directories.
+pub fn static_pod_uid(namespace: &str, name: &str) -> String {
+    let digest = Sha256::digest(format!("kvol-static-pod/{namespace}/{name}").as_bytes());
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&digest[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// Reads a YAML or JSON stream (one or many documents; a `List` contributes its items) into
+/// objects. A document that is not a supported, valid object is a problem naming `origin`, the
+/// document's 1-based position and the object; a stream that cannot be parsed at all is one
+/// problem for `origin`. Namespaced objects without a namespace get `default`; pods without a
+/// uid get [`static_pod_uid`]; a Secret's `stringData` is merged into `data`, as the API server
+/// does.
+pub fn parse_manifests(origin: &str, text: &str) -> (Vec<Object>, Vec<SourceProblem>) {
+    let (objects, problems) = parse_documents(origin, text);
+    (objects.into_iter().map(|(_, object)| object).collect(), problems)
+}
+
+/// As [`parse_manifests`], each object with its document position.
+fn parse_documents(origin: &str, text: &str) -> (Vec<(usize, Object)>, Vec<SourceProblem>) {
+    let values = match parse_values(text) {
+        Ok(values) => values,
+        Err(reason) => {
+            let reason = format!("cannot parse as YAML or JSON: {reason}");
+            return (Vec::new(), vec![SourceProblem { origin: origin.to_string(), document: None, reason }]);
+        }
+    };
+    let mut documents = Vec::new();
+    for value in values {
+        match value {
+            Value::Null => {}
+            Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+                documents.extend(map.get("items").and_then(Value::as_array).cloned().unwrap_or_default());
+            }
+            other => documents.push(other),
+        }
+    }
+    let mut objects = Vec::new();
+    let mut problems = Vec::new();
+    for (i, value) in documents.into_iter().enumerate() {
+        match type_object(value) {
+            Ok(object) => objects.push((i + 1, object)),
+            Err(reason) => {
+                problems.push(SourceProblem { origin: origin.to_string(), document: Some(i + 1), reason })
+            }
+        }
+    }
+    (objects, problems)
+}
+
+fn parse_values(text: &str) -> Result<Vec<Value>, String> {
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        // A JSON stream: one or more concatenated values, a top-level array contributing its items.
+        let mut out = Vec::new();
+        for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
+            match value {
+                Ok(Value::Array(items)) => out.extend(items),
+                Ok(v) => out.push(v),
+                Err(e) => return Err(format!("json: {e}")),
+            }
+        }
+        return Ok(out);
+    }
+    // YAML 1.2 booleans: only `true` and `false`, so a name like `n` or `on` stays a string.
+    let options = serde_saphyr::options! { strict_booleans: true };
+    serde_saphyr::from_multiple_with_options::<Value>(text, options).map_err(|e| format!("yaml: {e}"))
+}
+
+fn label_of(value: &Value) -> String {
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
+    let name = value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("<no name>");
+    format!("{kind}/{name}")
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+fn type_object(value: Value) -> Result<Object, String> {
+    if !value.is_object() {
+        return Err(format!(
+            "not a Kubernetes object: a document must be a mapping, found {}",
+            json_type(&value)
+        ));
+    }
+    let label = label_of(&value);
+    let kind = value.get("kind").and_then(Value::as_str).ok_or(format!("{label}: missing \"kind\""))?;
+    let Some(&(kind, want, is_namespaced)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
+        return Err(format!(
+            "unsupported kind {kind:?} ({label}): the manifests source reads Pod, PersistentVolume, \
+             PersistentVolumeClaim, StorageClass, CSIDriver and Secret"
+        ));
+    };
+    let api_version =
+        value.get("apiVersion").and_then(Value::as_str).ok_or(format!("{label}: missing \"apiVersion\""))?;
+    if api_version != want {
+        return Err(format!("unsupported apiVersion {api_version:?} for {label}: want {want:?}"));
+    }
+    let name = value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    if name.is_empty() {
+        return Err(format!("{label}: missing metadata.name"));
+    }
+    let namespace = value.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+    if name.contains('/') || (is_namespaced && namespace.contains('/')) {
+        return Err(format!("{label}: a name or namespace must not contain \"/\""));
+    }
+    let invalid = |e: serde_json::Error| format!("invalid {label}: {e}");
+    let mut object = match kind {
+        "Pod" => Object::Pod(serde_json::from_value(value).map_err(invalid)?),
+        "PersistentVolume" => Object::PersistentVolume(serde_json::from_value(value).map_err(invalid)?),
+        "PersistentVolumeClaim" => {
+            Object::PersistentVolumeClaim(serde_json::from_value(value).map_err(invalid)?)
+        }
+        "StorageClass" => Object::StorageClass(serde_json::from_value(value).map_err(invalid)?),
+        "CSIDriver" => Object::CsiDriver(serde_json::from_value(value).map_err(invalid)?),
+        _ => Object::Secret(serde_json::from_value(value).map_err(invalid)?),
+    };
+    complete(&mut object);
+    Ok(object)
+}
+
+/// Fills in what the API server would: the default namespace, a pod's uid, a Secret's data.
+fn complete(object: &mut Object) {
+    let meta = match object {
+        Object::Pod(o) => &mut o.metadata,
+        Object::PersistentVolumeClaim(o) => &mut o.metadata,
+        Object::Secret(o) => &mut o.metadata,
+        Object::PersistentVolume(_) | Object::StorageClass(_) | Object::CsiDriver(_) => return,
+    };
+    if meta.namespace.as_deref().unwrap_or_default().is_empty() {
+        meta.namespace = Some(DEFAULT_NAMESPACE.to_string());
+    }
+    match object {
+        Object::Pod(pod) if pod.metadata.uid.as_deref().unwrap_or_default().is_empty() => {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            pod.metadata.uid = Some(static_pod_uid(namespace, name));
+        }
+        Object::Secret(secret) => {
+            if let Some(strings) = secret.string_data.take() {
+                let data = secret.data.get_or_insert_with(BTreeMap::new);
+                for (key, value) in strings {
+                    data.insert(key, ByteString(value.into_bytes()));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Where an object of a set was read from, to name both places when it is defined twice.
+#[derive(Clone, Debug)]
+struct Place {
+    origin: String,
+    document: usize,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} document {}", self.origin, self.document)
+    }
+}
+
+/// Builds an object set, noting every object defined more than once.
+#[derive(Debug, Default)]
+pub(crate) struct SetBuilder {
+    set: ObjectSet,
+    places: BTreeMap<(&'static str, String), Place>,
+}
+
+impl SetBuilder {
+    /// Adds the objects and problems of one file; an object already defined is replaced, with
+    /// a problem naming both places.
+    pub(crate) fn add(&mut self, origin: &str, objects: Vec<(usize, Object)>, problems: Vec<SourceProblem>) {
+        self.set.problems.extend(problems);
+        for (document, object) in objects {
+            let key = object.key();
+            let place = Place { origin: origin.to_string(), document };
+            if let Some(earlier) = self.places.insert((object.kind(), key.clone()), place) {
+                self.set.problems.push(SourceProblem {
+                    origin: origin.to_string(),
+                    document: Some(document),
+                    reason: format!(
+                        "{} {key} is also defined in {earlier}; the definition here is used",
+                        object.kind()
+                    ),
+                });
+            }
+            match object {
+                Object::Pod(o) => drop(self.set.pods.insert(key, *o)),
+                Object::PersistentVolume(o) => drop(self.set.persistent_volumes.insert(key, *o)),
+                Object::PersistentVolumeClaim(o) => drop(self.set.claims.insert(key, *o)),
+                Object::StorageClass(o) => drop(self.set.storage_classes.insert(key, *o)),
+                Object::CsiDriver(o) => drop(self.set.csi_drivers.insert(key, *o)),
+                Object::Secret(o) => drop(self.set.secrets.insert(key, *o)),
+            }
+        }
+    }
+
+    /// Adds the documents of one stream.
+    pub(crate) fn add_text(&mut self, origin: &str, text: &str) {
+        let (objects, problems) = parse_documents(origin, text);
+        self.add(origin, objects, problems);
+    }
+
+    pub(crate) fn add_problem(&mut self, problem: SourceProblem) {
+        self.set.problems.push(problem);
+    }
+
+    pub(crate) fn finish(self) -> ObjectSet {
+        self.set
+    }
+}
+
+/// Whether a file name is a manifest's: not a dot-file, ending in `.yaml`, `.yml` or `.json`.
+pub fn is_manifest_name(name: &str) -> bool {
+    !name.starts_with('.')
+        && Path::new(name)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
+}
+
+/// Reads every manifest file directly in `dir` (see [`is_manifest_name`]; not recursive) in
+/// name order into one object set. A file that cannot be read or parsed, or a directory that
+/// cannot be listed, is a problem; the other files are still loaded. An object defined twice is
+/// a problem naming both places, and the later definition wins.
+pub fn load_dir(dir: &Path) -> ObjectSet {
+    let mut builder = SetBuilder::default();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            builder.add_problem(SourceProblem {
+                origin: dir.display().to_string(),
+                document: None,
+                reason: format!("cannot list the manifests directory: {e}"),
+            });
+            return builder.finish();
+        }
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(entry) => {
+                if let Some(name) = entry.file_name().to_str()
+                    && is_manifest_name(name)
+                {
+                    names.push(name.to_string());
+                }
+            }
+            Err(e) => builder.add_problem(SourceProblem {
+                origin: dir.display().to_string(),
+                document: None,
+                reason: format!("cannot list the manifests directory: {e}"),
+            }),
+        }
+    }
+    names.sort();
+    for name in names {
+        let path = dir.join(&name);
+        let origin = path.display().to_string();
+        // Follows symlinks: a linked manifest counts, a directory named like one does not.
+        match fs::metadata(&path) {
+            Ok(meta) if !meta.is_file() => continue,
+            // Removed since the listing: the change that removed it brings another rebuild.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            _ => {}
+        }
+        match fs::read_to_string(&path) {
+            Ok(text) => builder.add_text(&origin, &text),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => builder.add_problem(SourceProblem {
+                origin,
+                document: None,
+                reason: format!("cannot read: {e}"),
+            }),
+        }
+    }
+    builder.finish()
+}
+
+/// Whether a change reported by the watcher can change what [`load_dir`] reads: opening and
+/// reading files (the source's own reads among them) cannot, nor can changes to dot-files or
+/// to files that are not manifests. A change to the directory itself, or a report that events
+/// were lost, can.
+pub fn is_relevant(event: &notify::Event, dir: &Path) -> bool {
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {}
+        EventKind::Access(_) => return false,
+        _ => {}
+    }
+    if event.need_rescan() || event.paths.is_empty() {
+        return true;
+    }
+    event.paths.iter().any(|path| {
+        path.parent() != Some(dir) || path.file_name().and_then(|n| n.to_str()).is_some_and(is_manifest_name)
+    })
+}
+
+/// Why the manifests source could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("cannot create the manifests directory {path}: {source}")]
+    CreateDir { path: PathBuf, source: io::Error },
+    #[error("cannot watch the manifests directory {path}: {source}")]
+    Watch { path: PathBuf, source: notify::Error },
+    #[error("cannot start the manifests watcher thread: {0}")]
+    Thread(io::Error),
+}
+
+enum Signal {
+    Changed,
+    Stop,
+}
+
+/// A watched manifests directory: the current object set, and a fresh one on a watch channel
+/// whenever the directory's content changes.
+///
+/// Rebuilds run on the source's own thread, never the caller's: after a change the thread waits
+/// until the directory has been quiet for [`QUIET`] (at most [`MAX_DELAY`]), reads it again, and
+/// publishes the set if it differs from the last one. A change made while a rebuild runs brings
+/// another, so the last change is always applied.
+pub struct ManifestsSource {
+    dir: PathBuf,
+    watcher: Option<RecommendedWatcher>,
+    signals: mpsc::Sender<Signal>,
+    thread: Option<thread::JoinHandle<()>>,
+    sets: Arc<watch::Sender<Arc<ObjectSet>>>,
+}
+
+impl fmt::Debug for ManifestsSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManifestsSource").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl ManifestsSource {
+    /// Creates `dir` if missing (mode 0755, less the umask), starts watching it, and reads it
+    /// once before returning, so [`ManifestsSource::current`] is complete from the start and
+    /// never an empty set that would look like every pod gone. Needs no tokio runtime.
+    pub fn start(dir: PathBuf) -> Result<ManifestsSource, SourceError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|source| SourceError::CreateDir { path: dir.clone(), source })?;
+        let (signals, received) = mpsc::channel();
+        let to_thread = signals.clone();
+        let watched = dir.clone();
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let relevant = match event {
+                Ok(event) => is_relevant(&event, &watched),
+                Err(e) => {
+                    tracing::warn!(dir = %watched.display(), "manifests watcher error, rereading: {e}");
+                    true
+                }
+            };
+            if relevant {
+                let _ = to_thread.send(Signal::Changed);
+            }
+        })
+        .map_err(|source| SourceError::Watch { path: dir.clone(), source })?;
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(|source| SourceError::Watch { path: dir.clone(), source })?;
+        // Watching before the first read: a change made meanwhile is read again, never missed.
+        let first = load_dir(&dir);
+        log_problems(&dir, &first, &ObjectSet::default());
+        let (sets, _) = watch::channel(Arc::new(first));
+        let sets = Arc::new(sets);
+        let thread = {
+            let (dir, sets) = (dir.clone(), Arc::clone(&sets));
+            thread::Builder::new()
+                .name("kvol-manifests".to_string())
+                .spawn(move || run(&dir, &received, &sets))
+                .map_err(SourceError::Thread)?
+        };
+        Ok(ManifestsSource { dir, watcher: Some(watcher), signals, thread: Some(thread), sets })
+    }
+
+    /// The watched directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The object set as last read.
+    pub fn current(&self) -> Arc<ObjectSet> {
+        Arc::clone(&self.sets.borrow())
+    }
+
+    /// A receiver that sees every new object set (the current one marked seen).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<ObjectSet>> {
+        self.sets.subscribe()
+    }
+
+    /// Stops watching and waits for the source's thread to end (at most the end of a rebuild in
+    /// progress, one read of the directory). Receivers keep the last set.
+    pub fn shutdown(mut self) {
+        self.stop();
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!(dir = %self.dir.display(), "the manifests watcher thread panicked");
+        }
+    }
+
+    fn stop(&mut self) {
+        drop(self.watcher.take());
+        let _ = self.signals.send(Signal::Stop);
+    }
+}
+
+impl Drop for ManifestsSource {
+    /// Stops the watch without waiting for the thread.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The source's thread: waits for a change, for quiet, then rereads and publishes.
+fn run(dir: &Path, signals: &mpsc::Receiver<Signal>, sets: &watch::Sender<Arc<ObjectSet>>) {
+    loop {
+        match signals.recv() {
+            Ok(Signal::Changed) => {}
+            Ok(Signal::Stop) | Err(_) => return,
+        }
+        let first = Instant::now();
+        loop {
+            let left = MAX_DELAY.saturating_sub(first.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match signals.recv_timeout(QUIET.min(left)) {
+                Ok(Signal::Changed) => {}
+                Ok(Signal::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+            }
+        }
+        let set = load_dir(dir);
+        sets.send_if_modified(|current| {
+            if **current == set {
+                return false;
+            }
+            log_problems(dir, &set, current);
+            tracing::debug!(
+                dir = %dir.display(),
+                pods = set.pods.len(),
+                problems = set.problems.len(),
+                "manifests changed"
+            );
+            *current = Arc::new(set);
+            true
+        });
+    }
+}
+
+/// Logs the problems of `set` that `before` did not have, so a standing problem is logged once.
+fn log_problems(dir: &Path, set: &ObjectSet, before: &ObjectSet) {
+    for problem in set.problems.iter().filter(|p| !before.problems.contains(p)) {
+        tracing::warn!(dir = %dir.display(), "{problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{CreateKind, ModifyKind, RemoveKind, RenameMode};
+
+    /// Parses and describes the outcome: objects as `Kind key`, problems as their display.
+    fn outcome(text: &str) -> Vec<String> {
+        let (objects, problems) = parse_manifests("m.yaml", text);
+        objects.iter().map(|o| o.to_string()).chain(problems.iter().map(|p| format!("problem {p}"))).collect()
+    }
+
+    #[test]
+    fn streams_are_split_typed_and_defaulted() {
+        // (what, input, objects then problems)
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("empty", "", &[]),
+            ("empty documents are skipped", "---\n---\n", &[]),
+            (
+                "every kind",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n---\n\
+                 apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: pv}\n---\n\
+                 apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: c, namespace: ns}\n---\n\
+                 apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: sc}\n\
+                 provisioner: x\n---\n\
+                 apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: d.example.com}\n\
+                 spec: {}\n---\n\
+                 apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n",
+                &[
+                    "Pod default/p",
+                    "PersistentVolume pv",
+                    "PersistentVolumeClaim ns/c",
+                    "StorageClass sc",
+                    "CSIDriver d.example.com",
+                    "Secret default/s",
+                ],
+            ),
+            (
+                "a list is expanded and its items numbered",
+                "apiVersion: v1\nkind: List\nitems:\n\
+                 - {apiVersion: v1, kind: Pod, metadata: {name: a}}\n\
+                 - {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}\n\
+                 ---\napiVersion: v1\nkind: Pod\nmetadata: {name: b}\n",
+                &[
+                    "Pod default/a",
+                    "Pod default/b",
+                    "problem m.yaml document 2: unsupported kind \"ConfigMap\" (ConfigMap/c): the manifests \
+                     source reads Pod, PersistentVolume, PersistentVolumeClaim, StorageClass, CSIDriver and \
+                     Secret",
+                ],
+            ),
+            (
+                "a json stream",
+                concat!(
+                    r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"x"}} "#,
+                    r#"[{"apiVersion":"v1","kind":"PersistentVolume","metadata":{"name":"q"}}]"#,
+                ),
+                &["Pod x/p", "PersistentVolume q"],
+            ),
+            (
+                "a wrong apiVersion",
+                "apiVersion: storage.k8s.io/v1beta1\nkind: CSIDriver\nmetadata: {name: d}\n",
+                &["problem m.yaml document 1: unsupported apiVersion \"storage.k8s.io/v1beta1\" for \
+                     CSIDriver/d: want \"storage.k8s.io/v1\""],
+            ),
+            (
+                "no kind",
+                "apiVersion: v1\nmetadata: {name: p}\n",
+                &["problem m.yaml document 1: <no kind>/p: missing \"kind\""],
+            ),
+            (
+                "no apiVersion",
+                "kind: Pod\nmetadata: {name: p}\n",
+                &["problem m.yaml document 1: Pod/p: missing \"apiVersion\""],
+            ),
+            (
+                "no name",
+                "apiVersion: v1\nkind: Secret\nmetadata: {generateName: s-}\n",
+                &["problem m.yaml document 1: Secret/<no name>: missing metadata.name"],
+            ),
+            (
+                "a slash in a name",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: a/b}\n",
+                &["problem m.yaml document 1: Pod/a/b: a name or namespace must not contain \"/\""],
+            ),
+            (
+                "not a mapping",
+                "- a\n- b\n",
+                &["problem m.yaml document 1: not a Kubernetes object: a document must be a mapping, \
+                     found a list"],
+            ),
+            (
+                "strict booleans keep `on` a string",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: on}\n",
+                &["Pod default/on"],
+            ),
+            (
+                "a malformed stream is one problem for the file",
+                "apiVersion: v1\nkind: Pod\nmetadata: [1, 2\n",
+                &["problem m.yaml: cannot parse as YAML or JSON: yaml: "],
+            ),
+        ];
+        for (what, input, want) in cases {
+            let got = outcome(input);
+            let matches = got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(want.iter())
+                    .all(|(g, w)| if w.ends_with(": ") { g.starts_with(w) } else { g == w });
+            assert!(matches, "{what}: got {got:#?}, want {want:#?}");
+        }
+    }
+
+    #[test]
+    fn invalid_objects_name_document_object_and_reason() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\n---\n\
+                    apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: bad, namespace: ns}\n\
+                    spec: {accessModes: 5}\n";
+        let (objects, problems) = parse_manifests("dir/c.yaml", text);
+        assert_eq!(objects.len(), 1);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].origin, "dir/c.yaml");
+        assert_eq!(problems[0].document, Some(2));
+        assert!(
+            problems[0].reason.starts_with("invalid PersistentVolumeClaim/bad: invalid type: integer `5`"),
+            "{}",
+            problems[0].reason
+        );
+    }
+
+    #[test]
+    fn pods_get_a_stable_uid_unless_they_have_one() {
+        let uid_of = |text: &str| match parse_manifests("p.yaml", text).0.as_slice() {
+            [Object::Pod(pod)] => pod.metadata.uid.clone().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let plain = uid_of("apiVersion: v1\nkind: Pod\nmetadata: {name: web}\n");
+        let edited = uid_of(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: default, labels: {a: b}}\n\
+             spec: {containers: [{name: c, image: i}]}\n",
+        );
+        let other_ns = uid_of("apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: other}\n");
+        let given = uid_of("apiVersion: v1\nkind: Pod\nmetadata: {name: web, uid: u-1234}\n");
+        assert_eq!(plain, edited, "an edit keeps the uid");
+        assert_eq!(plain, static_pod_uid("default", "web"));
+        assert_ne!(plain, other_ns);
+        assert_eq!(given, "u-1234");
+    }
+
+    #[test]
+    fn static_uids_are_version_8_uuids() {
+        // (namespace, name): distinct inputs, including ones that would collide if joined carelessly.
+        let cases = [("default", "web"), ("a", "b-c"), ("a-b", "c"), ("", "x")];
+        let mut seen = std::collections::BTreeSet::new();
+        for (namespace, name) in cases {
+            let uid = static_pod_uid(namespace, name);
+            let groups: Vec<usize> = uid.split('-').map(str::len).collect();
+            assert_eq!(groups, [8, 4, 4, 4, 12], "{uid}");
+            assert!(
+                uid.chars().all(|c| c == '-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+                "{uid}"
+            );
+            assert_eq!(&uid[14..15], "8", "version nibble of {uid}");
+            assert!(matches!(&uid[19..20], "8" | "9" | "a" | "b"), "variant of {uid}");
+            assert!(seen.insert(uid.clone()), "{namespace}/{name} repeats {uid}");
+        }
+    }
+
+    #[test]
+    fn secret_string_data_is_merged_into_data() {
+        let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n\
+                    data: {a: YQ==, b: Yg==}\nstringData: {b: B, c: C}\n";
+        let (objects, problems) = parse_manifests("s.yaml", text);
+        assert!(problems.is_empty(), "{problems:?}");
+        let Object::Secret(secret) = &objects[0] else { panic!("{objects:?}") };
+        let data: Vec<(String, Vec<u8>)> =
+            secret.data.clone().unwrap().into_iter().map(|(k, v)| (k, v.0)).collect();
+        let want = [("a", "a"), ("b", "B"), ("c", "C")];
+        assert_eq!(data, want.map(|(k, v)| (k.to_string(), v.as_bytes().to_vec())));
+        assert_eq!(secret.string_data, None);
+    }
+
+    #[test]
+    fn duplicates_name_both_places_and_the_last_wins() {
+        let mut builder = SetBuilder::default();
+        builder.add_text("a.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {v: one}}\n");
+        builder.add_text(
+            "b.yaml",
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: p}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: default, labels: {v: two}}\n",
+        );
+        let set = builder.finish();
+        let problems: Vec<String> = set.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            problems,
+            ["b.yaml document 2: Pod default/p is also defined in a.yaml document 1; the definition here \
+                 is used"]
+        );
+        assert_eq!(set.pods["default/p"].metadata.labels.as_ref().unwrap()["v"], "two");
+        assert!(set.persistent_volumes.contains_key("p"), "a PV of the same name is another object");
+    }
+
+    #[test]
+    fn manifest_names() {
+        let cases = [
+            ("pod.yaml", true),
+            ("pod.yml", true),
+            ("pod.json", true),
+            ("pod.YAML", false),
+            (".pod.yaml", false),
+            (".pod.yaml.tmp", false),
+            ("pod.yaml~", false),
+            ("pod.yaml.swp", false),
+            ("README", false),
+            ("yaml", false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_manifest_name(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn relevant_events() {
+        let dir = Path::new("/m");
+        let event = |kind: EventKind, paths: &[&str]| {
+            paths.iter().fold(notify::Event::new(kind), |e, p| e.add_path(PathBuf::from(p)))
+        };
+        let cases = [
+            ("a manifest created", event(EventKind::Create(CreateKind::File), &["/m/a.yaml"]), true),
+            ("a manifest written", event(EventKind::Modify(ModifyKind::Any), &["/m/a.json"]), true),
+            (
+                "a manifest closed after writing",
+                event(EventKind::Access(AccessKind::Close(AccessMode::Write)), &["/m/a.yml"]),
+                true,
+            ),
+            (
+                "a manifest opened",
+                event(EventKind::Access(AccessKind::Open(AccessMode::Any)), &["/m/a.yaml"]),
+                false,
+            ),
+            (
+                "a manifest read",
+                event(EventKind::Access(AccessKind::Close(AccessMode::Read)), &["/m/a.yaml"]),
+                false,
+            ),
+            ("a manifest removed", event(EventKind::Remove(RemoveKind::File), &["/m/a.yaml"]), true),
+            ("a dot-file written", event(EventKind::Modify(ModifyKind::Any), &["/m/.a.yaml.tmp"]), false),
+            ("another file written", event(EventKind::Modify(ModifyKind::Any), &["/m/notes.txt"]), false),
+            (
+                "a temp file renamed to a manifest",
+                event(
+                    EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+                    &["/m/.a.yaml.tmp", "/m/a.yaml"],
+                ),
+                true,
+            ),
+            (
+                "a manifest renamed away",
+                event(EventKind::Modify(ModifyKind::Name(RenameMode::From)), &["/m/a.yaml"]),
+                true,
+            ),
+            ("the directory removed", event(EventKind::Remove(RemoveKind::Folder), &["/m"]), true),
+            ("no paths", event(EventKind::Other, &[]), true),
+            (
+                "events were lost",
+                event(EventKind::Other, &["/m/.x"]).set_flag(notify::event::Flag::Rescan),
+                true,
+            ),
+        ];
+        for (what, event, want) in cases {
+            assert_eq!(is_relevant(&event, dir), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn load_dir_reads_manifests_in_name_order_and_reports_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| fs::write(dir.path().join(name), text).unwrap();
+        write("b.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {from: b}}\n");
+        write("a.json", r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"from":"a"}}}"#);
+        write("c.yml", "apiVersion: v1\nkind: Secret\nmetadata: [\n");
+        write(".hidden.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: hidden}\n");
+        write("notes.txt", "not yaml: [");
+        fs::write(dir.path().join("d.yaml"), [0xff, 0xfe, 0x00]).unwrap();
+        fs::create_dir(dir.path().join("sub.yaml")).unwrap();
+        let set = load_dir(dir.path());
+        let at = |name: &str| dir.path().join(name).display().to_string();
+        assert_eq!(set.pods.keys().collect::<Vec<_>>(), ["default/p"]);
+        assert_eq!(
+            set.pods["default/p"].metadata.labels.as_ref().unwrap()["from"],
+            "b",
+            "name order: b after a"
+        );
+        let problems: Vec<String> = set.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert_eq!(
+            problems[0],
+            format!(
+                "{} document 1: Pod default/p is also defined in {} document 1; the definition here is used",
+                at("b.yaml"),
+                at("a.json")
+            )
+        );
+        assert!(
+            problems[1].starts_with(&format!("{}: cannot parse as YAML or JSON: ", at("c.yml"))),
+            "{}",
+            problems[1]
+        );
+        assert_eq!(problems[2], format!("{}: cannot read: stream did not contain valid UTF-8", at("d.yaml")));
+        assert!(set.secrets.is_empty() && set.persistent_volumes.is_empty(), "nothing from the bad files");
+
+        let missing = load_dir(&dir.path().join("missing"));
+        assert_eq!(missing.problems.len(), 1);
+        assert!(missing.problems[0].reason.starts_with("cannot list the manifests directory: "));
+    }
+}

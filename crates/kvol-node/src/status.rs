@@ -1,0 +1,475 @@
+//! The status snapshot the agent writes to `<root>/status.json` and `kvol status` reads and renders.
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The name of the status file in the agent's root directory.
+pub const STATUS_FILE: &str = "status.json";
+
+/// What the agent is doing, as of `updated_unix_ms`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub node: String,
+    /// The agent's process ID.
+    pub pid: u32,
+    pub started_unix_ms: u64,
+    pub updated_unix_ms: u64,
+    /// Where the agent serves `/metrics`, when it does.
+    pub metrics_address: Option<String>,
+    #[serde(default)]
+    pub volumes: Vec<VolumeStatus>,
+    /// Problems that are no one volume's: source documents that cannot be read, plugins that
+    /// failed to probe …
+    #[serde(default)]
+    pub problems: Vec<String>,
+    /// The plugins the agent has, by name.
+    #[serde(default)]
+    pub plugins: Vec<String>,
+}
+
+/// One volume of one pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStatus {
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    pub pod_uid: String,
+    /// The pod's name for the volume.
+    pub volume: String,
+    /// The plugin serving it, once known.
+    pub plugin: Option<String>,
+    pub phase: Phase,
+    /// Whether an in-tree volume is served by its CSI driver.
+    #[serde(default)]
+    pub migrated: bool,
+    pub device_path: Option<String>,
+    pub staging_path: Option<PathBuf>,
+    /// The pod volume directory, once published.
+    pub target: Option<PathBuf>,
+    /// Why the last operation on the volume failed.
+    pub last_error: Option<String>,
+    /// What the volume waits for (an unbound claim, a missing PV …).
+    pub pending_reason: Option<String>,
+    /// The operation under way, in words.
+    pub progress: Option<String>,
+}
+
+/// Where a volume is between wanted and published.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    Pending,
+    Attaching,
+    Attached,
+    Staging,
+    Staged,
+    Publishing,
+    Published,
+    TearingDown,
+    Failed,
+}
+
+impl Phase {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "pending",
+            Phase::Attaching => "attaching",
+            Phase::Attached => "attached",
+            Phase::Staging => "staging",
+            Phase::Staged => "staged",
+            Phase::Publishing => "publishing",
+            Phase::Published => "published",
+            Phase::TearingDown => "tearing-down",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `<root>/status.json`.
+pub fn status_path(root: &Path) -> PathBuf {
+    root.join(STATUS_FILE)
+}
+
+/// Writes `report` as `<root>/status.json` whole or not at all: a temporary file, synced, then
+/// renamed over the old one (and the directory synced), so a reader never sees half a report.
+pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
+    fs::create_dir_all(root)?;
+    let text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
+    let path = status_path(root);
+    let temporary = root.join(format!(".{STATUS_FILE}.{}.tmp", std::process::id()));
+    let written = (|| {
+        let mut file = File::create(&temporary)?;
+        file.write_all(&text)?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+        fs::rename(&temporary, &path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&temporary);
+    }
+    written?;
+    File::open(root)?.sync_all()
+}
+
+/// The report in `<root>/status.json`; the message says what is wrong when there is none or
+/// it cannot be read.
+pub fn read_status(root: &Path) -> Result<StatusReport, String> {
+    let path = status_path(root);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "no status at {}: is the agent running with --root {}?",
+                path.display(),
+                root.display()
+            ));
+        }
+        Err(e) => return Err(format!("cannot read the status at {}: {e}", path.display())),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("the status at {} is corrupt: {e}", path.display()))
+}
+
+/// Whether process `pid` is alive on this machine (`/proc/<pid>` exists).
+pub fn pid_alive(pid: u32) -> bool {
+    pid != 0 && Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// The report as a header and a table of volumes, for people. `now_unix_ms` gives the age of
+/// the report; an agent whose pid is not alive is said to have left a stale report.
+pub fn render_table(report: &StatusReport, now_unix_ms: u64) -> String {
+    render(report, now_unix_ms, pid_alive(report.pid))
+}
+
+/// [`render_table`] with whether the agent runs given.
+fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String {
+    let mut out = format!(
+        "node {}, agent pid {}, started {} ago, updated {} ago",
+        report.node,
+        report.pid,
+        age(now_unix_ms.saturating_sub(report.started_unix_ms)),
+        age(now_unix_ms.saturating_sub(report.updated_unix_ms)),
+    );
+    if let Some(address) = &report.metrics_address {
+        out.push_str(&format!(", metrics on {address}"));
+    }
+    out.push('\n');
+    if !agent_alive {
+        out.push_str(&format!(
+            "warning: agent pid {} is not running: this status may be stale\n",
+            report.pid
+        ));
+    }
+    if !report.plugins.is_empty() {
+        out.push_str(&format!("plugins: {}\n", report.plugins.join(", ")));
+    }
+    if !report.problems.is_empty() {
+        out.push_str("problems:\n");
+        for problem in &report.problems {
+            out.push_str(&format!("  {}\n", one_line(problem)));
+        }
+    }
+    out.push('\n');
+    if report.volumes.is_empty() {
+        out.push_str("no volumes\n");
+        return out;
+    }
+    let header = ["POD", "VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST ERROR"].map(str::to_string);
+    let rows: Vec<[String; 6]> = report.volumes.iter().map(row).collect();
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(widths) {
+            line.push_str(cell);
+            line.push_str(&" ".repeat(width - cell.chars().count() + 2));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The cells of one volume: the phase with the operation under way, the device and the
+/// deepest path it is mounted at, and the last error or else what it waits for.
+fn row(volume: &VolumeStatus) -> [String; 6] {
+    let mut phase = volume.phase.to_string();
+    if volume.migrated {
+        phase.push_str(" (migrated)");
+    }
+    if let Some(progress) = &volume.progress {
+        phase.push_str(&format!(": {progress}"));
+    }
+    let path = volume.target.as_ref().or(volume.staging_path.as_ref()).map(|p| p.display().to_string());
+    let location = match (volume.device_path.clone(), path) {
+        (Some(device), Some(path)) => format!("{device} → {path}"),
+        (Some(only), None) | (None, Some(only)) => only,
+        (None, None) => "-".to_string(),
+    };
+    let error = volume.last_error.as_ref().or(volume.pending_reason.as_ref());
+    [
+        volume.pod.clone(),
+        volume.volume.clone(),
+        volume.plugin.clone().unwrap_or_else(|| "-".to_string()),
+        one_line(&phase),
+        one_line(&location),
+        error.map_or_else(|| "-".to_string(), |e| one_line(e)),
+    ]
+}
+
+/// A cell on one line.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A duration in milliseconds as people read an age: `12s`, `5m`, `3h`, `2d`.
+fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(pod: &str, name: &str, phase: Phase) -> VolumeStatus {
+        VolumeStatus {
+            pod: pod.into(),
+            pod_uid: format!("uid-{name}"),
+            volume: name.into(),
+            plugin: None,
+            phase,
+            migrated: false,
+            device_path: None,
+            staging_path: None,
+            target: None,
+            last_error: None,
+            pending_reason: None,
+            progress: None,
+        }
+    }
+
+    fn report(volumes: Vec<VolumeStatus>) -> StatusReport {
+        StatusReport {
+            node: "node-a".into(),
+            pid: 4242,
+            started_unix_ms: 1_000_000,
+            updated_unix_ms: 1_100_000,
+            metrics_address: None,
+            volumes,
+            problems: Vec::new(),
+            plugins: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn phases_are_written_in_kebab_case_and_read_back() {
+        let table = [
+            (Phase::Pending, "pending"),
+            (Phase::Attaching, "attaching"),
+            (Phase::Attached, "attached"),
+            (Phase::Staging, "staging"),
+            (Phase::Staged, "staged"),
+            (Phase::Publishing, "publishing"),
+            (Phase::Published, "published"),
+            (Phase::TearingDown, "tearing-down"),
+            (Phase::Failed, "failed"),
+        ];
+        for (phase, name) in table {
+            assert_eq!(serde_json::to_value(phase).unwrap(), serde_json::json!(name));
+            assert_eq!(serde_json::from_value::<Phase>(serde_json::json!(name)).unwrap(), phase);
+            assert_eq!(phase.to_string(), name);
+        }
+        assert!(serde_json::from_value::<Phase>(serde_json::json!("tearingDown")).is_err());
+    }
+
+    #[test]
+    fn the_report_is_camel_case_json() {
+        let mut v = volume("default/web", "data", Phase::Published);
+        v.pending_reason = Some("x".into());
+        let mut r = report(vec![v]);
+        r.metrics_address = Some("127.0.0.1:10256".into());
+        let value = serde_json::to_value(&r).unwrap();
+        assert_eq!(value["startedUnixMs"], 1_000_000);
+        assert_eq!(value["updatedUnixMs"], 1_100_000);
+        assert_eq!(value["metricsAddress"], "127.0.0.1:10256");
+        assert_eq!(value["volumes"][0]["podUid"], "uid-data");
+        assert_eq!(value["volumes"][0]["pendingReason"], "x");
+        assert_eq!(value["volumes"][0]["phase"], "published");
+        assert_eq!(serde_json::from_value::<StatusReport>(value).unwrap(), r);
+    }
+
+    #[test]
+    fn rows_show_the_deepest_path_and_the_reason() {
+        let mut staged = volume("default/db", "data", Phase::Staged);
+        staged.plugin = Some("kubernetes.io/csi:ebs.csi.aws.com".into());
+        staged.migrated = true;
+        staged.device_path = Some("/dev/xvdf".into());
+        staged.staging_path = Some("/var/lib/kvol/plugins/s".into());
+        let mut published = staged.clone();
+        published.phase = Phase::Published;
+        published.migrated = false;
+        published.device_path = None;
+        published.target = Some("/var/lib/kvol/pods/u/volumes/v".into());
+        let mut pending = volume("default/web", "claim", Phase::Pending);
+        pending.pending_reason = Some("claim \"c\" is not bound".into());
+        let mut failing = volume("ns/p", "v", Phase::Failed);
+        failing.plugin = Some("kubernetes.io/nfs".into());
+        failing.pending_reason = Some("ignored while there is an error".into());
+        failing.last_error = Some("mount failed:\n  exit status 32".into());
+        let mut busy = volume("ns/p", "w", Phase::Attaching);
+        busy.progress = Some("waiting for the device".into());
+        let table = [
+            (
+                staged,
+                [
+                    "default/db",
+                    "data",
+                    "kubernetes.io/csi:ebs.csi.aws.com",
+                    "staged (migrated)",
+                    "/dev/xvdf → /var/lib/kvol/plugins/s",
+                    "-",
+                ],
+            ),
+            (
+                published,
+                [
+                    "default/db",
+                    "data",
+                    "kubernetes.io/csi:ebs.csi.aws.com",
+                    "published",
+                    "/var/lib/kvol/pods/u/volumes/v",
+                    "-",
+                ],
+            ),
+            (pending, ["default/web", "claim", "-", "pending", "-", "claim \"c\" is not bound"]),
+            (failing, ["ns/p", "v", "kubernetes.io/nfs", "failed", "-", "mount failed: exit status 32"]),
+            (busy, ["ns/p", "w", "-", "attaching: waiting for the device", "-", "-"]),
+        ];
+        for (volume, want) in table {
+            assert_eq!(row(&volume), want.map(str::to_string), "{volume:?}");
+        }
+    }
+
+    #[test]
+    fn ages_read_as_people_read_them() {
+        let table = [
+            (0, "0s"),
+            (999, "0s"),
+            (59_000, "59s"),
+            (119_999, "119s"),
+            (120_000, "2m"),
+            (7_199_000, "119m"),
+            (7_200_000, "2h"),
+            (172_800_000, "2d"),
+        ];
+        for (ms, want) in table {
+            assert_eq!(age(ms), want, "{ms}");
+        }
+    }
+
+    #[test]
+    fn the_table_has_a_header_line_and_aligned_columns() {
+        let mut v = volume("default/web", "data", Phase::Published);
+        v.plugin = Some("kubernetes.io/empty-dir".into());
+        v.target = Some("/r/pods/u/volumes/kubernetes.io~empty-dir/data".into());
+        let mut r = report(vec![v, volume("default/web", "cache", Phase::Pending)]);
+        r.metrics_address = Some("127.0.0.1:10256".into());
+        r.plugins = vec!["kubernetes.io/empty-dir".into(), "kubernetes.io/nfs".into()];
+        r.problems = vec!["pods.yaml document 2: no kind".into()];
+        let text = render(&r, 1_103_000, true);
+        let want = "\
+node node-a, agent pid 4242, started 103s ago, updated 3s ago, metrics on 127.0.0.1:10256
+plugins: kubernetes.io/empty-dir, kubernetes.io/nfs
+problems:
+  pods.yaml document 2: no kind
+
+POD          VOLUME  PLUGIN                   PHASE      DEVICE/PATH                                     LAST ERROR
+default/web  data    kubernetes.io/empty-dir  published  /r/pods/u/volumes/kubernetes.io~empty-dir/data  -
+default/web  cache   -                        pending    -                                               -
+";
+        assert_eq!(text, want);
+    }
+
+    #[test]
+    fn a_dead_agent_and_an_empty_node_are_said_so() {
+        let text = render(&report(Vec::new()), 1_100_000, false);
+        assert_eq!(
+            text,
+            "node node-a, agent pid 4242, started 100s ago, updated 0s ago\n\
+             warning: agent pid 4242 is not running: this status may be stale\n\
+             \n\
+             no volumes\n"
+        );
+        // A clock that went back shows no negative age.
+        assert!(
+            render(&report(Vec::new()), 0, true)
+                .starts_with("node node-a, agent pid 4242, started 0s ago, updated 0s ago\n")
+        );
+    }
+
+    #[test]
+    fn liveness_is_read_from_proc() {
+        let mut r = report(Vec::new());
+        r.pid = std::process::id();
+        assert!(!render_table(&r, 1_100_000).contains("stale"));
+        // Above any pid_max Linux allows (2^22).
+        r.pid = 1 << 23;
+        assert!(render_table(&r, 1_100_000).contains("agent pid 8388608 is not running"));
+        assert!(!pid_alive(0));
+    }
+
+    #[test]
+    fn a_written_report_is_read_back_and_replaces_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("kvol");
+        let mut r = report(vec![volume("default/web", "data", Phase::Staging)]);
+        write_status(&root, &r).unwrap();
+        assert_eq!(read_status(&root).unwrap(), r);
+        r.volumes[0].phase = Phase::Published;
+        write_status(&root, &r).unwrap();
+        assert_eq!(read_status(&root).unwrap(), r);
+        let names: Vec<_> = fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["status.json"], "no temporary file is left");
+    }
+
+    #[test]
+    fn a_missing_or_corrupt_status_is_a_clear_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let err = read_status(root).unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "no status at {}/status.json: is the agent running with --root {}?",
+                root.display(),
+                root.display()
+            )
+        );
+        fs::write(status_path(root), "{\"node\": \"a\"").unwrap();
+        let err = read_status(root).unwrap_err();
+        assert!(
+            err.starts_with(&format!("the status at {}/status.json is corrupt: ", root.display())),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,452 @@
+//! The journal store: the agent's actual state and the operations under way, in one redb file, every change durable before the call returns.
+//!
+//! # Layout
+//!
+//! One redb database (schema 1). Values are JSON text (serde_json) of the model types, so a
+//! record stays readable with any redb tool; a record that does not parse (or whose key does not
+//! match its content) is an error naming the store, the table and the key.
+//!
+//! | table       | key                          | value                                        |
+//! |-------------|------------------------------|----------------------------------------------|
+//! | `meta`      | `&str`                       | `u64`: `schema` (1), `next_journal_id`       |
+//! | `attached`  | unique volume name           | [`AttachedVolume`]                           |
+//! | `staged`    | unique volume name           | [`StagedVolume`]                             |
+//! | `published` | `(pod uid, pod volume name)` | [`PublishedVolume`]                          |
+//! | `journal`   | journal id (`u64`, rising)   | `{"operation": Operation, "startedUnixMs"}`  |
+//!
+//! # Protocol
+//!
+//! The executor calls [`Store::begin`] before an operation touches the node and
+//! [`Store::finish`] after it, with the change to the actual state the operation made (or
+//! [`ActualChange::Nothing`] when it failed). `finish` removes the journal entry and applies the
+//! change in one write transaction, so after a crash at any point the store holds either the
+//! entry (the operation may or may not have happened: [`crate::rebuild`] looks at the node to
+//! decide) or the change, never both and never neither. Every commit uses redb's default
+//! durability (`Immediate`: fsynced before `commit` returns).
+//!
+//! Journal ids come from `meta.next_journal_id`, so they keep rising across restarts and
+//! [`Store::replace_actual`]; [`Loaded::incomplete`] lists entries in id order, which is the
+//! order the operations started.
+//!
+//! Opening verifies every page's checksum (`check_integrity`, a few milliseconds for a store
+//! of this size), so a damaged file is refused at open rather than panicking redb in a later
+//! read. A file that is not a redb database, a damaged one, or a redb database that is not a
+//! kvol store (tables this module does not know, a missing or different schema version) is
+//! refused with an error naming the path. A file that is not a redb database is never written
+//! to.
+
+use std::fmt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redb::{
+    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
+    WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const ATTACHED: TableDefinition<&str, &str> = TableDefinition::new("attached");
+const STAGED: TableDefinition<&str, &str> = TableDefinition::new("staged");
+const PUBLISHED: TableDefinition<(&str, &str), &str> = TableDefinition::new("published");
+const JOURNAL: TableDefinition<u64, &str> = TableDefinition::new("journal");
+
+/// Every table of a kvol store; any other table makes a database foreign.
+const TABLES: [&str; 5] = ["meta", "attached", "staged", "published", "journal"];
+/// The `meta` key of the layout version.
+const SCHEMA_KEY: &str = "schema";
+/// The layout this module reads and writes.
+const SCHEMA: u64 = 1;
+/// The `meta` key of the id the next journal entry gets.
+const NEXT_ID_KEY: &str = "next_journal_id";
+
+/// A store that cannot be opened, read or written; every message names the store's path.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create the directory of store {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open store {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: redb::DatabaseError,
+    },
+    #[error("store {} is corrupt: {reason}", path.display())]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("{} is not a kvol store: {reason}", path.display())]
+    Foreign { path: PathBuf, reason: String },
+    #[error("store {}: {source}", path.display())]
+    Database {
+        path: PathBuf,
+        #[source]
+        source: redb::Error,
+    },
+    #[error("store {}: record {key:?} of table {table} is unreadable: {reason}", path.display())]
+    Record { path: PathBuf, table: &'static str, key: String, reason: String },
+    #[error("store {}: cannot encode {what}: {source}", path.display())]
+    Encode {
+        path: PathBuf,
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("store {}: there is no journal entry {id} to finish", path.display())]
+    UnknownEntry { path: PathBuf, id: u64 },
+}
+
+/// An operation begun and not finished.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JournalEntry {
+    pub id: u64,
+    pub operation: Operation,
+    /// When [`Store::begin`] recorded it, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+}
+
+/// What a finished operation changed in the actual state.
+#[derive(Clone, Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value per finished operation, passed by reference; the executor matches on the plain records"
+)]
+pub enum ActualChange {
+    /// Adds or replaces the attached record of the volume's unique name.
+    SetAttached(AttachedVolume),
+    /// Removes the attached record of this unique name (absent: no change).
+    RemoveAttached(String),
+    SetStaged(StagedVolume),
+    RemoveStaged(String),
+    SetPublished(PublishedVolume),
+    RemovePublished(PodVolumeKey),
+    /// The operation changed nothing (it failed before touching the node, or was a no-op).
+    Nothing,
+}
+
+/// Everything in the store at one moment, read in one transaction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Loaded {
+    pub actual: ActualState,
+    /// Journal entries not finished, in id order.
+    pub incomplete: Vec<JournalEntry>,
+}
+
+/// A journal entry as stored (owned, for reading).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredEntry {
+    operation: Operation,
+    started_unix_ms: u64,
+}
+
+/// A journal entry as stored (borrowed, for writing).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredEntryRef<'a> {
+    operation: &'a Operation,
+    started_unix_ms: u64,
+}
+
+/// The journal store. Share it behind an `Arc`: redb serialises write transactions and lets
+/// reads run beside them.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    db: Database,
+}
+
+impl Store {
+    /// Opens the store at `path`, creating the file (and its parent directory, mode 0700) if
+    /// missing. A file that is not a kvol store, or is damaged, is an error naming the path.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(|source| StoreError::CreateDir { path: path.to_path_buf(), source })?;
+        }
+        let db = open_checked(path)?;
+        let store = Store { path: path.to_path_buf(), db };
+        store.initialise()?;
+        Ok(store)
+    }
+
+    /// The file the store lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The actual state and the unfinished journal entries (in id order), from one snapshot.
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+        let actual = self.read_actual(&txn)?;
+        let journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+        let mut incomplete = Vec::new();
+        for row in journal.iter().map_err(|e| self.db_error(e))? {
+            let (id, text) = row.map_err(|e| self.db_error(e))?;
+            let id = id.value();
+            let entry: StoredEntry = serde_json::from_str(text.value())
+                .map_err(|e| self.record_error("journal", id.to_string(), e.to_string()))?;
+            incomplete.push(JournalEntry {
+                id,
+                operation: entry.operation,
+                started_unix_ms: entry.started_unix_ms,
+            });
+        }
+        Ok(Loaded { actual, incomplete })
+    }
+
+    /// Journals `operation` as begun and returns its id; the entry is on disk when this returns.
+    pub fn begin(&self, operation: &Operation) -> Result<u64, StoreError> {
+        let started_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let text = self.encode(&StoredEntryRef { operation, started_unix_ms }, || {
+            format!("the journal entry of {}", operation.name())
+        })?;
+        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let id = {
+            let mut meta = txn.open_table(META).map_err(|e| self.db_error(e))?;
+            let id = meta.get(NEXT_ID_KEY).map_err(|e| self.db_error(e))?.map_or(1, |g| g.value());
+            meta.insert(NEXT_ID_KEY, id + 1).map_err(|e| self.db_error(e))?;
+            let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+            journal.insert(id, text.as_str()).map_err(|e| self.db_error(e))?;
+            id
+        };
+        txn.commit().map_err(|e| self.db_error(e))?;
+        Ok(id)
+    }
+
+    /// Removes journal entry `id` and applies `change`, in one durable write transaction. An
+    /// unknown `id` is an error and changes nothing.
+    pub fn finish(&self, id: u64, change: &ActualChange) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        {
+            let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+            let removed = journal.remove(id).map_err(|e| self.db_error(e))?.is_some();
+            if !removed {
+                // Dropping the transaction uncommitted aborts it.
+                return Err(StoreError::UnknownEntry { path: self.path.clone(), id });
+            }
+        }
+        self.apply(&txn, change)?;
+        txn.commit().map_err(|e| self.db_error(e))
+    }
+
+    /// Replaces the whole actual state with `actual` and empties the journal, in one durable
+    /// write transaction (after a rebuild has settled every unfinished entry).
+    pub fn replace_actual(&self, actual: &ActualState) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        {
+            let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+            journal.retain(|_, _| false).map_err(|e| self.db_error(e))?;
+            let mut attached = txn.open_table(ATTACHED).map_err(|e| self.db_error(e))?;
+            attached.retain(|_, _| false).map_err(|e| self.db_error(e))?;
+            let mut staged = txn.open_table(STAGED).map_err(|e| self.db_error(e))?;
+            staged.retain(|_, _| false).map_err(|e| self.db_error(e))?;
+            let mut published = txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+            published.retain(|_, _| false).map_err(|e| self.db_error(e))?;
+        }
+        for volume in actual.attached.values() {
+            self.apply(&txn, &ActualChange::SetAttached(volume.clone()))?;
+        }
+        for volume in actual.staged.values() {
+            self.apply(&txn, &ActualChange::SetStaged(volume.clone()))?;
+        }
+        for volume in actual.published.values() {
+            self.apply(&txn, &ActualChange::SetPublished(volume.clone()))?;
+        }
+        txn.commit().map_err(|e| self.db_error(e))
+    }
+
+    /// The actual state as recorded.
+    pub fn actual(&self) -> Result<ActualState, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+        self.read_actual(&txn)
+    }
+
+    /// Creates the tables of a new store, or checks that an existing database is a kvol store
+    /// of this schema.
+    fn initialise(&self) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let tables: Vec<String> =
+            txn.list_tables().map_err(|e| self.db_error(e))?.map(|t| t.name().to_string()).collect();
+        let multimaps: Vec<String> =
+            txn.list_multimap_tables().map_err(|e| self.db_error(e))?.map(|t| t.name().to_string()).collect();
+        let foreign = |reason: String| StoreError::Foreign { path: self.path.clone(), reason };
+        if let Some(other) = tables.iter().chain(&multimaps).find(|t| !TABLES.contains(&t.as_str())) {
+            return Err(foreign(format!("it has a table {other:?}")));
+        }
+        let schema = if tables.iter().any(|t| t == "meta") {
+            let meta = txn.open_table(META).map_err(|e| self.db_error(e))?;
+            meta.get(SCHEMA_KEY).map_err(|e| self.db_error(e))?.map(|g| g.value())
+        } else {
+            None
+        };
+        match schema {
+            Some(SCHEMA) => {
+                // Existing store: nothing to write.
+                txn.abort().map_err(|e| self.db_error(e))?;
+                Ok(())
+            }
+            Some(other) => Err(foreign(format!("it has schema version {other}, this kvol reads {SCHEMA}"))),
+            None if !tables.is_empty() => Err(foreign("it has no schema version".to_string())),
+            None => {
+                {
+                    let mut meta = txn.open_table(META).map_err(|e| self.db_error(e))?;
+                    meta.insert(SCHEMA_KEY, SCHEMA).map_err(|e| self.db_error(e))?;
+                    meta.insert(NEXT_ID_KEY, 1).map_err(|e| self.db_error(e))?;
+                    txn.open_table(ATTACHED).map_err(|e| self.db_error(e))?;
+                    txn.open_table(STAGED).map_err(|e| self.db_error(e))?;
+                    txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+                    txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+                }
+                txn.commit().map_err(|e| self.db_error(e))
+            }
+        }
+    }
+
+    /// Applies one change inside `txn`.
+    fn apply(&self, txn: &WriteTransaction, change: &ActualChange) -> Result<(), StoreError> {
+        match change {
+            ActualChange::SetAttached(volume) => {
+                let text = self.encode(volume, || format!("attached volume {}", volume.unique_name))?;
+                let mut table = txn.open_table(ATTACHED).map_err(|e| self.db_error(e))?;
+                table.insert(volume.unique_name.as_str(), text.as_str()).map_err(|e| self.db_error(e))?;
+            }
+            ActualChange::RemoveAttached(name) => {
+                let mut table = txn.open_table(ATTACHED).map_err(|e| self.db_error(e))?;
+                table.remove(name.as_str()).map_err(|e| self.db_error(e))?;
+            }
+            ActualChange::SetStaged(volume) => {
+                let text = self.encode(volume, || format!("staged volume {}", volume.unique_name))?;
+                let mut table = txn.open_table(STAGED).map_err(|e| self.db_error(e))?;
+                table.insert(volume.unique_name.as_str(), text.as_str()).map_err(|e| self.db_error(e))?;
+            }
+            ActualChange::RemoveStaged(name) => {
+                let mut table = txn.open_table(STAGED).map_err(|e| self.db_error(e))?;
+                table.remove(name.as_str()).map_err(|e| self.db_error(e))?;
+            }
+            ActualChange::SetPublished(volume) => {
+                let text = self.encode(volume, || format!("published volume {}", volume.key))?;
+                let mut table = txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+                let key = (volume.key.pod_uid.as_str(), volume.key.volume.as_str());
+                table.insert(key, text.as_str()).map_err(|e| self.db_error(e))?;
+            }
+            ActualChange::RemovePublished(key) => {
+                let mut table = txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+                table.remove((key.pod_uid.as_str(), key.volume.as_str())).map_err(|e| self.db_error(e))?;
+            }
+            ActualChange::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// The three record tables, from the snapshot `txn` reads. A record whose key does not
+    /// match its content is unreadable, as a record that does not parse.
+    fn read_actual(&self, txn: &redb::ReadTransaction) -> Result<ActualState, StoreError> {
+        let mut actual = ActualState::default();
+        let table = txn.open_table(ATTACHED).map_err(|e| self.db_error(e))?;
+        for row in table.iter().map_err(|e| self.db_error(e))? {
+            let (key, text) = row.map_err(|e| self.db_error(e))?;
+            let key = key.value().to_string();
+            let volume: AttachedVolume = self.decode("attached", &key, text.value())?;
+            if volume.unique_name != key {
+                return Err(self.record_error("attached", key, format!("it names {}", volume.unique_name)));
+            }
+            actual.attached.insert(key, volume);
+        }
+        let table = txn.open_table(STAGED).map_err(|e| self.db_error(e))?;
+        for row in table.iter().map_err(|e| self.db_error(e))? {
+            let (key, text) = row.map_err(|e| self.db_error(e))?;
+            let key = key.value().to_string();
+            let volume: StagedVolume = self.decode("staged", &key, text.value())?;
+            if volume.unique_name != key {
+                return Err(self.record_error("staged", key, format!("it names {}", volume.unique_name)));
+            }
+            actual.staged.insert(key, volume);
+        }
+        let table = txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+        for row in table.iter().map_err(|e| self.db_error(e))? {
+            let (key, text) = row.map_err(|e| self.db_error(e))?;
+            let (pod_uid, volume_name) = key.value();
+            let key = PodVolumeKey { pod_uid: pod_uid.to_string(), volume: volume_name.to_string() };
+            let volume: PublishedVolume = self.decode("published", &key.to_string(), text.value())?;
+            if volume.key != key {
+                return Err(self.record_error(
+                    "published",
+                    key.to_string(),
+                    format!("it names {}", volume.key),
+                ));
+            }
+            actual.published.insert(key, volume);
+        }
+        Ok(actual)
+    }
+
+    fn encode<T: Serialize>(&self, value: &T, what: impl FnOnce() -> String) -> Result<String, StoreError> {
+        serde_json::to_string(value).map_err(|source| StoreError::Encode {
+            path: self.path.clone(),
+            what: what(),
+            source,
+        })
+    }
+
+    fn decode<T: for<'de> Deserialize<'de>>(
+        &self,
+        table: &'static str,
+        key: &str,
+        text: &str,
+    ) -> Result<T, StoreError> {
+        serde_json::from_str(text).map_err(|e| self.record_error(table, key.to_string(), e.to_string()))
+    }
+
+    fn record_error(&self, table: &'static str, key: String, reason: String) -> StoreError {
+        StoreError::Record { path: self.path.clone(), table, key, reason }
+    }
+
+    fn db_error(&self, e: impl Into<redb::Error>) -> StoreError {
+        StoreError::Database { path: self.path.clone(), source: e.into() }
+    }
+}
+
+/// Opens (or creates) the database and verifies every page's checksum, so a damaged file is an
+/// error here rather than a panic in a later read. redb may repair a file whose last commit is
+/// damaged by going back to the one before; that is logged. redb's debug builds check their
+/// page allocator while opening and panic on some damage; that panic is caught and reported as
+/// a corrupt store.
+fn open_checked(path: &Path) -> Result<Database, StoreError> {
+    let open_error = |source| StoreError::Open { path: path.to_path_buf(), source };
+    let opened = std::panic::catch_unwind(|| -> Result<Database, redb::DatabaseError> {
+        let mut db = Database::create(path)?;
+        if !db.check_integrity()? {
+            tracing::warn!(path = %path.display(), "the journal store was damaged and repaired to its last intact commit");
+        }
+        Ok(db)
+    });
+    match opened {
+        Ok(result) => result.map_err(open_error),
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let reason = format!("redb panicked reading it: {reason}");
+            Err(StoreError::Corrupt { path: path.to_path_buf(), reason })
+        }
+    }
+}
+
+impl fmt::Display for JournalEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "journal entry {} ({} {})", self.id, self.operation.name(), self.operation.lock_key())
+    }
+}

@@ -1,0 +1,194 @@
+//! The manifests source against real files and real inotify: what is in the directory is what is published.
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvol_node::ObjectSet;
+use kvol_node::source::{ManifestsSource, static_pod_uid};
+use tokio::sync::watch;
+
+/// How long a change may take to arrive before a test fails.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Waits until a published set satisfies `done`, or fails naming `what` and the last set seen.
+async fn wait_for(
+    sets: &mut watch::Receiver<Arc<ObjectSet>>,
+    what: &str,
+    done: impl Fn(&ObjectSet) -> bool,
+) -> Arc<ObjectSet> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let set = Arc::clone(&sets.borrow_and_update());
+        if done(&set) {
+            return set;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, sets.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("{what}: the source stopped"),
+            Err(_) => panic!("{what}: not seen within {DEADLINE:?}; last set: {set:#?}"),
+        }
+    }
+}
+
+fn pod(name: &str, label: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{v: {label}}}\nspec:\n  \
+         containers: [{{name: c, image: i}}]\n  volumes: [{{name: data, emptyDir: {{}}}}]\n"
+    )
+}
+
+fn claim(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: ns}}\nspec: {{}}\n"
+    )
+}
+
+fn label(set: &ObjectSet, key: &str) -> Option<String> {
+    set.pods.get(key)?.metadata.labels.as_ref()?.get("v").cloned()
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    fs::write(dir.join(name), text).unwrap();
+}
+
+#[tokio::test]
+async fn additions_changes_and_removals_are_published() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", &format!("{}---\n{}", pod("a", "one"), claim("c")));
+    let source = ManifestsSource::start(dir.path().to_path_buf()).unwrap();
+
+    // Present at once, with no waiting: the first set is read before start returns.
+    let first = source.current();
+    assert_eq!(first.pods.keys().collect::<Vec<_>>(), ["default/a"]);
+    assert_eq!(first.claims.keys().collect::<Vec<_>>(), ["ns/c"]);
+    assert!(first.problems.is_empty(), "{:?}", first.problems);
+    let uid = first.pods["default/a"].metadata.uid.clone();
+    assert_eq!(uid.as_deref(), Some(static_pod_uid("default", "a").as_str()));
+
+    let mut sets = source.subscribe();
+    write(
+        dir.path(),
+        "b.json",
+        r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"b","namespace":"x"}}"#,
+    );
+    wait_for(&mut sets, "pod x/b added", |s| s.pods.contains_key("x/b")).await;
+
+    write(dir.path(), "a.yaml", &format!("{}---\n{}", pod("a", "two"), claim("c")));
+    let changed =
+        wait_for(&mut sets, "pod a changed", |s| label(s, "default/a").as_deref() == Some("two")).await;
+    assert_eq!(changed.pods["default/a"].metadata.uid, uid, "an edit keeps the pod's uid");
+
+    fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    let removed = wait_for(&mut sets, "a.yaml's objects gone", |s| !s.pods.contains_key("default/a")).await;
+    assert!(removed.claims.is_empty(), "the claim went with its file");
+    assert_eq!(removed.pods.keys().collect::<Vec<_>>(), ["x/b"]);
+    assert_eq!(*source.current(), *removed);
+    source.shutdown();
+}
+
+#[tokio::test]
+async fn a_malformed_manifest_is_a_problem_for_its_file_only() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.yaml", &pod("good", "one"));
+    let source = ManifestsSource::start(dir.path().to_path_buf()).unwrap();
+    let mut sets = source.subscribe();
+    let bad = dir.path().join("bad.yaml").display().to_string();
+
+    write(dir.path(), "bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [1, 2\n");
+    let set = wait_for(&mut sets, "a problem for bad.yaml", |s| !s.problems.is_empty()).await;
+    assert_eq!(set.problems.len(), 1, "{:?}", set.problems);
+    assert_eq!(set.problems[0].origin, bad);
+    assert!(set.problems[0].reason.starts_with("cannot parse as YAML or JSON: "), "{}", set.problems[0]);
+    assert_eq!(set.pods.keys().collect::<Vec<_>>(), ["default/good"], "the other file is unaffected");
+
+    write(dir.path(), "bad.yaml", &pod("fixed", "one"));
+    let set = wait_for(&mut sets, "bad.yaml fixed", |s| s.pods.contains_key("default/fixed")).await;
+    assert!(set.problems.is_empty(), "{:?}", set.problems);
+    assert_eq!(set.pods.len(), 2);
+    source.shutdown();
+}
+
+#[tokio::test]
+async fn an_atomic_write_is_seen_once_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = ManifestsSource::start(dir.path().to_path_buf()).unwrap();
+    let mut sets = source.subscribe();
+
+    // A temporary dot-file, half written: never read, even when the directory is read after it.
+    let text = pod("c", "one");
+    write(dir.path(), ".c.yaml.tmp", &text[..text.len() / 2]);
+    write(dir.path(), ".c.yaml", "not: [valid");
+    write(dir.path(), "marker.yaml", &pod("marker", "one"));
+    let set = wait_for(&mut sets, "the marker", |s| s.pods.contains_key("default/marker")).await;
+    assert!(set.problems.is_empty(), "dot-files are not read: {:?}", set.problems);
+    assert_eq!(set.pods.len(), 1);
+
+    fs::write(dir.path().join(".c.yaml.tmp"), &text).unwrap();
+    fs::rename(dir.path().join(".c.yaml.tmp"), dir.path().join("c.yaml")).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    tokio::time::timeout_at(deadline.into(), sets.changed()).await.expect("a new set").unwrap();
+    let set = Arc::clone(&sets.borrow_and_update());
+    assert_eq!(label(&set, "default/c").as_deref(), Some("one"), "the first new set has the whole pod");
+    assert!(set.problems.is_empty(), "{:?}", set.problems);
+    assert_eq!(set.pods.len(), 2);
+    source.shutdown();
+}
+
+#[tokio::test]
+async fn a_burst_of_files_ends_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = ManifestsSource::start(dir.path().to_path_buf()).unwrap();
+    let mut sets = source.subscribe();
+    for i in 0..100 {
+        write(dir.path(), &format!("p{i:03}.yaml"), &pod(&format!("p{i:03}"), "one"));
+    }
+    let set = wait_for(&mut sets, "all 100 pods", |s| s.pods.len() == 100).await;
+    assert!(set.problems.is_empty(), "{:?}", set.problems);
+    // And the last edit of another burst wins.
+    for round in ["two", "three", "four"] {
+        for i in 0..100 {
+            write(dir.path(), &format!("p{i:03}.yaml"), &pod(&format!("p{i:03}"), round));
+        }
+    }
+    wait_for(&mut sets, "every pod at its last edit", |s| {
+        s.pods.len() == 100 && s.pods.keys().all(|k| label(s, k).as_deref() == Some("four"))
+    })
+    .await;
+    source.shutdown();
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_created_and_watched() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("etc/kvol/manifests");
+    let source = ManifestsSource::start(dir.clone()).unwrap();
+    assert!(dir.is_dir());
+    assert_eq!(*source.current(), ObjectSet::default());
+    let mut sets = source.subscribe();
+    write(&dir, "p.yml", &pod("p", "one"));
+    wait_for(&mut sets, "the pod", |s| s.pods.contains_key("default/p")).await;
+    source.shutdown();
+}
+
+#[tokio::test]
+async fn a_file_in_the_way_is_an_error() {
+    let parent = tempfile::tempdir().unwrap();
+    let path = parent.path().join("manifests");
+    fs::write(&path, "").unwrap();
+    let err = ManifestsSource::start(path.clone()).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("cannot create the manifests directory {}: ", path.display())), "{err}");
+}
+
+#[tokio::test]
+async fn shutdown_ends_the_watch() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = ManifestsSource::start(dir.path().to_path_buf()).unwrap();
+    let mut sets = source.subscribe();
+    source.shutdown();
+    // The source's thread and handle are gone, so the channel is closed.
+    assert!(sets.changed().await.is_err());
+    assert!(sets.borrow().pods.is_empty());
+}

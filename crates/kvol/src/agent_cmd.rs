@@ -1,0 +1,128 @@
+//! `kvol agent`: the node agent, on its embedded default under one root directory.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvol_api::FeatureGates;
+use kvol_node::agent::{AgentConfig, run_agent};
+use kvol_node::status::{Phase, read_status, render_table};
+
+/// Arguments of `kvol agent`.
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// The agent's root: journal, status, kubelet layout (`kubelet/`), Flexvolume drivers
+    /// (`flexvolume/`), registration sockets (`plugins_registry/`), the bundled driver's volumes.
+    #[arg(long, default_value = "/var/lib/kvol")]
+    pub root: PathBuf,
+    /// The manifests directory (Pods, PersistentVolumes, claims, StorageClasses, CSIDrivers,
+    /// Secrets); defaults to `<root>/manifests`. Watched: changes apply at once.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// The node's name; defaults to the host name.
+    #[arg(long, env = "KVOL_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    #[arg(long, default_value = "127.0.0.1:9809")]
+    pub metrics_address: SocketAddr,
+    /// Do not serve metrics.
+    #[arg(long)]
+    pub no_metrics: bool,
+    /// Do not run the bundled CSI driver (hostpath.csi.kvol.io).
+    #[arg(long)]
+    pub no_bundled_driver: bool,
+    /// Do not install the example Flexvolume drivers.
+    #[arg(long)]
+    pub no_example_flex_drivers: bool,
+    /// How often published volumes are checked against the mount table.
+    #[arg(long, default_value = "10", value_name = "SECONDS")]
+    pub resync_seconds: u64,
+    /// Exit once every volume has settled (published, failed with a reason, or pending with a
+    /// reason) and print the status: a demonstration mode. Volumes stay mounted.
+    #[arg(long)]
+    pub until_settled: bool,
+    /// With --until-settled: give up (exit 1) after this long.
+    #[arg(long, default_value = "120", value_name = "SECONDS")]
+    pub settle_timeout_seconds: u64,
+}
+
+pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow::Result<ExitCode> {
+    let mut config = AgentConfig::embedded(&args.root, node_name);
+    config.gates = gates.clone();
+    if let Some(dir) = &args.manifests {
+        config.manifests_dir = dir.clone();
+    }
+    config.bundled_driver = !args.no_bundled_driver;
+    config.example_flex_drivers = !args.no_example_flex_drivers;
+    config.metrics_address = (!args.no_metrics).then_some(args.metrics_address);
+    config.resync = Duration::from_secs(args.resync_seconds.max(1));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let root = args.root.clone();
+    let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
+    runtime.block_on(async move {
+        let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<bool>();
+        if let Some(limit) = settle {
+            let root = root.clone();
+            tokio::spawn(async move {
+                let _ = settled_tx.send(wait_until_settled(&root, limit).await);
+            });
+        } else {
+            drop(settled_tx);
+        }
+        let mut settled = None;
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("a SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+                outcome = settled_rx, if settle.is_some() => settled = outcome.ok(),
+            }
+        };
+        run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?;
+        match settled {
+            Some(ok) => {
+                let report = read_status(&root).map_err(anyhow::Error::msg)?;
+                print!("{}", render_table(&report, now_ms()));
+                Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            }
+            None => Ok(ExitCode::SUCCESS),
+        }
+    })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Waits until the status has volumes and none of them is in a transitional phase, unchanged
+/// for two seconds; false on timeout.
+async fn wait_until_settled(root: &std::path::Path, limit: Duration) -> bool {
+    let start = Instant::now();
+    let mut last: Option<(Vec<(String, Phase)>, Instant)> = None;
+    while start.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Ok(report) = read_status(root) else { continue };
+        if report.pid != std::process::id() || report.volumes.is_empty() {
+            continue;
+        }
+        let phases: Vec<(String, Phase)> =
+            report.volumes.iter().map(|v| (format!("{}/{}", v.pod, v.volume), v.phase)).collect();
+        let steady =
+            phases.iter().all(|(_, p)| matches!(p, Phase::Published | Phase::Failed | Phase::Pending));
+        match &last {
+            Some((previous, since)) if *previous == phases && steady => {
+                if since.elapsed() >= Duration::from_secs(2) {
+                    return true;
+                }
+            }
+            _ => last = Some((phases, Instant::now())),
+        }
+    }
+    false
+}
