@@ -1,0 +1,390 @@
+//! The real `kvol agent` binary end to end: real mounts (in a private mount namespace of the test thread, which the agent inherits), the bundled CSI driver, the example and test Flexvolume drivers, `kill -9` at each step and restarts.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvol_node::status::{Phase, StatusReport, VolumeStatus, read_status};
+use kvol_plugin::{MountPoint, Mounter, SystemMounter};
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
+
+fn enter_private_mount_namespace() {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+}
+
+/// A Flexvolume test driver: attachable; `attach` records itself; `mountdevice` and `mount`
+/// mount a tmpfs; every command first waits while `<KVOL_TEST_DIR>/slow-<command>` exists and
+/// fails while `<KVOL_TEST_DIR>/fail-<command>` exists.
+const TEST_DRIVER: &str = r#"#!/bin/sh
+cmd="$1"; shift
+log() { echo "$cmd $*" >> "$KVOL_TEST_DIR/driver.log"; }
+ok() { printf '{"status":"Success"%s}\n' "$1"; exit 0; }
+while [ -e "$KVOL_TEST_DIR/slow-$cmd" ]; do sleep 0.1; done
+if [ -e "$KVOL_TEST_DIR/fail-$cmd" ]; then
+  printf '{"status":"Failure","message":"test driver told to fail %s"}\n' "$cmd"; exit 1
+fi
+case "$cmd" in
+  init) ok ',"capabilities":{"attach":true}' ;;
+  attach) log "$2"; ok ',"device":"/dev/test-volume"' ;;
+  waitforattach) ok ",\"device\":\"$1\"" ;;
+  isattached) ok ',"attached":true' ;;
+  detach) log "$1"; ok ;;
+  mountdevice)
+    mkdir -p "$1"
+    grep -q " $1 " /proc/self/mountinfo || mount -t tmpfs -o size=1m test-device "$1"
+    log "$1"; ok ;;
+  unmountdevice) umount "$1" 2>/dev/null; rmdir "$1" 2>/dev/null; log "$1"; ok ;;
+  mount)
+    mkdir -p "$1"
+    grep -q " $1 " /proc/self/mountinfo || mount -t tmpfs -o size=1m test-volume "$1"
+    log "$1"; ok ;;
+  unmount) umount "$1" 2>/dev/null; rmdir "$1" 2>/dev/null; log "$1"; ok ;;
+  *) echo '{"status":"Not supported"}'; exit 1 ;;
+esac
+"#;
+
+struct Node {
+    root: PathBuf,
+    manifests: PathBuf,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let manifests = root.join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        let driver_dir = root.join("flexvolume/test~slow");
+        std::fs::create_dir_all(&driver_dir).unwrap();
+        let script = driver_dir.join("slow");
+        std::fs::write(&script, TEST_DRIVER).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Node { root, manifests, child: None, _dir: dir }
+    }
+
+    fn start(&mut self) {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.root.join("agent.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", "node-a", "--root"])
+            .arg(&self.root)
+            .env("KVOL_TEST_DIR", &self.root)
+            .env("KVOL_LOG", "info")
+            .env_remove("KVOL_CONFIG")
+            .env_remove("KVOL_FEATURE_GATES")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the kvol binary runs");
+        self.child = Some(child);
+    }
+
+    fn kill_9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn sigterm(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM)
+            .unwrap();
+        child.wait().unwrap()
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        // Atomically, as an operator's tooling would: the agent never reads a half-written file.
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(name)).unwrap();
+    }
+
+    fn remove(&self, name: &str) {
+        std::fs::remove_file(self.manifests.join(name)).unwrap();
+    }
+
+    fn marker(&self, name: &str, on: bool) {
+        let path = self.root.join(name);
+        if on {
+            std::fs::write(path, "").unwrap();
+        } else {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    fn driver_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.root.join("driver.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.root.join("agent.log")).unwrap_or_default()
+    }
+
+    /// Waits until the agent's status satisfies `ok`; panics with the status and log on timeout.
+    fn wait(&self, what: &str, ok: impl Fn(&StatusReport) -> bool) -> StatusReport {
+        let start = Instant::now();
+        loop {
+            if let Ok(report) = read_status(&self.root) {
+                let current = self.child.as_ref().is_some_and(|c| c.id() == report.pid);
+                if current && ok(&report) {
+                    return report;
+                }
+            }
+            if start.elapsed() > Duration::from_secs(40) {
+                panic!(
+                    "timed out waiting for {what}\nstatus: {:#?}\nlog:\n{}",
+                    read_status(&self.root),
+                    self.agent_log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn mounts(&self) -> Vec<MountPoint> {
+        SystemMounter.mounts_under(&self.root.join("kubelet")).unwrap()
+    }
+
+    /// Every mount point under the kubelet dir appears once: nothing mounted twice.
+    fn assert_no_double_mounts(&self) {
+        let mut targets: Vec<PathBuf> = self.mounts().into_iter().map(|m| m.target).collect();
+        let n = targets.len();
+        targets.sort();
+        targets.dedup();
+        assert_eq!(targets.len(), n, "a path is mounted twice: {:#?}", self.mounts());
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let mut left = self.mounts();
+        left.sort_by_key(|m| std::cmp::Reverse(m.target.components().count()));
+        for m in left {
+            let _ = nix::mount::umount2(&m.target, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+fn volume<'a>(report: &'a StatusReport, pod: &str, name: &str) -> Option<&'a VolumeStatus> {
+    report.volumes.iter().find(|v| v.pod == pod && v.volume == name)
+}
+
+fn phase(report: &StatusReport, pod: &str, name: &str) -> Option<Phase> {
+    volume(report, pod, name).map(|v| v.phase)
+}
+
+fn pod(name: &str, volumes: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n{volumes}"
+    )
+}
+
+const STORAGE: &str = r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: kvol-hostpath}
+provisioner: hostpath.csi.kvol.io
+---
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: hostpath.csi.kvol.io}
+spec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Persistent, Ephemeral]}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec:
+  storageClassName: kvol-hostpath
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 16Mi}}
+"#;
+
+/// Pods added, changed and removed; a malformed manifest; SIGTERM leaving volumes mounted and a
+/// restart picking them up without mounting anything twice.
+#[test]
+fn pods_come_and_go_and_volumes_outlive_the_agent() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    let host_dir = node.root.join("host-data");
+    node.write("00-storage.yaml", STORAGE);
+    node.write(
+        "web.yaml",
+        &pod(
+            "web",
+            &format!(
+                "  - {{name: cache, emptyDir: {{}}}}\n  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}\n",
+                host_dir.display()
+            ),
+        ),
+    );
+    node.write(
+        "tools.yaml",
+        &pod("tools", "  - {name: fast, flexVolume: {driver: kvol/tmpfs, options: {size: 8Mi}}}\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n"),
+    );
+    node.start();
+    let all = ["web/cache", "web/host", "web/data", "tools/fast", "tools/scratch"];
+    let published = |r: &StatusReport| {
+        all.iter().all(|v| {
+            let (p, n) = v.split_once('/').unwrap();
+            phase(r, &format!("default/{p}"), n) == Some(Phase::Published)
+        })
+    };
+    let report = node.wait("every volume published", published);
+    let fast = volume(&report, "default/tools", "fast").unwrap().target.clone().unwrap();
+    assert!(
+        node.mounts().iter().any(|m| m.target == fast && m.fstype == "tmpfs"),
+        "the flex tmpfs is mounted"
+    );
+    let data = volume(&report, "default/web", "data").unwrap().target.clone().unwrap();
+    std::fs::write(data.join("mount/kept"), "written through the pod's volume").unwrap();
+    node.assert_no_double_mounts();
+
+    // A malformed manifest is reported; the others are unaffected.
+    node.write("broken.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [oops\n");
+    let report = node.wait("the problem reported", |r| r.problems.iter().any(|p| p.contains("broken.yaml")));
+    assert!(published(&report));
+
+    // A pod removed: its volumes come down, the other pod's stay.
+    node.remove("tools.yaml");
+    node.wait("tools torn down", |r| {
+        volume(r, "default/tools", "fast").is_none() && volume(r, "default/tools", "scratch").is_none()
+    });
+    assert!(!node.mounts().iter().any(|m| m.target.starts_with(&fast)), "the flex volume is unmounted");
+
+    // SIGTERM: the agent stops, the volumes stay mounted.
+    let before = node.mounts().len();
+    assert!(node.sigterm().success(), "{}", node.agent_log());
+    assert_eq!(node.mounts().len(), before, "SIGTERM must not unmount volumes pods still use");
+    node.start();
+    let report = node.wait("web still published after restart", |r| {
+        ["cache", "host", "data"].iter().all(|v| phase(r, "default/web", v) == Some(Phase::Published))
+    });
+    node.assert_no_double_mounts();
+    assert_eq!(node.mounts().len(), before, "a restart mounts nothing twice");
+    let data = volume(&report, "default/web", "data").unwrap().target.clone().unwrap();
+    assert_eq!(std::fs::read_to_string(data.join("mount/kept")).unwrap(), "written through the pod's volume");
+
+    // Everything removed: nothing left mounted.
+    node.remove("web.yaml");
+    node.wait("everything torn down", |r| r.volumes.is_empty());
+    node.wait_for_no_mounts();
+    assert!(host_dir.is_dir(), "host data is never deleted");
+}
+
+impl Node {
+    fn wait_for_no_mounts(&self) {
+        let start = Instant::now();
+        while !self.mounts().is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "mounts left: {:#?}\n{}",
+                self.mounts(),
+                self.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `kill -9` while attach, stage, publish and teardown are in flight; each restart finishes
+/// the job with no leaked mount and no second mount.
+#[test]
+fn kill_9_at_every_step_then_restart() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("00-storage.yaml", STORAGE);
+    let slow_pod = pod("slow", "  - {name: vol, flexVolume: {driver: test/slow}}\n");
+    for (step, marker, phase_seen) in [
+        ("attach", "slow-attach", Phase::Attaching),
+        ("stage", "slow-mountdevice", Phase::Staging),
+        ("publish", "slow-mount", Phase::Publishing),
+    ] {
+        node.marker(marker, true);
+        node.write("slow.yaml", &slow_pod);
+        node.start();
+        node.wait(&format!("{step} in flight"), |r| phase(r, "default/slow", "vol") == Some(phase_seen));
+        node.kill_9();
+        node.marker(marker, false);
+        node.start();
+        node.wait(&format!("published after a kill during {step}"), |r| {
+            phase(r, "default/slow", "vol") == Some(Phase::Published)
+        });
+        node.assert_no_double_mounts();
+        let mounts = node.mounts();
+        assert_eq!(mounts.iter().filter(|m| m.source == "test-volume").count(), 1, "{step}: {mounts:#?}");
+        assert_eq!(mounts.iter().filter(|m| m.source == "test-device").count(), 1, "{step}: {mounts:#?}");
+
+        // Teardown interrupted too: kill during unmount, restart, nothing left behind.
+        node.marker("slow-unmount", true);
+        node.remove("slow.yaml");
+        node.wait("teardown in flight", |r| phase(r, "default/slow", "vol") == Some(Phase::TearingDown));
+        node.kill_9();
+        node.marker("slow-unmount", false);
+        node.start();
+        node.wait("torn down after a kill during teardown", |r| r.volumes.is_empty());
+        let start = Instant::now();
+        while node.mounts().iter().any(|m| m.source.starts_with("test-")) {
+            assert!(start.elapsed() < Duration::from_secs(20), "{step}: leaked mounts {:#?}", node.mounts());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = node.driver_log();
+        let attaches = log.iter().filter(|l| l.starts_with("attach")).count();
+        let detaches = log.iter().filter(|l| l.starts_with("detach")).count();
+        assert!(detaches >= 1, "{step}: the volume is detached once no pod wants it: {log:?}");
+        assert!(attaches >= 1);
+        node.kill_9();
+        std::fs::remove_file(node.root.join("driver.log")).unwrap();
+    }
+}
+
+/// A claim bound after its pod appeared; a driver failing, then recovering.
+#[test]
+fn pending_claims_and_failing_drivers_recover() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("app.yaml", &pod("app", "  - {name: late, persistentVolumeClaim: {claimName: late}}\n"));
+    node.marker("fail-mount", true);
+    node.write("flaky.yaml", &pod("flaky", "  - {name: vol, flexVolume: {driver: test/slow}}\n"));
+    node.start();
+    let report = node.wait("the claim pending and the driver failing", |r| {
+        phase(r, "default/app", "late") == Some(Phase::Pending)
+            && volume(r, "default/flaky", "vol").is_some_and(|v| {
+                v.phase == Phase::Failed
+                    && v.last_error.as_deref().is_some_and(|e| e.contains("told to fail"))
+            })
+    });
+    let late = volume(&report, "default/app", "late").unwrap();
+    assert!(late.pending_reason.as_deref().unwrap().contains("default/late does not exist"), "{late:?}");
+    let flaky = volume(&report, "default/flaky", "vol").unwrap();
+    assert!(flaky.last_error.as_deref().unwrap().contains("test driver told to fail mount"), "{flaky:?}");
+
+    let dir = node.root.join("late-data");
+    std::fs::create_dir(&dir).unwrap();
+    node.write(
+        "late.yaml",
+        &format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: late-pv}}\nspec:\n  accessModes: [ReadWriteOnce]\n  capacity: {{storage: 1Gi}}\n  hostPath: {{path: {}}}\n  claimRef: {{namespace: default, name: late}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: late, namespace: default}}\nspec: {{volumeName: late-pv, accessModes: [ReadWriteOnce]}}\n",
+            dir.display()
+        ),
+    );
+    node.marker("fail-mount", false);
+    node.wait("both published", |r| {
+        phase(r, "default/app", "late") == Some(Phase::Published)
+            && phase(r, "default/flaky", "vol") == Some(Phase::Published)
+    });
+    node.assert_no_double_mounts();
+}
