@@ -216,6 +216,7 @@ pub async fn run_agent(
 
     let mut shutdown = std::pin::pin!(shutdown);
     let mut last_resync = Instant::now();
+    let mut last_status: Option<(StatusReport, Instant)> = None;
     loop {
         let mut current = (*source.current()).clone();
         {
@@ -271,8 +272,18 @@ pub async fn run_agent(
             report.volumes.iter().filter(|v| v.phase == Phase::Pending).count() as i64,
             report.volumes.iter().filter(|v| v.phase == Phase::Failed).count() as i64,
         );
-        if let Err(e) = write_status(&config.root, &report) {
-            tracing::warn!(error = %e, "cannot write the status file");
+        // Written (with an fsync) when something other than the clock changed, or every 5 s
+        // so `updated` stays fresh: a busy loop pass should not cost a disk flush.
+        let mut comparable = report.clone();
+        comparable.updated_unix_ms = 0;
+        let due = last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
+            *previous != comparable || at.elapsed() >= Duration::from_secs(5)
+        });
+        if due {
+            match write_status(&config.root, &report) {
+                Ok(()) => last_status = Some((comparable, Instant::now())),
+                Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
+            }
         }
 
         // Sleep until something changes: objects, an operation ending, a retry due, a plugin

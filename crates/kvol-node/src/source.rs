@@ -319,7 +319,8 @@ impl SetBuilder {
         }
     }
 
-    /// Adds the documents of one stream.
+    /// Adds the documents of one stream (tests build sets this way).
+    #[cfg(test)]
     pub(crate) fn add_text(&mut self, origin: &str, text: &str) {
         let (objects, problems) = parse_documents(origin, text);
         self.add(origin, objects, problems);
@@ -348,6 +349,24 @@ pub fn is_manifest_name(name: &str) -> bool {
 /// cannot be listed, is a problem; the other files are still loaded. An object defined twice is
 /// a problem naming both places, and the later definition wins.
 pub fn load_dir(dir: &Path) -> ObjectSet {
+    load_dir_cached(dir, &mut ParseCache::default())
+}
+
+/// What one file parsed to, with the file's identity when it was read.
+#[derive(Debug)]
+struct Parsed {
+    identity: (u64, u64, Option<std::time::SystemTime>),
+    objects: Vec<(usize, Object)>,
+    problems: Vec<SourceProblem>,
+}
+
+/// Parsed files by path: a file whose inode, size and modification time are unchanged is not
+/// read or parsed again, so a change to one manifest among hundreds costs one parse.
+#[derive(Debug, Default)]
+pub struct ParseCache(BTreeMap<PathBuf, Parsed>);
+
+/// [`load_dir`], reusing `cache` for files that did not change (and updating it).
+pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
     let mut builder = SetBuilder::default();
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -378,18 +397,40 @@ pub fn load_dir(dir: &Path) -> ObjectSet {
         }
     }
     names.sort();
+    cache.0.retain(|path, _| {
+        path.file_name().and_then(|n| n.to_str()).is_some_and(|n| names.iter().any(|m| m == n))
+    });
     for name in names {
         let path = dir.join(&name);
         let origin = path.display().to_string();
         // Follows symlinks: a linked manifest counts, a directory named like one does not.
-        match fs::metadata(&path) {
+        let identity = match fs::metadata(&path) {
             Ok(meta) if !meta.is_file() => continue,
             // Removed since the listing: the change that removed it brings another rebuild.
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            _ => {}
+            Ok(meta) => {
+                use std::os::unix::fs::MetadataExt;
+                Some((meta.ino(), meta.len(), meta.modified().ok()))
+            }
+            Err(_) => None,
+        };
+        if let (Some(identity), Some(parsed)) = (identity, cache.0.get(&path))
+            && parsed.identity == identity
+        {
+            builder.add(&origin, parsed.objects.clone(), parsed.problems.clone());
+            continue;
         }
         match fs::read_to_string(&path) {
-            Ok(text) => builder.add_text(&origin, &text),
+            Ok(text) => {
+                let (objects, problems) = parse_documents(&origin, &text);
+                if let Some(identity) = identity {
+                    cache.0.insert(
+                        path.clone(),
+                        Parsed { identity, objects: objects.clone(), problems: problems.clone() },
+                    );
+                }
+                builder.add(&origin, objects, problems);
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => builder.add_problem(SourceProblem {
                 origin,
@@ -541,6 +582,7 @@ impl Drop for ManifestsSource {
 
 /// The source's thread: waits for a change, for quiet, then rereads and publishes.
 fn run(dir: &Path, signals: &mpsc::Receiver<Signal>, sets: &watch::Sender<Arc<ObjectSet>>) {
+    let mut cache = ParseCache::default();
     loop {
         match signals.recv() {
             Ok(Signal::Changed) => {}
@@ -558,7 +600,7 @@ fn run(dir: &Path, signals: &mpsc::Receiver<Signal>, sets: &watch::Sender<Arc<Ob
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
             }
         }
-        let set = load_dir(dir);
+        let set = load_dir_cached(dir, &mut cache);
         sets.send_if_modified(|current| {
             if **current == set {
                 return false;

@@ -192,3 +192,28 @@ async fn shutdown_ends_the_watch() {
     assert!(sets.changed().await.is_err());
     assert!(sets.borrow().pods.is_empty());
 }
+
+/// A file that did not change is not parsed again, but a change to it (same size, new content)
+/// is seen.
+#[test]
+fn the_parse_cache_reuses_unchanged_files_and_sees_changed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod =
+        |label: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p, labels: {{v: {label}}}}}\n");
+    std::fs::write(dir.path().join("a.yaml"), pod("one")).unwrap();
+    std::fs::write(dir.path().join("b.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: q}\n").unwrap();
+    let mut cache = kvol_node::source::ParseCache::default();
+    let first = kvol_node::source::load_dir_cached(dir.path(), &mut cache);
+    assert_eq!(first, kvol_node::source::load_dir(dir.path()), "cached and uncached loads agree");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // Rewritten via rename (a new inode), same length: the cache must not serve the old parse.
+    let tmp = dir.path().join(".a.yaml.tmp");
+    std::fs::write(&tmp, pod("two")).unwrap();
+    std::fs::rename(&tmp, dir.path().join("a.yaml")).unwrap();
+    std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
+    let second = kvol_node::source::load_dir_cached(dir.path(), &mut cache);
+    let labels = second.pods["default/p"].metadata.labels.clone().unwrap();
+    assert_eq!(labels["v"], "two");
+    assert!(!second.pods.contains_key("default/q"), "a removed file's objects are gone");
+    assert_eq!(second, kvol_node::source::load_dir(dir.path()));
+}
