@@ -229,7 +229,12 @@ async fn dot_files_and_dot_directories_are_never_probed() {
     let env = Env::start();
     env.install("v~x", INIT_OK);
     eventually("x loaded", || env.registered("v/x")).await;
-    assert_eq!(env.inits("x"), 1);
+    // The install's own events may still bring one (rate-limited, trailing) re-probe of x: let
+    // it happen before counting, so only what the dot files do is measured.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.prober.wait_idle().await;
+    let x_inits = env.inits("x");
+    assert!((1..=2).contains(&x_inits), "{x_inits}");
 
     // A new version being copied in as `.x`, touched for longer than the rate limit: were dot
     // files events, x would be re-probed (its init run) at least once meanwhile.
@@ -248,13 +253,17 @@ async fn dot_files_and_dot_directories_are_never_probed() {
     // inotify delivers in order: once a later driver is in, every event above was handled.
     env.install("v~z", INIT_OK);
     eventually("z loaded", || env.registered("v/z")).await;
-    assert_eq!((env.inits("x"), env.inits("xnew"), env.inits("y")), (1, 0, 0), "no dot file event probed");
+    assert_eq!(
+        (env.inits("x"), env.inits("xnew"), env.inits("y")),
+        (x_inits, 0, 0),
+        "no dot file event probed"
+    );
     assert!(env.state(".v~y").is_none());
 
     // The rename that finishes the install is what reloads it.
     std::fs::rename(&temp, dir.join("x")).unwrap();
     eventually("the renamed driver reloads", || env.attachable("v/x") == Some(true)).await;
-    assert_eq!((env.inits("x"), env.inits("xnew")), (1, 1));
+    assert_eq!((env.inits("x"), env.inits("xnew")), (x_inits, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
