@@ -251,11 +251,16 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                 }
             }
             Operation::Detach { volume } => {
+                // The storage side may have detached already: keep the record (so an unwanted
+                // volume is detached again, idempotently) but forget the device, so a volume
+                // wanted again is attached again rather than staged from a stale device.
                 notes.push(format!(
-                    "interrupted detach of {} (journal entry {id}): stays attached, to be detached again",
+                    "interrupted detach of {} (journal entry {id}): stays attached with its device unknown, to be detached (or attached) again",
                     volume.unique_name
                 ));
-                actual.attached.entry(volume.unique_name.clone()).or_insert_with(|| volume.clone());
+                let record =
+                    actual.attached.entry(volume.unique_name.clone()).or_insert_with(|| volume.clone());
+                record.device_path = None;
             }
         }
     }
@@ -586,7 +591,7 @@ mod tests {
                 incomplete: vec![Operation::Detach { volume: attached("v1", Some("/dev/sdb")) }],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec!["v1 /dev/sdb"], vec![], vec![]],
+                want: [vec!["v1"], vec![], vec![]],
                 orphans: vec![],
                 note: "stays attached",
             },

@@ -348,7 +348,8 @@ fn kill_9_at_every_step_then_restart() {
             assert!(start.elapsed() < Duration::from_secs(20), "{step}: never detached: {log:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(node.driver_log().iter().any(|l| l.starts_with("attach")));
+        let log = node.driver_log();
+        assert!(log.iter().any(|l| l.starts_with("attach")), "{step}: no attach in {log:?}");
         node.kill_9();
         std::fs::remove_file(node.root.join("driver.log")).unwrap();
     }
