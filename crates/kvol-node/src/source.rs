@@ -162,7 +162,9 @@ fn parse_documents(origin: &str, text: &str) -> (Vec<(usize, Object)>, Vec<Sourc
     (objects, problems)
 }
 
-fn parse_values(text: &str) -> Result<Vec<Value>, String> {
+/// The documents of a YAML or JSON stream as plain values (YAML with strict booleans; a
+/// top-level JSON array contributes its items); the one stream reader kvol has.
+pub fn parse_values(text: &str) -> Result<Vec<Value>, String> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
         // A JSON stream: one or more concatenated values, a top-level array contributing its items.

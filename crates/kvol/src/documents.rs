@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kvol_node::source::parse_values;
 use serde_json::Value;
 
 /// An object kvol can translate, as read from a document.
@@ -68,25 +69,6 @@ pub fn read_values(text: &str, source_name: &str) -> Result<Vec<Value>, StreamEr
         }
     }
     Ok(out)
-}
-
-fn parse_values(text: &str) -> Result<Vec<Value>, String> {
-    let trimmed = text.trim_start();
-    if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        // A JSON stream: one or more concatenated values.
-        let mut out = Vec::new();
-        for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
-            match value {
-                Ok(Value::Array(items)) => out.extend(items),
-                Ok(v) => out.push(v),
-                Err(e) => return Err(format!("json: {e}")),
-            }
-        }
-        return Ok(out);
-    }
-    // YAML 1.2 booleans: only `true` and `false`, so a name like `n` or `on` stays a string.
-    let options = serde_saphyr::options! { strict_booleans: true };
-    serde_saphyr::from_multiple_with_options::<Value>(text, options).map_err(|e| format!("yaml: {e}"))
 }
 
 fn label_of(value: &Value) -> String {
