@@ -32,7 +32,7 @@ use crate::metrics::Metrics;
 use crate::model::{DesiredState, DesiredVolume, ObjectSet};
 use crate::reconciler::{Resolution, Resolutions, plan};
 use crate::source::ManifestsSource;
-use crate::status::{Phase, StatusReport, VolumeStatus, write_status};
+use crate::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, write_status};
 use crate::store::Store;
 
 /// The bundled CSI driver's name.
@@ -97,6 +97,26 @@ impl SecretStore for ObjectSecrets {
     }
 }
 
+/// How long start-up waits for the store's lock, which a process the previous agent started
+/// can hold for a moment after that agent was killed (a child between fork and exec).
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the journal store, waiting a little for a lock a dying predecessor's child still holds.
+async fn open_store(path: &std::path::Path) -> Result<Store, String> {
+    let deadline = Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        match Store::open(path) {
+            Err(crate::store::StoreError::InUse { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other.map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// How long start-up waits for the Flexvolume drivers on disk to load before the first plan.
+const FIRST_PROBE_WAIT: Duration = Duration::from_secs(15);
+
 /// Runs the agent until `shutdown` completes.
 pub async fn run_agent(
     config: AgentConfig,
@@ -123,7 +143,7 @@ pub async fn run_agent(
 
     // The journal, and the actual state rebuilt from it and the node.
     let store_path = config.root.join("state.redb");
-    let store = Arc::new(Store::open(&store_path).map_err(|e| e.to_string())?);
+    let store = Arc::new(open_store(&store_path).await?);
     let loaded = store.load().map_err(|e| e.to_string())?;
     let seen = crate::rebuild::observe(&host.paths, mounter.as_ref()).map_err(|e| e.to_string())?;
     let rebuilt = crate::rebuild::rebuild(&loaded.actual, &loaded.incomplete, &seen);
@@ -151,6 +171,13 @@ pub async fn run_agent(
     }
     let prober = FlexProber::start(ProberConfig::new(&config.flex_dir), host.clone(), Arc::clone(&registry))
         .map_err(|e| e.to_string())?;
+    // The drivers already on disk load before the first plan, so the first plan does not see
+    // their volumes as unresolved. Bounded: a driver's `init` has its own deadline.
+    let mut flex_progress = prober.progress();
+    let first_probe = flex_progress.wait_for(|p| p.rescans >= 1 && !p.busy);
+    if tokio::time::timeout(FIRST_PROBE_WAIT, first_probe).await.is_err() {
+        tracing::warn!(dir = %config.flex_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them");
+    }
     let objects = MemoryObjects::new();
     let handler = Arc::new(
         CsiRegistrationHandler::new(
@@ -604,7 +631,48 @@ fn status_report(
                 .map(|r| format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())),
         });
     }
+    let mut unique_names: Vec<&String> =
+        exec.actual.attached.keys().chain(exec.actual.staged.keys()).collect();
+    unique_names.sort();
+    unique_names.dedup();
+    let node_volumes = unique_names
+        .into_iter()
+        .map(|unique| {
+            let attached = exec.actual.attached.get(unique);
+            let staged = exec.actual.staged.get(unique);
+            let lock = format!("volume:{unique}");
+            let running = exec.running.get(&lock);
+            let failure = exec.failures.get(&lock);
+            let phase = match (running.map(|r| r.operation), failure) {
+                (Some("volume_attach"), _) => Phase::Attaching,
+                (Some("mount_device"), _) => Phase::Staging,
+                (Some(_), _) => Phase::TearingDown,
+                (None, Some(_)) => Phase::Failed,
+                (None, None) if staged.is_some() => Phase::Staged,
+                (None, None) => Phase::Attached,
+            };
+            NodeVolumeStatus {
+                unique_name: unique.clone(),
+                plugin: staged
+                    .map(|s| s.plugin.clone())
+                    .or_else(|| attached.map(|a| a.plugin.clone()))
+                    .unwrap_or_default(),
+                phase,
+                attached: attached.is_some(),
+                device_path: staged
+                    .and_then(|s| s.device_path.clone())
+                    .or_else(|| attached.and_then(|a| a.device_path.clone())),
+                staging_path: staged.map(|s| s.staging_path.clone()),
+                last_error: failure
+                    .map(|f| format!("{} failed {} time(s): {}", f.operation, f.count, f.last_error)),
+                progress: running.map(|r| {
+                    format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())
+                }),
+            }
+        })
+        .collect();
     StatusReport {
+        node_volumes,
         node: config.node_name.clone(),
         pid: std::process::id(),
         started_unix_ms: ms(started),

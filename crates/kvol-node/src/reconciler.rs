@@ -35,6 +35,11 @@ pub type Resolutions = BTreeMap<PodVolumeKey, Result<Resolution, String>>;
 ///   alone: its driver may come back, and tearing down would disturb a running pod.
 /// - A staged volume is unstaged once nothing published uses it and no wanted volume stages it.
 /// - An attached volume is detached once it is neither staged nor published nor wanted.
+/// - Neither is torn down while a wanted volume that failed to resolve may be it (same kind,
+///   same PV name, or same inline volume name in the same namespace, see [`may_be`]): after a
+///   restart the record is there before its driver registers again, and the unique name of an
+///   unresolved volume is not known. Conservative: an unrelated record that shares the name waits
+///   too, until the failing volume resolves or its pod goes.
 /// - A wanted volume is attached (when its plugin attaches and it is not attached, or was
 ///   attached before a crash without a known device), then staged, then published — one step
 ///   per plan; the next plan takes the next step.
@@ -66,9 +71,17 @@ pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualSt
     let published_uses: BTreeSet<&str> = actual.published.values().map(|p| p.unique_name.as_str()).collect();
     let wanted_all: Vec<&Resolution> =
         desired.volumes.keys().filter_map(|k| resolutions.get(k).and_then(|r| r.as_ref().ok())).collect();
+    let unresolved_specs: Vec<&VolumeSpec> = desired
+        .volumes
+        .iter()
+        .filter(|(key, _)| unresolved(key))
+        .filter_map(|(_, volume)| volume.spec.as_ref())
+        .collect();
+    let maybe_unresolved = |spec: &VolumeSpec| unresolved_specs.iter().any(|wanted| may_be(spec, wanted));
     for (unique, staged) in &actual.staged {
         let needed = published_uses.contains(unique.as_str())
-            || wanted_all.iter().any(|r| &r.unique_name == unique && r.staging_path.is_some());
+            || wanted_all.iter().any(|r| &r.unique_name == unique && r.staging_path.is_some())
+            || maybe_unresolved(&staged.spec);
         if !needed {
             teardown.push(Operation::Unstage { volume: staged.clone() });
         }
@@ -76,7 +89,8 @@ pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualSt
     for (unique, attached) in &actual.attached {
         let needed = actual.staged.contains_key(unique)
             || published_uses.contains(unique.as_str())
-            || wanted_all.iter().any(|r| &r.unique_name == unique && r.attach);
+            || wanted_all.iter().any(|r| &r.unique_name == unique && r.attach)
+            || maybe_unresolved(&attached.spec);
         if !needed {
             teardown.push(Operation::Detach { volume: attached.clone() });
         }
@@ -133,6 +147,28 @@ pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualSt
     }
     teardown.extend(bring_up);
     teardown
+}
+
+/// Whether `record` (the spec a staged or attached record holds, translated if migrated) may be
+/// the volume `wanted` (a pod's spec, as written) names: both persistent with the same PV name,
+/// or both inline with the same volume name in the same namespace.
+pub fn may_be(record: &VolumeSpec, wanted: &VolumeSpec) -> bool {
+    use kvol_plugin::SpecSource;
+    let origin = record.migrated.as_ref().and_then(|m| m.inline_origin.as_ref());
+    match (&record.source, &wanted.source) {
+        (SpecSource::Persistent(_), SpecSource::Persistent(_)) => record.name() == wanted.name(),
+        (
+            SpecSource::Inline { volume, pod_namespace },
+            SpecSource::Inline { volume: w, pod_namespace: wn },
+        ) => {
+            let (name, namespace) = match origin {
+                Some(o) => (o.volume.name.as_str(), o.pod_namespace.as_str()),
+                None => (volume.name.as_str(), pod_namespace.as_str()),
+            };
+            name == w.name && namespace == wn
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -325,6 +361,57 @@ mod tests {
         let failing: Resolutions =
             [(key("p1", "data"), Err("csi driver d.csi is not registered".to_string()))].into();
         assert!(plan(&desired, &failing, &actual).is_empty(), "a driver restarting must not unmount pods");
+    }
+
+    #[test]
+    fn a_record_an_unresolved_wanted_volume_may_be_is_kept() {
+        // After a restart: attached (or staged) before the crash, the driver not back yet.
+        let r = res("v1", true, true, "p1", "data");
+        let other = res("v2", true, true, "p2", "logs");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let failing: Resolutions =
+            [(key("p1", "data"), Err("no volume plugin matched persistent volume \"v1\"".to_string()))]
+                .into();
+        // (attached, staged, expected operations): the unresolved volume's records stay, an
+        // unrelated volume's go.
+        let rows: [(&[&Resolution], &[&Resolution], &[&str]); 4] = [
+            (&[&r], &[], &[]),
+            (&[], &[&r], &[]),
+            (&[&r, &other], &[&other], &["unmount_device volume:v2"]),
+            (&[&other], &[], &["volume_detach volume:v2"]),
+        ];
+        for (attached_records, staged_records, expected) in rows {
+            let mut actual = ActualState::default();
+            for a in attached_records {
+                actual.attached.insert(a.unique_name.clone(), attached(a, Some("/dev/x")));
+            }
+            for s in staged_records {
+                actual.staged.insert(s.unique_name.clone(), staged(s));
+            }
+            let ops = names(&plan(&desired, &failing, &actual));
+            assert_eq!(ops, expected, "attached {attached_records:?}, staged {staged_records:?}");
+        }
+        // Once the pod is gone, the same records are torn down.
+        let mut actual = ActualState::default();
+        actual.attached.insert("v1".into(), attached(&r, Some("/dev/x")));
+        assert_eq!(names(&plan(&DesiredState::default(), &failing, &actual)), ["volume_detach volume:v1"]);
+    }
+
+    #[test]
+    fn may_be_compares_kind_and_name() {
+        use kvol_plugin::testing::inline_empty_dir;
+        let pv = |name: &str| csi_pv(name, "d.csi");
+        let rows = [
+            (pv("a"), pv("a"), true),
+            (pv("a"), pv("b"), false),
+            (inline_empty_dir("a"), inline_empty_dir("a"), true),
+            (inline_empty_dir("a"), inline_empty_dir("b"), false),
+            (inline_empty_dir("a"), pv("a"), false),
+        ];
+        for (record, wanted, expected) in rows {
+            assert_eq!(may_be(&record, &wanted), expected, "{} vs {}", record.name(), wanted.name());
+        }
     }
 
     #[test]

@@ -30,6 +30,28 @@ pub struct StatusReport {
     /// The plugins the agent has, by name.
     #[serde(default)]
     pub plugins: Vec<String>,
+    /// Every volume attached to or staged on the node, whether or not a pod still uses it: a
+    /// volume whose pods are gone stays here until it is unstaged and detached.
+    #[serde(default)]
+    pub node_volumes: Vec<NodeVolumeStatus>,
+}
+
+/// One volume attached to or staged on the node (per unique volume, not per pod).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeVolumeStatus {
+    /// The plugin's unique name for the volume.
+    pub unique_name: String,
+    pub plugin: String,
+    /// Attaching, attached, staging, staged, tearing-down (unstage or detach under way) or
+    /// failed (the last operation on it failed; it is retried).
+    pub phase: Phase,
+    pub attached: bool,
+    pub device_path: Option<String>,
+    /// Where it is staged, when it is.
+    pub staging_path: Option<PathBuf>,
+    pub last_error: Option<String>,
+    pub progress: Option<String>,
 }
 
 /// One volume of one pod.
@@ -181,18 +203,30 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
     }
     out.push('\n');
     if report.volumes.is_empty() {
-        out.push_str("no volumes\n");
-        return out;
+        out.push_str("no pod volumes\n");
+    } else {
+        let header = ["POD", "VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST ERROR"].map(str::to_string);
+        let rows: Vec<[String; 6]> = report.volumes.iter().map(row).collect();
+        table(&mut out, &header, &rows);
     }
-    let header = ["POD", "VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST ERROR"].map(str::to_string);
-    let rows: Vec<[String; 6]> = report.volumes.iter().map(row).collect();
+    if !report.node_volumes.is_empty() {
+        out.push_str("\nattached or staged on the node:\n");
+        let header = ["VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST ERROR"].map(str::to_string);
+        let rows: Vec<[String; 5]> = report.node_volumes.iter().map(node_row).collect();
+        table(&mut out, &header, &rows);
+    }
+    out
+}
+
+/// Appends `header` and `rows` as columns padded to their widest cell.
+fn table<const N: usize>(out: &mut String, header: &[String; N], rows: &[[String; N]]) {
     let mut widths = header.clone().map(|h| h.chars().count());
-    for row in &rows {
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
-    for row in std::iter::once(&header).chain(&rows) {
+    for row in std::iter::once(header).chain(rows) {
         let mut line = String::new();
         for (cell, width) in row.iter().zip(widths) {
             line.push_str(cell);
@@ -201,7 +235,27 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
         out.push_str(line.trim_end());
         out.push('\n');
     }
-    out
+}
+
+/// The cells of one node volume.
+fn node_row(volume: &NodeVolumeStatus) -> [String; 5] {
+    let mut phase = volume.phase.to_string();
+    if let Some(progress) = &volume.progress {
+        phase.push_str(&format!(": {progress}"));
+    }
+    let path = volume.staging_path.as_ref().map(|p| p.display().to_string());
+    let location = match (volume.device_path.clone(), path) {
+        (Some(device), Some(path)) => format!("{device} → {path}"),
+        (Some(only), None) | (None, Some(only)) => only,
+        (None, None) => "-".to_string(),
+    };
+    [
+        volume.unique_name.clone(),
+        volume.plugin.clone(),
+        one_line(&phase),
+        one_line(&location),
+        volume.last_error.as_deref().map_or_else(|| "-".to_string(), one_line),
+    ]
 }
 
 /// The cells of one volume: the phase with the operation under way, the device and the
@@ -278,6 +332,7 @@ mod tests {
             volumes,
             problems: Vec::new(),
             plugins: Vec::new(),
+            node_volumes: Vec::new(),
         }
     }
 
@@ -411,6 +466,45 @@ default/web  cache   -                        pending    -                      
     }
 
     #[test]
+    fn volumes_whose_pods_are_gone_show_in_the_node_table() {
+        let mut r = report(Vec::new());
+        r.node_volumes = vec![
+            NodeVolumeStatus {
+                unique_name: "vol-1".into(),
+                plugin: "acme/disk".into(),
+                phase: Phase::TearingDown,
+                attached: true,
+                device_path: Some("/dev/sdb".into()),
+                staging_path: Some("/r/plugins/acme/mounts/vol-1".into()),
+                last_error: None,
+                progress: Some("unmount_device running for 1.0 s".into()),
+            },
+            NodeVolumeStatus {
+                unique_name: "vol-2".into(),
+                plugin: "acme/disk".into(),
+                phase: Phase::Failed,
+                attached: true,
+                device_path: None,
+                staging_path: None,
+                last_error: Some("volume_detach failed 2 time(s): busy".into()),
+                progress: None,
+            },
+        ];
+        let text = render(&r, 1_100_000, true);
+        let want = "\
+node node-a, agent pid 4242, started 100s ago, updated 0s ago
+
+no pod volumes
+
+attached or staged on the node:
+VOLUME  PLUGIN     PHASE                                           DEVICE/PATH                              LAST ERROR
+vol-1   acme/disk  tearing-down: unmount_device running for 1.0 s  /dev/sdb → /r/plugins/acme/mounts/vol-1  -
+vol-2   acme/disk  failed                                          -                                        volume_detach failed 2 time(s): busy
+";
+        assert_eq!(text, want);
+    }
+
+    #[test]
     fn a_dead_agent_and_an_empty_node_are_said_so() {
         let text = render(&report(Vec::new()), 1_100_000, false);
         assert_eq!(
@@ -418,7 +512,7 @@ default/web  cache   -                        pending    -                      
             "node node-a, agent pid 4242, started 100s ago, updated 0s ago\n\
              warning: agent pid 4242 is not running: this status may be stale\n\
              \n\
-             no volumes\n"
+             no pod volumes\n"
         );
         // A clock that went back shows no negative age.
         assert!(

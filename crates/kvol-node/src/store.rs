@@ -78,6 +78,8 @@ pub enum StoreError {
         #[source]
         source: redb::DatabaseError,
     },
+    #[error("store {} is in use by another process (is another kvol agent running with this root?)", path.display())]
+    InUse { path: PathBuf },
     #[error("store {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
     #[error("{} is not a kvol store: {reason}", path.display())]
@@ -432,6 +434,9 @@ fn open_checked(path: &Path) -> Result<Database, StoreError> {
         Ok(db)
     });
     match opened {
+        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
+            Err(StoreError::InUse { path: path.to_path_buf() })
+        }
         Ok(result) => result.map_err(open_error),
         Err(panic) => {
             let reason = panic

@@ -87,6 +87,19 @@ fn open_creates_the_file_and_its_directory_and_starts_empty() {
 }
 
 #[test]
+fn a_store_open_elsewhere_is_in_use_and_opens_once_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.redb");
+    let first = Store::open(&path).unwrap();
+    let error = Store::open(&path).unwrap_err();
+    assert!(matches!(error, StoreError::InUse { .. }), "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains(&path.display().to_string()) && text.contains("in use"), "{text}");
+    drop(first);
+    Store::open(&path).expect("free again once the holder closes it");
+}
+
+#[test]
 fn every_change_round_trips_through_begin_and_finish() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("agent.redb")).unwrap();

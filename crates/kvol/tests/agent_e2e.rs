@@ -356,21 +356,30 @@ fn kill_9_at_every_step_then_restart() {
         node.marker("slow-unmount", false);
         node.wait_for_driver_calls();
         node.start();
-        node.wait("torn down after a kill during teardown", |r| r.volumes.is_empty());
-        let start = Instant::now();
-        while node.mounts().iter().any(|m| m.source.starts_with("test-")) {
-            assert!(start.elapsed() < Duration::from_secs(20), "{step}: leaked mounts {:#?}", node.mounts());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // Detach comes last, after the unstage: wait for it.
-        let start = Instant::now();
-        while !node.driver_log().iter().any(|l| l.starts_with("detach")) {
-            let log = node.driver_log();
-            assert!(start.elapsed() < Duration::from_secs(20), "{step}: never detached: {log:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let log = node.driver_log();
-        assert!(log.iter().any(|l| l.starts_with("attach")), "{step}: no attach in {log:?}");
+        // Torn down: no pod volume, nothing staged or attached on the node, no mount left.
+        node.wait("torn down after a kill during teardown", |r| {
+            r.volumes.is_empty() && r.node_volumes.is_empty()
+        });
+        assert!(
+            !node.mounts().iter().any(|m| m.source.starts_with("test-")),
+            "{step}: leaked {:#?}",
+            node.mounts()
+        );
+        // The driver saw the volume attached, staged, published, then taken down in reverse.
+        let log: Vec<String> =
+            node.driver_log().iter().map(|l| l.split(' ').next().unwrap_or_default().to_string()).collect();
+        let last = |cmd: &str| log.iter().rposition(|c| c == cmd);
+        let first = |cmd: &str| log.iter().position(|c| c == cmd);
+        assert!(
+            first("attach").is_some()
+                && first("attach") < first("mountdevice")
+                && first("mountdevice") < first("mount")
+                && last("mount") < last("unmount")
+                && last("unmount") < last("unmountdevice")
+                && last("unmountdevice") < last("detach"),
+            "{step}: {log:?}\n{}",
+            node.agent_log()
+        );
         node.kill_9();
         std::fs::remove_file(node.root.join("driver.log")).unwrap();
     }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kvol_node::status::{Phase, StatusReport, VolumeStatus, status_path, write_status};
+use kvol_node::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, status_path, write_status};
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -85,6 +85,16 @@ fn report() -> StatusReport {
         ],
         problems: vec!["pods.yaml document 3: no kind".into()],
         plugins: vec!["kubernetes.io/csi:hostpath.csi.kvol.io".into(), "kubernetes.io/nfs".into()],
+        node_volumes: vec![NodeVolumeStatus {
+            unique_name: "vol-0a1".into(),
+            plugin: "kubernetes.io/csi:ebs.csi.aws.com".into(),
+            phase: Phase::Failed,
+            attached: true,
+            device_path: Some("/dev/xvdf".into()),
+            staging_path: Some("/var/lib/kvol/kubelet/plugins/kubernetes.io/csi/ebs/globalmount".into()),
+            last_error: Some("mount_device failed 1 time(s): busy".into()),
+            progress: None,
+        }],
     }
 }
 
@@ -100,6 +110,7 @@ fn json_is_the_report_as_written() {
     let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(value["volumes"][1]["phase"], "tearing-down");
     assert_eq!(value["volumes"][0]["podUid"], "u-1");
+    assert_eq!(value["nodeVolumes"][0]["uniqueName"], "vol-0a1");
 }
 
 #[test]
@@ -138,6 +149,13 @@ fn the_table_is_the_default_and_shows_each_volume() {
     let phase = lines[columns].find("PHASE").unwrap();
     assert_eq!(lines[columns + 1][phase..].split(' ').next(), Some("published"));
     assert_eq!(lines[columns + 2][phase..].split(' ').next(), Some("tearing-down"));
+    // The node's own table: what is attached or staged, pods or not.
+    let node = lines.iter().position(|l| *l == "attached or staged on the node:").expect("a node table");
+    assert_eq!(words(lines[node + 1]), ["VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST", "ERROR"]);
+    assert!(
+        lines[node + 2].starts_with("vol-0a1  kubernetes.io/csi:ebs.csi.aws.com  failed  /dev/xvdf → "),
+        "{table}"
+    );
 }
 
 #[test]
