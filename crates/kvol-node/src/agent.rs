@@ -238,35 +238,52 @@ pub async fn run_agent(
     for problem in problems {
         tracing::warn!(%problem, "provisioned volumes");
     }
-    let provisioned = Arc::new(std::sync::Mutex::new(records));
+    let provisioned = Arc::new(std::sync::Mutex::new(Provisioned { records, version: 0 }));
     let provisioning = Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
 
     let mut shutdown = std::pin::pin!(shutdown);
     let mut last_resync = Instant::now();
     let mut last_status: Option<(StatusReport, Instant)> = None;
+    let mut cached_view: Option<ObjectsView> = None;
     loop {
-        let mut current = (*source.current()).clone();
-        {
-            let provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
-            crate::provision::overlay(&mut current, &provisioned);
-        }
-        start_provisioning(&config, &current, &handler, &provisioned, &provisioning, &provisioned_dir, &wake);
+        let pass_started = Instant::now();
+        // The objects with the provisioned volumes laid over them, and the desired state, made
+        // again only when the source or the provisioned records changed: most passes follow an
+        // operation, not a change of objects.
+        let from_source = source.current();
+        let version = provisioned.lock().unwrap_or_else(|p| p.into_inner()).version;
+        let view = match cached_view.take() {
+            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.provisioned_version == version => v,
+            _ => {
+                let mut set = (*from_source).clone();
+                crate::provision::overlay(
+                    &mut set,
+                    &provisioned.lock().unwrap_or_else(|p| p.into_inner()).records,
+                );
+                let desired = desired_state(&set, &config.node_name);
+                secrets_from(&secrets, &set);
+                for driver in set.csi_drivers.values() {
+                    objects.put_csi_driver(driver.clone());
+                }
+                ObjectsView { source: from_source, provisioned_version: version, objects: set, desired }
+            }
+        };
+        let current = &view.objects;
+        start_provisioning(&config, current, &handler, &provisioned, &provisioning, &provisioned_dir, &wake);
+        let mut problems: Vec<String> = current.problems.iter().map(ToString::to_string).collect();
         {
             let failures = provisioning.lock().unwrap_or_else(|p| p.into_inner());
-            current.problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
+            problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
                 crate::model::SourceProblem {
                     origin: format!("provisioning of claim {claim}"),
                     document: None,
                     reason: e.clone(),
                 }
+                .to_string()
             }));
         }
-        secrets_from(&secrets, &current);
-        for driver in current.csi_drivers.values() {
-            objects.put_csi_driver(driver.clone());
-        }
         let snapshot = registry.snapshot();
-        let desired = desired_state(&current, &config.node_name);
+        let desired = &view.desired;
         let own = NodeMigration::of_own_node(
             &config.node_name,
             &config.gates,
@@ -274,20 +291,20 @@ pub async fn run_agent(
         );
         let node_view = objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
         let node_view = node_view.unwrap_or(own);
-        let resolutions = resolve_all(&snapshot, &config.gates, &node_view, &host.paths, &desired);
+        let resolutions = resolve_all(&snapshot, &config.gates, &node_view, &host.paths, desired);
         if last_resync.elapsed() >= config.resync {
             last_resync = Instant::now();
             repair_drift(&executor, mounter.as_ref());
         }
         let exec = executor.snapshot();
-        for op in plan(&desired, &resolutions, &exec.actual) {
+        for op in plan(desired, &resolutions, &exec.actual) {
             executor.submit(op);
         }
         let exec = executor.snapshot();
         let report = status_report(
             &config,
-            &current,
-            &desired,
+            problems,
+            desired,
             &resolutions,
             &exec,
             started,
@@ -299,8 +316,8 @@ pub async fn run_agent(
             report.volumes.iter().filter(|v| v.phase == Phase::Pending).count() as i64,
             report.volumes.iter().filter(|v| v.phase == Phase::Failed).count() as i64,
         );
-        // Written (with an fsync) when something other than the clock changed, or every 5 s
-        // so `updated` stays fresh: a busy loop pass should not cost a disk flush.
+        // Written when something other than the clock changed, or every 5 s so `updated`
+        // stays fresh: a busy loop pass should not cost a file write.
         let mut comparable = report.clone();
         comparable.updated_unix_ms = 0;
         let due = last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
@@ -315,6 +332,13 @@ pub async fn run_agent(
 
         // Sleep until something changes: objects, an operation ending, a retry due, a plugin
         // change (polled: the registry has no notification), the resync, or shutdown.
+        tracing::debug!(
+            elapsed_us = pass_started.elapsed().as_micros() as u64,
+            volumes = desired.volumes.len(),
+            status_written = due,
+            "reconcile pass"
+        );
+        cached_view = Some(view);
         let retry_in = executor
             .next_retry()
             .map(|at| at.saturating_duration_since(Instant::now()))
@@ -346,23 +370,45 @@ pub async fn run_agent(
     Ok(())
 }
 
+/// The volumes the agent provisioned, by claim key; `version` counts changes, so a pass can
+/// tell whether its view of the objects is still current.
+struct Provisioned {
+    records: BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>,
+    version: u64,
+}
+
+/// The source's objects with the provisioned volumes laid over them, and what they want.
+struct ObjectsView {
+    source: Arc<ObjectSet>,
+    provisioned_version: u64,
+    objects: ObjectSet,
+    desired: DesiredState,
+}
+
 /// Starts provisioning each claim that needs it (one task per claim at a time); a failure is kept
 /// as the claim's problem and retried on a later pass.
 fn start_provisioning(
     config: &AgentConfig,
     objects: &ObjectSet,
     handler: &Arc<CsiRegistrationHandler>,
-    provisioned: &Arc<std::sync::Mutex<BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>>>,
+    provisioned: &Arc<std::sync::Mutex<Provisioned>>,
     provisioning: &Arc<std::sync::Mutex<BTreeMap<String, String>>>,
     dir: &std::path::Path,
     wake: &Arc<Notify>,
 ) {
     let drivers = handler.drivers();
     let names: Vec<String> = drivers.iter().map(|d| d.name.clone()).collect();
-    let done = provisioned.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for request in
-        crate::provision::claims_to_provision(objects, &config.node_name, &done, &names, &config.gates)
-    {
+    let requests = {
+        let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+        crate::provision::claims_to_provision(
+            objects,
+            &config.node_name,
+            &done.records,
+            &names,
+            &config.gates,
+        )
+    };
+    for request in requests {
         {
             let mut running = provisioning.lock().unwrap_or_else(|p| p.into_inner());
             // An empty entry is a provisioning in flight; an error waits for the next resync.
@@ -386,7 +432,11 @@ fn start_provisioning(
             match outcome {
                 Ok(pv) => {
                     tracing::info!(claim = %claim, driver = %request.driver, volume = ?pv.metadata.name, "claim provisioned");
-                    provisioned.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), pv);
+                    {
+                        let mut provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+                        provisioned.records.insert(claim.clone(), pv);
+                        provisioned.version += 1;
+                    }
                     provisioning.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
                 }
                 Err(e) => {
@@ -553,7 +603,7 @@ fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
 #[allow(clippy::too_many_arguments)]
 fn status_report(
     config: &AgentConfig,
-    objects: &ObjectSet,
+    problems: Vec<String>,
     desired: &DesiredState,
     resolutions: &Resolutions,
     exec: &ExecSnapshot,
@@ -679,7 +729,7 @@ fn status_report(
         updated_unix_ms: ms(now),
         metrics_address: metrics_address.clone(),
         volumes,
-        problems: objects.problems.iter().map(ToString::to_string).collect(),
+        problems,
         plugins: snapshot.plugins().iter().map(|r| r.plugin.name().to_string()).collect(),
     }
 }

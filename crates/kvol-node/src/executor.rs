@@ -43,7 +43,9 @@ pub struct Failure {
 /// What the executor is doing, for status and the reconciler.
 #[derive(Clone, Debug, Default)]
 pub struct ExecSnapshot {
-    pub actual: ActualState,
+    /// Shared with the executor until its next change (copy on write): a snapshot per loop
+    /// pass costs a reference count, not a copy of every record.
+    pub actual: Arc<ActualState>,
     /// By lock key.
     pub running: BTreeMap<String, Running>,
     /// By lock key.
@@ -52,7 +54,7 @@ pub struct ExecSnapshot {
 
 #[derive(Debug, Default)]
 struct State {
-    actual: ActualState,
+    actual: Arc<ActualState>,
     running: BTreeMap<String, Running>,
     failures: BTreeMap<String, Failure>,
     /// Once set, nothing new starts (shutdown).
@@ -87,7 +89,7 @@ impl Executor {
             registry,
             store,
             metrics,
-            state: Mutex::new(State { actual, ..State::default() }),
+            state: Mutex::new(State { actual: Arc::new(actual), ..State::default() }),
             wake,
             attach_timeout: Duration::from_secs(600),
         })
@@ -101,7 +103,7 @@ impl Executor {
     pub fn snapshot(&self) -> ExecSnapshot {
         let state = self.lock();
         ExecSnapshot {
-            actual: state.actual.clone(),
+            actual: Arc::clone(&state.actual),
             running: state.running.clone(),
             failures: state.failures.clone(),
         }
@@ -154,7 +156,7 @@ impl Executor {
             state.running.remove(&key);
             match outcome {
                 Ok(change) => {
-                    apply(&mut state.actual, change);
+                    apply(Arc::make_mut(&mut state.actual), change);
                     state.failures.remove(&key);
                     tracing::info!(operation = op.name(), volume = %key, plugin = op.plugin(), elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded");
                 }
@@ -261,7 +263,7 @@ impl Executor {
         let id = self.store.begin(&op).map_err(|e| e.to_string())?;
         let change = ActualChange::RemovePublished(key.clone());
         self.store.finish(id, &change).map_err(|e| e.to_string())?;
-        apply(&mut state.actual, change);
+        apply(Arc::make_mut(&mut state.actual), change);
         Ok(())
     }
 

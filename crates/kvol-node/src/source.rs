@@ -349,7 +349,9 @@ pub fn is_manifest_name(name: &str) -> bool {
 /// Reads every manifest file directly in `dir` (see [`is_manifest_name`]; not recursive) in
 /// name order into one object set. A file that cannot be read or parsed, or a directory that
 /// cannot be listed, is a problem; the other files are still loaded. An object defined twice is
-/// a problem naming both places, and the later definition wins.
+/// a problem naming both places, and the later definition wins. With a [`ParseCache`] kept
+/// between loads, a file that read cleanly once and now has problems counts with its last
+/// good objects (and says so) until it reads cleanly again or is removed.
 pub fn load_dir(dir: &Path) -> ObjectSet {
     load_dir_cached(dir, &mut ParseCache::default())
 }
@@ -358,8 +360,11 @@ pub fn load_dir(dir: &Path) -> ObjectSet {
 #[derive(Debug)]
 struct Parsed {
     identity: (u64, u64, Option<std::time::SystemTime>),
+    /// The objects the file counts for: its own, or its last good ones while it has problems.
     objects: Vec<(usize, Object)>,
     problems: Vec<SourceProblem>,
+    /// The objects of its last read without problems, if it had one.
+    last_good: Option<Vec<(usize, Object)>>,
 }
 
 /// Parsed files by path: a file whose inode, size and modification time are unchanged is not
@@ -424,12 +429,29 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
         }
         match fs::read_to_string(&path) {
             Ok(text) => {
-                let (objects, problems) = parse_documents(&origin, &text);
+                let (objects, mut problems) = parse_documents(&origin, &text);
+                let last_good = cache.0.get(&path).and_then(|p| p.last_good.clone());
+                let (objects, last_good) = match last_good {
+                    _ if problems.is_empty() => (objects.clone(), Some(objects)),
+                    // A file that read cleanly before and now does not (an edit in progress, a
+                    // typo) keeps its last good objects: its pods' volumes are not torn down.
+                    Some(good) => {
+                        problems.push(SourceProblem {
+                            origin: origin.clone(),
+                            document: None,
+                            reason: format!(
+                                "keeping the {} object(s) last read from it until it reads without problems",
+                                good.len()
+                            ),
+                        });
+                        (good.clone(), Some(good))
+                    }
+                    None => (objects, None),
+                };
                 if let Some(identity) = identity {
-                    cache.0.insert(
-                        path.clone(),
-                        Parsed { identity, objects: objects.clone(), problems: problems.clone() },
-                    );
+                    let parsed =
+                        Parsed { identity, objects: objects.clone(), problems: problems.clone(), last_good };
+                    cache.0.insert(path.clone(), parsed);
                 }
                 builder.add(&origin, objects, problems);
             }

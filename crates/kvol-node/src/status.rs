@@ -123,8 +123,10 @@ pub fn status_path(root: &Path) -> PathBuf {
     root.join(STATUS_FILE)
 }
 
-/// Writes `report` as `<root>/status.json` whole or not at all: a temporary file, synced, then
-/// renamed over the old one (and the directory synced), so a reader never sees half a report.
+/// Writes `report` as `<root>/status.json` whole or not at all: a temporary file renamed over
+/// the old one, so a reader never sees half a report. Not synced to disk: the report is a view
+/// the agent rewrites on every start, and an fsync per change would sit on the path of every
+/// volume operation; after a power loss a reader may see an older report, never a torn one.
 pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
     fs::create_dir_all(root)?;
     let text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
@@ -134,14 +136,12 @@ pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
         let mut file = File::create(&temporary)?;
         file.write_all(&text)?;
         file.write_all(b"\n")?;
-        file.sync_all()?;
         fs::rename(&temporary, &path)
     })();
     if written.is_err() {
         let _ = fs::remove_file(&temporary);
     }
-    written?;
-    File::open(root)?.sync_all()
+    written
 }
 
 /// The report in `<root>/status.json`; the message says what is wrong when there is none or

@@ -217,3 +217,49 @@ fn the_parse_cache_reuses_unchanged_files_and_sees_changed_ones() {
     assert!(!second.pods.contains_key("default/q"), "a removed file's objects are gone");
     assert_eq!(second, kvol_node::source::load_dir(dir.path()));
 }
+
+/// An edit that breaks a manifest (bad YAML, a bad document) loses none of its objects: the
+/// last good ones count, with a problem saying so, until the file reads cleanly again.
+#[test]
+fn a_broken_edit_keeps_the_last_good_objects_of_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("web.yaml");
+    let good = |image: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  containers: [{{name: a, image: {image}}}]\n"
+        )
+    };
+    let image = |set: &kvol_node::ObjectSet| {
+        set.pods.get("default/web").map(|p| p.spec.as_ref().unwrap().containers[0].image.clone().unwrap())
+    };
+    let mut cache = kvol_node::source::ParseCache::default();
+    let mut load = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        // A new modification time or size for each step, so the cache reads the file again.
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        kvol_node::source::load_dir_cached(dir.path(), &mut cache)
+    };
+    let first = load(&good("one"));
+    assert_eq!(image(&first).as_deref(), Some("one"));
+    assert!(first.problems.is_empty());
+    // (file text, image expected, whether a problem says the last good objects are kept)
+    let rows = [
+        ("apiVersion: v1\nkind: Pod\nmetadata: [oops\n".to_string(), Some("one"), true),
+        (format!("{}---\nkind: 12\n", good("two")), Some("one"), true),
+        (good("three"), Some("three"), false),
+        ("".to_string(), None, false),
+    ];
+    for (text, expected, kept) in rows {
+        let set = load(&text);
+        assert_eq!(image(&set).as_deref(), expected, "{text:?}");
+        let says_kept =
+            set.problems.iter().any(|p| p.to_string().contains("keeping the 1 object(s) last read"));
+        assert_eq!(says_kept, kept, "{text:?}: {:?}", set.problems);
+    }
+    // A file that never read cleanly has no last good objects: only what parses counts.
+    let fresh = dir.path().join("new.yaml");
+    std::fs::write(&fresh, "kind: [\n").unwrap();
+    let set = kvol_node::source::load_dir_cached(dir.path(), &mut cache);
+    assert!(set.problems.iter().any(|p| p.to_string().contains("new.yaml")));
+    assert!(!set.problems.iter().any(|p| p.to_string().contains("keeping")), "{:?}", set.problems);
+}

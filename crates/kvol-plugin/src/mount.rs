@@ -83,6 +83,9 @@ pub trait Mounter: Send + Sync + fmt::Debug {
     }
 }
 
+/// How many times [`SystemMounter::unmount`] retries a busy mount.
+const UNMOUNT_BUSY_RETRIES: u32 = 5;
+
 /// The real mount table: mount(2), umount2(2) and `/proc/self/mountinfo`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemMounter;
@@ -126,9 +129,35 @@ impl Mounter for SystemMounter {
         Ok(())
     }
 
+    /// Retries `EBUSY` a few times over about 100 ms: a process forked elsewhere holds copies
+    /// of every open file until it execs, which on a busy node can pin a mount for a moment.
+    /// A mount that stays busy is an error; the caller's backoff takes it from there.
     fn unmount(&self, target: &Path) -> Result<(), MountError> {
-        nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW)
-            .map_err(|e| MountError::new("unmount", target, e.into()))
+        let mut tries = 0;
+        loop {
+            match nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
+                Err(nix::errno::Errno::EBUSY) if tries < UNMOUNT_BUSY_RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                result => return result.map_err(|e| MountError::new("unmount", target, e.into())),
+            }
+        }
+    }
+
+    /// One `statx(2)` asking whether `path` is the root of a mount (Linux 5.8+), instead of
+    /// reading the whole mount table; the table when the kernel cannot say, or the path cannot
+    /// be looked at (a dead FUSE mount answers `ENOTCONN`). A path that does not exist is not a
+    /// mount point.
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
+        match statx(CWD, path, AtFlags::NO_AUTOMOUNT | AtFlags::SYMLINK_NOFOLLOW, StatxFlags::empty()) {
+            Ok(stat) if stat.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) => {
+                Ok(stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
+            }
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            _ => Ok(self.mount_points()?.iter().any(|m| m.target == path)),
+        }
     }
 
     fn mount_points(&self) -> Result<Vec<MountPoint>, MountError> {

@@ -578,3 +578,46 @@ async fn specs_resolve_through_the_registry_to_real_mounts() {
     );
     sandbox.assert_nothing_mounted();
 }
+
+/// `is_mount_point` (one statx) says what the mount table says, for every kind of path.
+#[test]
+fn mount_point_checks_agree_with_the_mount_table() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let tmpfs = sandbox.path("tmpfs");
+    let below = tmpfs.join("below");
+    let plain = sandbox.path("plain");
+    let file = sandbox.path("file");
+    let bound_file = sandbox.path("bound-file");
+    let bound_dir = sandbox.path("bound-dir");
+    for dir in [&tmpfs, &plain, &bound_dir] {
+        fs::create_dir_all(dir).unwrap();
+    }
+    fs::write(&file, b"x").unwrap();
+    fs::write(&bound_file, b"").unwrap();
+    SystemMounter.mount("kvol-test", &tmpfs, "tmpfs", false, &[]).unwrap();
+    fs::create_dir(&below).unwrap();
+    SystemMounter.bind(&file, &bound_file, false).unwrap();
+    SystemMounter.bind(&plain, &bound_dir, true).unwrap();
+
+    let rows = [
+        (tmpfs.clone(), true),
+        (below, false),
+        (plain, false),
+        (file, false),
+        (bound_file.clone(), true),
+        (bound_dir.clone(), true),
+        (sandbox.path("missing"), false),
+        (sandbox.path("missing/deeper"), false),
+    ];
+    let table = SystemMounter.mount_points().unwrap();
+    for (path, mounted) in rows {
+        assert_eq!(SystemMounter.is_mount_point(&path).unwrap(), mounted, "{}", path.display());
+        assert_eq!(table.iter().any(|m| m.target == path), mounted, "the table on {}", path.display());
+    }
+    for target in [&bound_dir, &bound_file, &tmpfs] {
+        SystemMounter.unmount(target).unwrap();
+        assert!(!SystemMounter.is_mount_point(target).unwrap(), "{} after unmount", target.display());
+    }
+    sandbox.assert_nothing_mounted();
+}

@@ -1,7 +1,7 @@
 //! The agent end to end: N pods with one CSI volume each, time until all are published and the agent's memory; one more volume through the agent against the same work done straight on the bundled driver.
 //!
 //! `cargo bench -p kvol --bench agent` (root: it mounts, in a private mount namespace of the
-//! bench thread that the agent inherits). `KVOL_BENCH_PODS` sets N (default 200).
+//! bench thread that the agent inherits). `KVOL_BENCH_PODS` sets N (default 200); `KVOL_BENCH_AGENT_LOG` sets the agent's `KVOL_LOG` and `KVOL_BENCH_AGENT_LOG_FILE` where its log goes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -88,9 +88,12 @@ fn main() {
         Command::new(env!("CARGO_BIN_EXE_kvol"))
             .args(["agent", "--no-metrics", "--no-example-flex-drivers", "--node-name", "bench", "--root"])
             .arg(&root)
-            .env("KVOL_LOG", "warn")
+            .env("KVOL_LOG", std::env::var("KVOL_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
+                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::null(),
+            })
             .spawn()
             .unwrap(),
     );

@@ -221,16 +221,14 @@ fn pods_come_and_go_and_volumes_outlive_the_agent() {
     let mut node = Node::new();
     let host_dir = node.root.join("host-data");
     node.write("00-storage.yaml", STORAGE);
-    node.write(
-        "web.yaml",
-        &pod(
-            "web",
-            &format!(
-                "  - {{name: cache, emptyDir: {{}}}}\n  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}\n",
-                host_dir.display()
-            ),
+    let web = pod(
+        "web",
+        &format!(
+            "  - {{name: cache, emptyDir: {{}}}}\n  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}\n",
+            host_dir.display()
         ),
     );
+    node.write("web.yaml", &web);
     node.write(
         "tools.yaml",
         &pod("tools", "  - {name: fast, flexVolume: {driver: kvol/tmpfs, options: {size: 8Mi}}}\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n"),
@@ -257,6 +255,14 @@ fn pods_come_and_go_and_volumes_outlive_the_agent() {
     node.write("broken.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [oops\n");
     let report = node.wait("the problem reported", |r| r.problems.iter().any(|p| p.contains("broken.yaml")));
     assert!(published(&report));
+    // An edit that breaks a pod's manifest keeps its last good objects: nothing is torn down.
+    node.write("web.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: default\n");
+    let report = node.wait("the broken edit reported", |r| {
+        r.problems.iter().any(|p| p.contains("web.yaml") && p.contains("keeping the 1 object(s)"))
+    });
+    assert!(published(&report), "{report:#?}");
+    node.write("web.yaml", &web);
+    node.wait("the edit fixed", |r| !r.problems.iter().any(|p| p.contains("web.yaml")));
 
     // A pod removed: its volumes come down, the other pod's stay.
     node.remove("tools.yaml");

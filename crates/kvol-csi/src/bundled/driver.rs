@@ -45,9 +45,19 @@ impl Hostpath {
         Ok(())
     }
 
+    /// Whether something is mounted exactly on `path`: one statx, no mount table.
+    pub fn is_mounted(&self, path: &Path) -> Result<bool, Status> {
+        let Some(path) = canonical(path)? else { return Ok(false) };
+        self.mounter.is_mount_point(&path).map_err(internal)
+    }
+
     /// The mount on `path` (the topmost one), if something is mounted exactly there.
     pub fn mount_on(&self, path: &Path) -> Result<Option<MountPoint>, Status> {
         let Some(path) = canonical(path)? else { return Ok(None) };
+        // One statx for the common "not mounted yet"; the table only for what is there.
+        if !self.mounter.is_mount_point(&path).map_err(internal)? {
+            return Ok(None);
+        }
         let mounts = self.mounter.mount_points().map_err(internal)?;
         Ok(mounts.into_iter().rfind(|m| m.target == path))
     }

@@ -201,7 +201,7 @@ impl Hostpath {
             .map_err(|s| with_context(id, s))?;
         capability(id, req.volume_capability.as_ref())?;
         let source = self.layout.volume_dir(id, self.persistent(id)?);
-        let mounted = self.mount_on(&staging)?.is_some();
+        let mounted = self.is_mounted(&staging)?;
         if stage_action(id, &staging, self.state.staged_on(&staging), mounted)? == MountAction::Done {
             return Ok(csi::NodeStageVolumeResponse {});
         }
@@ -237,7 +237,7 @@ impl Hostpath {
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
         self.persistent(id)?;
-        let mounted = self.mount_on(&staging)?.is_some();
+        let mounted = self.is_mounted(&staging)?;
         match unmount_action(id, self.state.staged_on(&staging), mounted) {
             UnmountAction::Nothing => return Ok(csi::NodeUnstageVolumeResponse {}),
             UnmountAction::Unmount => {
@@ -282,7 +282,7 @@ impl Hostpath {
         }
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
-        if !record.staged.contains(&staging) || self.mount_on(&staging)?.is_none() {
+        if !record.staged.contains(&staging) || !self.is_mounted(&staging)? {
             return Err(Status::failed_precondition(format!(
                 "volume {id} is not staged on {}",
                 staging.display()
@@ -356,7 +356,7 @@ impl Hostpath {
     ) -> Result<csi::NodeUnpublishVolumeResponse, Status> {
         let id = required(&req.volume_id, "volume id")?;
         let target = required_path(&req.target_path, "target path").map_err(|s| with_context(id, s))?;
-        let mounted = self.mount_on(&target)?.is_some();
+        let mounted = self.is_mounted(&target)?;
         match unmount_action(id, self.state.published_on(&target).map(|(owner, _)| owner), mounted) {
             UnmountAction::Nothing => return Ok(csi::NodeUnpublishVolumeResponse {}),
             UnmountAction::Unmount => {
@@ -401,7 +401,7 @@ impl Hostpath {
                 path.display()
             )));
         }
-        if self.mount_on(&path)?.is_none() {
+        if !self.is_mounted(&path)? {
             return Err(Status::not_found(format!("volume {id} is not mounted on {}", path.display())));
         }
         Ok(csi::NodeGetVolumeStatsResponse { usage: usage(counters(&path)?), volume_condition: None })
