@@ -700,6 +700,12 @@ impl VolumePlugin for CsiPlugin {
         }
     }
 
+    /// The CSIDriver's `requiresRepublish`: NodePublishVolume is called again periodically
+    /// for every volume of the driver (persistent or ephemeral).
+    fn requires_remount(&self, _spec: &VolumeSpec) -> bool {
+        self.policy().requires_republish
+    }
+
     /// Persistent volumes need attaching unless the CSIDriver says `attachRequired: false`;
     /// ephemeral inline volumes never do.
     fn can_attach(&self, spec: &VolumeSpec) -> bool {

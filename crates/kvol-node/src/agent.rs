@@ -30,7 +30,7 @@ use crate::desired::desired_state;
 use crate::executor::{ExecSnapshot, Executor};
 use crate::metrics::Metrics;
 use crate::model::{DesiredState, DesiredVolume, ObjectSet};
-use crate::reconciler::{Resolution, Resolutions, plan};
+use crate::reconciler::{Resolution, Resolutions, plan, republish};
 use crate::source::ManifestsSource;
 use crate::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, write_status};
 use crate::store::Store;
@@ -64,6 +64,9 @@ pub struct AgentConfig {
     pub metrics_address: Option<SocketAddr>,
     /// How often published volumes are checked against the mount table.
     pub resync: Duration,
+    /// How often a volume whose CSI driver `requiresRepublish` is published again (kubelet
+    /// does it on each pod sync, about once a minute).
+    pub republish: Duration,
 }
 
 impl AgentConfig {
@@ -83,6 +86,7 @@ impl AgentConfig {
             example_flex_drivers: true,
             metrics_address: None,
             resync: Duration::from_secs(10),
+            republish: Duration::from_secs(60),
         }
     }
 }
@@ -150,8 +154,19 @@ pub async fn run_agent(
     for note in &rebuilt.notes {
         tracing::info!(%note, "rebuilt state");
     }
+    // Orphans (pod volume directories no record accounts for): empty ones go before any
+    // operation starts; the others are left alone and shown as problems while they last.
+    let mut orphans_left = Vec::new();
     for orphan in &rebuilt.orphans {
-        tracing::warn!(path = %orphan.path.display(), "pod volume directory kvol has no record of; left alone");
+        match crate::rebuild::clear_orphan(orphan, &seen.mount_points) {
+            None => {
+                tracing::info!(path = %orphan.path.display(), "removed an empty orphan pod volume directory")
+            }
+            Some(reason) => {
+                tracing::warn!(path = %orphan.path.display(), %reason, "orphan pod volume directory");
+                orphans_left.push((orphan.path.clone(), reason));
+            }
+        }
     }
     store.replace_actual(&rebuilt.actual).map_err(|e| e.to_string())?;
     tracing::info!(
@@ -271,6 +286,14 @@ pub async fn run_agent(
         let current = &view.objects;
         start_provisioning(&config, current, &handler, &provisioned, &provisioning, &provisioned_dir, &wake);
         let mut problems: Vec<String> = current.problems.iter().map(ToString::to_string).collect();
+        if !orphans_left.is_empty() {
+            // Gone from disk, or now a published volume's directory: no longer a problem.
+            let exec = executor.snapshot();
+            orphans_left.retain(|(path, _)| {
+                path.exists() && !exec.actual.published.values().any(|p| p.target.starts_with(path))
+            });
+            problems.extend(orphans_left.iter().map(|(_, reason)| reason.clone()));
+        }
         {
             let failures = provisioning.lock().unwrap_or_else(|p| p.into_inner());
             problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
@@ -298,6 +321,17 @@ pub async fn run_agent(
         }
         let exec = executor.snapshot();
         for op in plan(desired, &resolutions, &exec.actual) {
+            executor.submit(op);
+        }
+        let due = republish(
+            desired,
+            &resolutions,
+            &exec.actual,
+            &exec.published_at,
+            Instant::now(),
+            config.republish,
+        );
+        for op in due {
             executor.submit(op);
         }
         let exec = executor.snapshot();
@@ -574,6 +608,7 @@ fn resolve_one(
         plugin: plugin.name().to_string(),
         unique_name,
         attach: plugin.can_attach(&spec),
+        republish: plugin.requires_remount(&spec),
         staging_path,
         target: paths.pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume),
         spec,

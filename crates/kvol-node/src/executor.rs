@@ -46,6 +46,9 @@ pub struct ExecSnapshot {
     /// Shared with the executor until its next change (copy on write): a snapshot per loop
     /// pass costs a reference count, not a copy of every record.
     pub actual: Arc<ActualState>,
+    /// When each published volume was last published by this agent (absent: before it
+    /// started), for plugins that ask to be published again.
+    pub published_at: Arc<BTreeMap<PodVolumeKey, Instant>>,
     /// By lock key.
     pub running: BTreeMap<String, Running>,
     /// By lock key.
@@ -55,6 +58,7 @@ pub struct ExecSnapshot {
 #[derive(Debug, Default)]
 struct State {
     actual: Arc<ActualState>,
+    published_at: Arc<BTreeMap<PodVolumeKey, Instant>>,
     running: BTreeMap<String, Running>,
     failures: BTreeMap<String, Failure>,
     /// Once set, nothing new starts (shutdown).
@@ -104,6 +108,7 @@ impl Executor {
         let state = self.lock();
         ExecSnapshot {
             actual: Arc::clone(&state.actual),
+            published_at: Arc::clone(&state.published_at),
             running: state.running.clone(),
             failures: state.failures.clone(),
         }
@@ -156,6 +161,15 @@ impl Executor {
             state.running.remove(&key);
             match outcome {
                 Ok(change) => {
+                    match &change {
+                        ActualChange::SetPublished(v) => {
+                            Arc::make_mut(&mut state.published_at).insert(v.key.clone(), Instant::now());
+                        }
+                        ActualChange::RemovePublished(key) => {
+                            Arc::make_mut(&mut state.published_at).remove(key);
+                        }
+                        _ => {}
+                    }
                     apply(Arc::make_mut(&mut state.actual), change);
                     state.failures.remove(&key);
                     tracing::info!(operation = op.name(), volume = %key, plugin = op.plugin(), elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded");

@@ -32,7 +32,8 @@
 //! - An **attached** record is kept: attachments are not visible in the mount table.
 //!
 //! Finally, every pod volume directory on disk that neither is nor contains the target of a
-//! published record is an **orphan**; the agent tears it down if no pod wants it.
+//! published record is an **orphan**. [`clear_orphan`] removes one that is empty with nothing
+//! mounted; any other is left alone and reported (kvol does not know what made it).
 
 use std::collections::BTreeSet;
 use std::io;
@@ -139,6 +140,38 @@ fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, ObserveError> {
     }
     found.sort();
     Ok(found)
+}
+
+/// Clears away an orphan pod volume directory, as kubelet clears orphaned pod directories: only
+/// when nothing is mounted at or below it and it is empty (removed with `rmdir`, which cannot
+/// delete data), then its parents up to the pod directory while they are empty. Returns `None`
+/// when it is gone, or why it was left.
+pub fn clear_orphan(orphan: &PodVolumeDir, mount_points: &BTreeSet<PathBuf>) -> Option<String> {
+    let path = &orphan.path;
+    if any_at_or_under(mount_points, path) {
+        return Some(format!(
+            "orphan pod volume directory {} has something mounted at or below it: left alone",
+            path.display()
+        ));
+    }
+    match std::fs::remove_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => {
+            return Some(format!(
+                "orphan pod volume directory {} is not empty: left for a person to look at",
+                path.display()
+            ));
+        }
+        Err(e) => return Some(format!("cannot remove orphan pod volume directory {}: {e}", path.display())),
+    }
+    // volumes/<plugin dir>, volumes, pods/<uid>: each only if now empty.
+    for parent in path.ancestors().skip(1).take(3) {
+        if std::fs::remove_dir(parent).is_err() {
+            break;
+        }
+    }
+    None
 }
 
 /// Whether some path of `set` equals `path` or lies below it. Paths order by components, so

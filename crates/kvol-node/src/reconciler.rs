@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use kvol_plugin::VolumeSpec;
 
@@ -22,6 +23,9 @@ pub struct Resolution {
     pub staging_path: Option<PathBuf>,
     /// The pod volume directory to publish into.
     pub target: PathBuf,
+    /// Whether the plugin wants the volume published again periodically (CSI
+    /// `requiresRepublish`).
+    pub republish: bool,
 }
 
 /// The resolution of each wanted volume that has a spec, or why it could not be resolved (no
@@ -149,6 +153,34 @@ pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualSt
     teardown
 }
 
+/// Publishes again the published volumes whose plugin asks for it (CSI `requiresRepublish`,
+/// as kubelet does on every pod sync) once `period` has passed since their last publish by this
+/// agent; a volume with no such time (published before the agent started) is due at once. Only
+/// volumes still wanted as they are published; pure.
+pub fn republish(
+    desired: &DesiredState,
+    resolutions: &Resolutions,
+    actual: &ActualState,
+    published_at: &BTreeMap<PodVolumeKey, Instant>,
+    now: Instant,
+    period: Duration,
+) -> Vec<Operation> {
+    actual
+        .published
+        .iter()
+        .filter_map(|(key, published)| {
+            let wanted = desired.volumes.get(key)?;
+            let r = resolutions.get(key)?.as_ref().ok()?;
+            let same = r.plugin == published.plugin && r.unique_name == published.unique_name;
+            let due = published_at.get(key).is_none_or(|at| now.saturating_duration_since(*at) >= period);
+            (r.republish && same && due).then(|| Operation::Publish {
+                volume: published.clone(),
+                mount_options: wanted.mount_options.clone(),
+            })
+        })
+        .collect()
+}
+
 /// Whether `record` (the spec a staged or attached record holds, translated if migrated) may be
 /// the volume `wanted` (a pod's spec, as written) names: both persistent with the same PV name,
 /// or both inline with the same volume name in the same namespace.
@@ -208,6 +240,7 @@ mod tests {
             attach,
             staging_path: stage.then(|| PathBuf::from(format!("/stage/{unique}"))),
             target: PathBuf::from(format!("/pods/{pod}/{volume}")),
+            republish: false,
         }
     }
 
@@ -297,6 +330,7 @@ mod tests {
             attach: false,
             staging_path: None,
             target: "/pods/p1/cache".into(),
+            republish: false,
         };
         let mut desired = DesiredState::default();
         want(&mut desired, "p1", "cache", spec);
@@ -396,6 +430,45 @@ mod tests {
         let mut actual = ActualState::default();
         actual.attached.insert("v1".into(), attached(&r, Some("/dev/x")));
         assert_eq!(names(&plan(&DesiredState::default(), &failing, &actual)), ["volume_detach volume:v1"]);
+    }
+
+    #[test]
+    fn volumes_whose_plugin_asks_are_published_again_each_period() {
+        let period = Duration::from_secs(60);
+        let now = Instant::now() + Duration::from_secs(3600);
+        let mut asks = res("v1", false, true, "p1", "data");
+        asks.republish = true;
+        let plain = res("v2", false, true, "p2", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", asks.spec.clone());
+        want(&mut desired, "p2", "data", plain.spec.clone());
+        let resolutions: Resolutions =
+            [(key("p1", "data"), Ok(asks.clone())), (key("p2", "data"), Ok(plain.clone()))].into();
+        let mut actual = ActualState::default();
+        actual.published.insert(key("p1", "data"), published(&asks, "p1", "data"));
+        actual.published.insert(key("p2", "data"), published(&plain, "p2", "data"));
+        // (last publish of p1/data, whether it is due)
+        let rows = [
+            (None, true),
+            (Some(now - Duration::from_secs(61)), true),
+            (Some(now - period), true),
+            (Some(now - Duration::from_secs(59)), false),
+            (Some(now), false),
+        ];
+        for (last, due) in rows {
+            let at: BTreeMap<PodVolumeKey, Instant> =
+                last.map(|t| (key("p1", "data"), t)).into_iter().collect();
+            let ops = names(&republish(&desired, &resolutions, &actual, &at, now, period));
+            let want: &[&str] = if due { &["volume_mount pod:p1/data"] } else { &[] };
+            assert_eq!(ops, want, "last publish {last:?}");
+        }
+        // Not wanted any more, or wanted as something else: no republish.
+        let none = BTreeMap::new();
+        assert!(republish(&DesiredState::default(), &resolutions, &actual, &none, now, period).is_empty());
+        let mut moved = asks.clone();
+        moved.unique_name = "v9".into();
+        let changed: Resolutions = [(key("p1", "data"), Ok(moved))].into();
+        assert!(republish(&desired, &changed, &actual, &none, now, period).is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kvol_node::rebuild::{PodVolumeDir, observe, rebuild};
+use kvol_node::rebuild::{PodVolumeDir, clear_orphan, observe, rebuild};
 use kvol_node::store::{ActualChange, JournalEntry, Loaded, Store, StoreError};
 use kvol_node::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
 use kvol_plugin::plugin::PodInfo;
@@ -583,4 +583,47 @@ fn observe_sees_the_real_mount_table_and_pod_volume_directories() {
     let rebuilt = rebuild(&stored, &[], &seen);
     let kept: Vec<String> = rebuilt.actual.published.keys().map(ToString::to_string).collect();
     assert_eq!(kept, ["u1/cache"]);
+}
+
+/// Orphans are cleared only when empty and unmounted, with their empty parents; any other is
+/// left with the reason, and no data is ever deleted.
+#[test]
+fn only_empty_unmounted_orphans_are_cleared() {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (this test needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let tmp = tempfile::tempdir().unwrap();
+    let root = fs::canonicalize(tmp.path()).unwrap();
+    let _guard = UnmountBelow(root.clone());
+    let paths = NodePaths::new(root.join("kubelet"));
+    let empty = paths.pod_volume_dir("u1", CSI, "empty");
+    let with_data = paths.pod_volume_dir("u2", EMPTY_DIR, "cache");
+    let mounted = paths.pod_volume_dir("u3", CSI, "busy");
+    for dir in [&empty, &with_data, &mounted.join("mount")] {
+        fs::create_dir_all(dir).unwrap();
+    }
+    fs::write(with_data.join("kept"), b"data").unwrap();
+    let source = root.join("disk");
+    fs::create_dir(&source).unwrap();
+    SystemMounter.bind(&source, &mounted.join("mount"), false).unwrap();
+
+    let seen = observe(&paths, &SystemMounter).unwrap();
+    let rebuilt = rebuild(&ActualState::default(), &[], &seen);
+    assert_eq!(rebuilt.orphans.len(), 3, "{:?}", rebuilt.orphans);
+    let outcomes: Vec<(String, Option<String>)> =
+        rebuilt.orphans.iter().map(|o| (o.volume.clone(), clear_orphan(o, &seen.mount_points))).collect();
+    for (volume, outcome) in &outcomes {
+        match volume.as_str() {
+            "empty" => assert_eq!(outcome, &None),
+            "cache" => assert!(outcome.as_deref().is_some_and(|r| r.contains("is not empty")), "{outcome:?}"),
+            "busy" => {
+                assert!(outcome.as_deref().is_some_and(|r| r.contains("mounted at or below")), "{outcome:?}")
+            }
+            other => panic!("unexpected orphan {other}"),
+        }
+    }
+    assert!(!paths.pod_dir("u1").exists(), "the empty orphan and its empty parents are gone");
+    assert_eq!(fs::read(with_data.join("kept")).unwrap(), b"data");
+    assert!(SystemMounter.is_mount_point(&mounted.join("mount")).unwrap());
+    SystemMounter.unmount(&mounted.join("mount")).unwrap();
 }

@@ -141,6 +141,11 @@ pub trait VolumePlugin: Send + Sync + fmt::Debug {
     fn details(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// Whether a published volume of this spec is to be published again from time to time
+    /// (upstream's `RequiresRemount`: a CSI driver whose CSIDriver says `requiresRepublish`).
+    fn requires_remount(&self, _spec: &VolumeSpec) -> bool {
+        false
+    }
     /// Whether this spec needs attaching (a CSI driver may say no per spec).
     fn can_attach(&self, _spec: &VolumeSpec) -> bool {
         self.attacher().is_some()

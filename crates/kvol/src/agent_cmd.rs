@@ -39,6 +39,9 @@ pub struct AgentArgs {
     /// How often published volumes are checked against the mount table.
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     pub resync_seconds: u64,
+    /// How often a volume whose CSI driver says `requiresRepublish` is published again.
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    pub republish_seconds: u64,
     /// Exit once every volume has settled (published, failed with a reason, or pending with a
     /// reason) and print the status: a demonstration mode. Volumes stay mounted.
     #[arg(long)]
@@ -58,6 +61,7 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
     config.example_flex_drivers = !args.no_example_flex_drivers;
     config.metrics_address = (!args.no_metrics).then_some(args.metrics_address);
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
+    config.republish = Duration::from_secs(args.republish_seconds.max(1));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

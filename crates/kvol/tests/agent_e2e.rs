@@ -69,11 +69,16 @@ impl Node {
     }
 
     fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    fn start_with(&mut self, extra: &[&str]) {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.root.join("agent.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_kvol"))
             .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", "node-a", "--root"])
             .arg(&self.root)
+            .args(extra)
             .env("KVOL_TEST_DIR", &self.root)
             .env("KVOL_LOG", "info")
             .env_remove("KVOL_CONFIG")
@@ -426,5 +431,36 @@ fn pending_claims_and_failing_drivers_recover() {
         phase(r, "default/app", "late") == Some(Phase::Published)
             && phase(r, "default/flaky", "vol") == Some(Phase::Published)
     });
+    node.assert_no_double_mounts();
+}
+
+/// A CSIDriver with `requiresRepublish: true`: the agent calls NodePublishVolume again each
+/// period for a published volume, and the volume stays published throughout.
+#[test]
+fn a_driver_that_requires_republish_is_published_again() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write(
+        "00-driver.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: hostpath.csi.kvol.io}\nspec: {attachRequired: false, podInfoOnMount: true, requiresRepublish: true, volumeLifecycleModes: [Ephemeral]}\n",
+    );
+    node.write("app.yaml", &pod("app", "  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n"));
+    node.start_with(&["--republish-seconds", "1"]);
+    let report = node.wait("published", |r| phase(r, "default/app", "scratch") == Some(Phase::Published));
+    let target = volume(&report, "default/app", "scratch").unwrap().target.clone().unwrap();
+    let publishes = || {
+        let needle = format!("target={}", target.join("mount").display());
+        node.agent_log().lines().filter(|l| l.contains("NodePublishVolume") && l.contains(&needle)).count()
+    };
+    let first = publishes();
+    assert!(first >= 1, "{}", node.agent_log());
+    let start = Instant::now();
+    while publishes() < first + 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "not published again:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let report =
+        node.wait("still published", |r| phase(r, "default/app", "scratch") == Some(Phase::Published));
+    assert!(volume(&report, "default/app", "scratch").unwrap().last_error.is_none(), "{report:#?}");
     node.assert_no_double_mounts();
 }
