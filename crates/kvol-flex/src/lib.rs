@@ -3,6 +3,7 @@
 pub mod driver;
 pub mod error;
 pub mod install;
+pub mod leftovers;
 pub mod naming;
 pub mod options;
 pub mod plugin;

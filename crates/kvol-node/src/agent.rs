@@ -1,8 +1,9 @@
 //! The agent: wires sources, plugins (compiled-in, Flexvolume, CSI), the journal, the reconciler and the executor into kvol's main loop.
 //!
-//! Start-up: open the journal, rebuild the actual state from it, the mount table and the pod
-//! volume directories; register the compiled-in plugins; install the example Flexvolume
-//! drivers and start the prober; start the CSI registration watcher and (by default) the
+//! Start-up: open the journal, stop the Flexvolume driver calls a dead predecessor left
+//! running, rebuild the actual state from the journal, the mount table and the pod volume
+//! directories (clearing empty orphans); register the compiled-in plugins; install the example
+//! Flexvolume drivers and start the prober; start the CSI registration watcher and (by default) the
 //! bundled CSI driver; watch the manifests directory. Then loop: desired state from the
 //! objects, a resolution per volume, a plan, operations submitted; again whenever the objects
 //! change, an operation ends, a retry falls due or the resync timer fires. SIGTERM stops the
@@ -149,6 +150,15 @@ pub async fn run_agent(
     let store_path = config.root.join("state.redb");
     let store = Arc::new(open_store(&store_path).await?);
     let loaded = store.load().map_err(|e| e.to_string())?;
+    // Driver calls the previous agent left running are stopped first, so the mount table read
+    // next is final and no call of the old agent races one of this agent on a volume.
+    let leftovers = kvol_flex::leftovers::find(&config.flex_dir);
+    for call in &leftovers {
+        tracing::warn!(pid = call.pid, command = %call.command_line, "killing a flexvolume driver call the previous agent left running");
+    }
+    for call in kvol_flex::leftovers::stop(&leftovers, Duration::from_secs(5)) {
+        tracing::warn!(pid = call.pid, command = %call.command_line, "a leftover flexvolume driver call is still there after SIGKILL");
+    }
     let seen = crate::rebuild::observe(&host.paths, mounter.as_ref()).map_err(|e| e.to_string())?;
     let rebuilt = crate::rebuild::rebuild(&loaded.actual, &loaded.incomplete, &seen);
     for note in &rebuilt.notes {

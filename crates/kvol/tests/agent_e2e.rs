@@ -49,6 +49,8 @@ esac
 
 struct Node {
     root: PathBuf,
+    /// The agent log as it was when the current agent started.
+    log_before_start: String,
     manifests: PathBuf,
     child: Option<Child>,
     _dir: tempfile::TempDir,
@@ -65,7 +67,7 @@ impl Node {
         let script = driver_dir.join("slow");
         std::fs::write(&script, TEST_DRIVER).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Node { root, manifests, child: None, _dir: dir }
+        Node { root, manifests, child: None, _dir: dir, log_before_start: String::new() }
     }
 
     fn start(&mut self) {
@@ -73,6 +75,7 @@ impl Node {
     }
 
     fn start_with(&mut self, extra: &[&str]) {
+        self.log_before_start = self.agent_log();
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.root.join("agent.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_kvol"))
@@ -297,19 +300,59 @@ fn pods_come_and_go_and_volumes_outlive_the_agent() {
 }
 
 impl Node {
-    /// Waits until no test-driver process is running.
-    fn wait_for_driver_calls(&self) {
+    /// The pids of the test-driver calls running (their script path is on the command line).
+    fn driver_call_pids(&self) -> Vec<u32> {
         let driver = self.root.join("flexvolume/test~slow/slow").display().to_string();
-        let start = Instant::now();
-        loop {
-            let running = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
                 std::fs::read(e.path().join("cmdline"))
                     .is_ok_and(|c| String::from_utf8_lossy(&c).contains(driver.as_str()))
-            });
-            if !running {
-                return;
-            }
-            assert!(start.elapsed() < Duration::from_secs(20), "driver calls never finished");
+                    && std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| !s.contains(") Z "))
+            })
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
+    fn driver_calls_running(&self) -> bool {
+        !self.driver_call_pids().is_empty()
+    }
+
+    /// Waits until none of `pids` runs any more (the new agent killed them).
+    fn wait_gone(&self, pids: &[u32], step: &str) {
+        let start = Instant::now();
+        while self.driver_call_pids().iter().any(|p| pids.contains(p)) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{step}: the leftover call {pids:?} still runs"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until the blocked driver call is running (the status says the operation started
+    /// a moment before the driver process exists).
+    fn wait_until_driver_call_runs(&self, step: &str) {
+        let start = Instant::now();
+        while !self.driver_calls_running() {
+            assert!(start.elapsed() < Duration::from_secs(20), "{step}: the driver call never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until the agent's log has more lines containing `needle` than it had when the
+    /// current agent started.
+    fn wait_for_log(&self, what: &str, needle: &str) {
+        let start = Instant::now();
+        let count = |log: &str| log.lines().filter(|l| l.contains(needle)).count();
+        let before = count(&self.log_before_start);
+        while count(&self.agent_log()) <= before {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {what}:\n{}",
+                self.agent_log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -345,12 +388,16 @@ fn kill_9_at_every_step_then_restart() {
         node.write("slow.yaml", &slow_pod);
         node.start();
         node.wait(&format!("{step} in flight"), |r| phase(r, "default/slow", "vol") == Some(phase_seen));
+        node.wait_until_driver_call_runs(step);
         node.kill_9();
-        node.marker(marker, false);
-        // The driver call the dead agent started goes on (as under kubelet, nothing kills it);
-        // this test driver is not safe against a second concurrent call, so let it finish.
-        node.wait_for_driver_calls();
+        // The driver call the dead agent started is still blocked; the new agent stops it
+        // before anything else, so it never runs beside the new agent's own call.
+        let leftover = node.driver_call_pids();
+        assert!(!leftover.is_empty(), "{step}: the dead agent's call goes on");
         node.start();
+        node.wait_for_log(&format!("{step}: the leftover call killed"), "killing a flexvolume driver call");
+        node.wait_gone(&leftover, step);
+        node.marker(marker, false);
         node.wait(&format!("published after a kill during {step}"), |r| {
             phase(r, "default/slow", "vol") == Some(Phase::Published)
         });
@@ -363,10 +410,13 @@ fn kill_9_at_every_step_then_restart() {
         node.marker("slow-unmount", true);
         node.remove("slow.yaml");
         node.wait("teardown in flight", |r| phase(r, "default/slow", "vol") == Some(Phase::TearingDown));
+        node.wait_until_driver_call_runs("teardown");
         node.kill_9();
-        node.marker("slow-unmount", false);
-        node.wait_for_driver_calls();
+        let leftover = node.driver_call_pids();
         node.start();
+        node.wait_for_log("teardown: the leftover call killed", "killing a flexvolume driver call");
+        node.wait_gone(&leftover, "teardown");
+        node.marker("slow-unmount", false);
         // Torn down: no pod volume, nothing staged or attached on the node, no mount left.
         node.wait("torn down after a kill during teardown", |r| {
             r.volumes.is_empty() && r.node_volumes.is_empty()
