@@ -345,7 +345,7 @@ pub async fn run_agent(
             executor.submit(op);
         }
         let exec = executor.snapshot();
-        let report = status_report(
+        let mut report = status_report(
             &config,
             problems,
             desired,
@@ -355,6 +355,7 @@ pub async fn run_agent(
             &metrics_address,
             &snapshot,
         );
+        report.csi_node = objects.csi_node(&config.node_name);
         metrics.set_volumes(
             report.volumes.iter().filter(|v| v.phase == Phase::Published).count() as i64,
             report.volumes.iter().filter(|v| v.phase == Phase::Pending).count() as i64,
@@ -767,6 +768,7 @@ fn status_report(
         })
         .collect();
     StatusReport {
+        csi_node: None,
         node_volumes,
         node: config.node_name.clone(),
         pid: std::process::id(),

@@ -5,6 +5,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::storage::v1::CSINode;
 use serde::{Deserialize, Serialize};
 
 /// The name of the status file in the agent's root directory.
@@ -34,6 +35,10 @@ pub struct StatusReport {
     /// volume whose pods are gone stays here until it is unstaged and detached.
     #[serde(default)]
     pub node_volumes: Vec<NodeVolumeStatus>,
+    /// The node's CSINode as registration keeps it (drivers with node IDs and topology keys,
+    /// the migrated-plugins annotation); standalone kvol has no API server to show it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi_node: Option<CSINode>,
 }
 
 /// One volume attached to or staged on the node (per unique volume, not per pod).
@@ -195,6 +200,9 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
     if !report.plugins.is_empty() {
         out.push_str(&format!("plugins: {}\n", report.plugins.join(", ")));
     }
+    if let Some(csi_node) = &report.csi_node {
+        out.push_str(&csi_node_lines(csi_node));
+    }
     if !report.problems.is_empty() {
         out.push_str("problems:\n");
         for problem in &report.problems {
@@ -214,6 +222,31 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
         let header = ["VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST ERROR"].map(str::to_string);
         let rows: Vec<[String; 5]> = report.node_volumes.iter().map(node_row).collect();
         table(&mut out, &header, &rows);
+    }
+    out
+}
+
+/// The CSINode in a line per driver and one for the migrated plugins.
+fn csi_node_lines(csi_node: &CSINode) -> String {
+    let mut out = String::new();
+    for driver in &csi_node.spec.drivers {
+        let mut facts = vec![format!("node id {}", driver.node_id)];
+        if let Some(keys) = driver.topology_keys.as_ref().filter(|k| !k.is_empty()) {
+            facts.push(format!("topology keys {}", keys.join(", ")));
+        }
+        if let Some(count) = driver.allocatable.as_ref().and_then(|a| a.count) {
+            facts.push(format!("at most {count} volumes"));
+        }
+        out.push_str(&format!("csi driver {}: {}\n", driver.name, facts.join("; ")));
+    }
+    let migrated = csi_node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(kvol_api::keys::ANN_MIGRATED_PLUGINS))
+        .filter(|v| !v.is_empty());
+    if let Some(plugins) = migrated {
+        out.push_str(&format!("migrated plugins: {}\n", plugins.replace(',', ", ")));
     }
     out
 }
@@ -333,6 +366,7 @@ mod tests {
             problems: Vec::new(),
             plugins: Vec::new(),
             node_volumes: Vec::new(),
+            csi_node: None,
         }
     }
 
@@ -502,6 +536,32 @@ vol-1   acme/disk  tearing-down: unmount_device running for 1.0 s  /dev/sdb → 
 vol-2   acme/disk  failed                                          -                                        volume_detach failed 2 time(s): busy
 ";
         assert_eq!(text, want);
+    }
+
+    #[test]
+    fn the_csi_node_shows_a_line_per_driver_and_the_migrated_plugins() {
+        let csi_node: CSINode = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "node-a",
+                "annotations": {"storage.alpha.kubernetes.io/migrated-plugins": "kubernetes.io/aws-ebs,kubernetes.io/gce-pd"}
+            },
+            "spec": {"drivers": [
+                {"name": "ebs.csi.aws.com", "nodeID": "i-0abc", "topologyKeys": ["topology.ebs.csi.aws.com/zone"], "allocatable": {"count": 25}},
+                {"name": "hostpath.csi.kvol.io", "nodeID": "node-a"}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(
+            csi_node_lines(&csi_node),
+            "csi driver ebs.csi.aws.com: node id i-0abc; topology keys topology.ebs.csi.aws.com/zone; at most 25 volumes\n\
+             csi driver hostpath.csi.kvol.io: node id node-a\n\
+             migrated plugins: kubernetes.io/aws-ebs, kubernetes.io/gce-pd\n"
+        );
+        let mut r = report(Vec::new());
+        r.csi_node = Some(csi_node);
+        let back: StatusReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r, "the CSINode round-trips through status.json");
+        assert!(render(&r, 1_100_000, true).contains("\ncsi driver hostpath.csi.kvol.io: node id node-a\n"));
     }
 
     #[test]

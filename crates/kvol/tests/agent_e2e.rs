@@ -250,6 +250,11 @@ fn pods_come_and_go_and_volumes_outlive_the_agent() {
         })
     };
     let report = node.wait("every volume published", published);
+    let csi_node = report.csi_node.as_ref().expect("the CSINode is in the status");
+    assert!(
+        csi_node.spec.drivers.iter().any(|d| d.name == "hostpath.csi.kvol.io" && d.node_id == "node-a"),
+        "{csi_node:?}"
+    );
     let fast = volume(&report, "default/tools", "fast").unwrap().target.clone().unwrap();
     assert!(
         node.mounts().iter().any(|m| m.target == fast && m.fstype == "tmpfs"),

@@ -95,6 +95,7 @@ fn report() -> StatusReport {
             last_error: Some("mount_device failed 1 time(s): busy".into()),
             progress: None,
         }],
+        csi_node: None,
     }
 }
 
