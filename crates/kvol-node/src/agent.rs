@@ -32,7 +32,7 @@ use crate::executor::{ExecSnapshot, Executor};
 use crate::metrics::Metrics;
 use crate::model::{DesiredState, DesiredVolume, ObjectSet};
 use crate::reconciler::{Resolution, Resolutions, plan, republish};
-use crate::source::ManifestsSource;
+use crate::source::{ManifestsSource, ObjectSource};
 use crate::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, write_status};
 use crate::store::Store;
 
@@ -122,9 +122,27 @@ async fn open_store(path: &std::path::Path) -> Result<Store, String> {
 /// How long start-up waits for the Flexvolume drivers on disk to load before the first plan.
 const FIRST_PROBE_WAIT: Duration = Duration::from_secs(15);
 
-/// Runs the agent until `shutdown` completes.
+/// Runs the agent on its manifests directory until `shutdown` completes.
 pub async fn run_agent(
     config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), String> {
+    run(config, None, shutdown).await
+}
+
+/// Runs the agent on the objects `source` gives (`config.manifests_dir` is not read) until
+/// `shutdown` completes: the seam a cluster source, or code embedding kvol, plugs into.
+pub async fn run_agent_with_source(
+    config: AgentConfig,
+    source: Box<dyn ObjectSource>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), String> {
+    run(config, Some(source), shutdown).await
+}
+
+async fn run(
+    config: AgentConfig,
+    source: Option<Box<dyn ObjectSource>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), String> {
     let started = SystemTime::now();
@@ -246,7 +264,10 @@ pub async fn run_agent(
         None => None,
     };
 
-    let source = ManifestsSource::start(config.manifests_dir.clone()).map_err(|e| e.to_string())?;
+    let source = match source {
+        Some(source) => source,
+        None => Box::new(ManifestsSource::start(config.manifests_dir.clone()).map_err(|e| e.to_string())?),
+    };
     let mut objects_rx = source.subscribe();
     let wake = Arc::new(Notify::new());
     let executor = Executor::new(

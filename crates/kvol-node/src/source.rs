@@ -597,6 +597,63 @@ impl ManifestsSource {
     }
 }
 
+impl ObjectSource for ManifestsSource {
+    fn current(&self) -> Arc<ObjectSet> {
+        ManifestsSource::current(self)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<ObjectSet>> {
+        ManifestsSource::subscribe(self)
+    }
+
+    fn shutdown(self: Box<Self>) {
+        ManifestsSource::shutdown(*self)
+    }
+}
+
+/// Where the agent's objects come from: the manifests directory standalone, an API server's
+/// watches in a cluster, or code that embeds kvol ([`ChannelSource`]). The agent reads the
+/// current set on every pass and wakes when a new one is sent.
+pub trait ObjectSource: Send + Sync {
+    /// The object set as last known.
+    fn current(&self) -> Arc<ObjectSet>;
+    /// A receiver woken by every new object set.
+    fn subscribe(&self) -> watch::Receiver<Arc<ObjectSet>>;
+    /// Stops the source; receivers keep the last set.
+    fn shutdown(self: Box<Self>);
+}
+
+/// An [`ObjectSource`] fed by code: whatever [`ChannelSource::send`] gets is the agent's next
+/// object set. For embedding kvol, and for tests of the agent without a directory.
+#[derive(Debug, Clone)]
+pub struct ChannelSource {
+    sets: Arc<watch::Sender<Arc<ObjectSet>>>,
+}
+
+impl ChannelSource {
+    /// A source whose current set is `first`.
+    pub fn new(first: ObjectSet) -> ChannelSource {
+        ChannelSource { sets: Arc::new(watch::channel(Arc::new(first)).0) }
+    }
+
+    /// Makes `objects` the current set and wakes the agent.
+    pub fn send(&self, objects: ObjectSet) {
+        self.sets.send_replace(Arc::new(objects));
+    }
+}
+
+impl ObjectSource for ChannelSource {
+    fn current(&self) -> Arc<ObjectSet> {
+        Arc::clone(&self.sets.borrow())
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<ObjectSet>> {
+        self.sets.subscribe()
+    }
+
+    fn shutdown(self: Box<Self>) {}
+}
+
 impl Drop for ManifestsSource {
     /// Stops the watch without waiting for the thread.
     fn drop(&mut self) {
