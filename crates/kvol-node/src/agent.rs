@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 use crate::desired::desired_state;
 use crate::executor::{ExecSnapshot, Executor};
 use crate::metrics::Metrics;
-use crate::model::{DesiredState, DesiredVolume, ObjectSet};
+use crate::model::{DesiredState, DesiredVolume, ObjectSet, unique_volume_name};
 use crate::reconciler::{Resolution, Resolutions, plan, republish};
 use crate::source::{ManifestsSource, ObjectSource};
 use crate::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, write_status};
@@ -308,9 +308,8 @@ async fn run(
                 );
                 let desired = desired_state(&set, &config.node_name);
                 secrets_from(&secrets, &set);
-                for driver in set.csi_drivers.values() {
-                    objects.put_csi_driver(driver.clone());
-                }
+                // The whole set: a CSIDriver removed from the source stops applying at once.
+                objects.set_csi_drivers(set.csi_drivers.values().cloned());
                 ObjectsView { source: from_source, provisioned_version: version, objects: set, desired }
             }
         };
@@ -629,17 +628,27 @@ fn resolve_one(
     let resolved = resolve(snapshot, gates, spec, NodeStatus::Known(node)).map_err(|e| e.to_string())?;
     let plugin = resolved.plugin;
     let spec = resolved.spec.into_owned();
-    let unique_name = plugin.volume_name(&spec).map_err(|e| e.to_string())?;
     let staging_path = match plugin.device_mounter() {
         Some(stager) if plugin.can_device_mount(&spec) => {
             Some(stager.device_mount_path(&spec).map_err(|e| e.to_string())?)
         }
         _ => None,
     };
+    let attach = plugin.can_attach(&spec);
+    // Upstream's unique names: node-wide for a volume that is attached or staged, per pod for
+    // one that is only published; always with the plugin, so two plugins never share one.
+    let node_wide = attach || staging_path.is_some();
+    let volume_name = if node_wide {
+        plugin.volume_name(&spec).map_err(|e| e.to_string())?
+    } else {
+        spec.name().to_string()
+    };
+    let unique_name =
+        unique_volume_name(plugin.pod_dir_plugin_name(), &volume_name, node_wide, &volume.pod.uid);
     Ok(Resolution {
         plugin: plugin.name().to_string(),
         unique_name,
-        attach: plugin.can_attach(&spec),
+        attach,
         republish: plugin.requires_remount(&spec),
         staging_path,
         target: paths.pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume),
