@@ -182,29 +182,6 @@ async fn run(
     for note in &rebuilt.notes {
         tracing::info!(%note, "rebuilt state");
     }
-    // Orphans (pod volume directories no record accounts for): empty ones go before any
-    // operation starts; the others are left alone and shown as problems while they last.
-    let mut orphans_left = Vec::new();
-    for orphan in &rebuilt.orphans {
-        match crate::rebuild::clear_orphan(orphan, &seen.mount_points) {
-            None => {
-                tracing::info!(path = %orphan.path.display(), "removed an empty orphan pod volume directory")
-            }
-            Some(reason) => {
-                tracing::warn!(path = %orphan.path.display(), %reason, "orphan pod volume directory");
-                orphans_left.push((orphan.path.clone(), reason));
-            }
-        }
-    }
-    store.replace_actual(&rebuilt.actual).map_err(|e| e.to_string())?;
-    tracing::info!(
-        published = rebuilt.actual.published.len(),
-        staged = rebuilt.actual.staged.len(),
-        attached = rebuilt.actual.attached.len(),
-        interrupted = loaded.incomplete.len(),
-        "actual state rebuilt"
-    );
-
     // Plugins.
     let (compiled, _) = kvol_plugin::catalog::compiled_in(&host, &config.gates);
     let registry = Arc::new(PluginRegistry::new(compiled).map_err(|e| e.to_string())?);
@@ -221,6 +198,19 @@ async fn run(
     if tokio::time::timeout(FIRST_PROBE_WAIT, first_probe).await.is_err() {
         tracing::warn!(dir = %config.flex_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them");
     }
+    // Reconstruction, once the plugins on disk are known: what the node has and no record
+    // accounts for becomes an uncertain record, torn down (or published again) through its
+    // plugin; what no plugin can be named for is cleared when empty, else reported.
+    let (actual, mut orphans_left) = reconstruct_at_start(&rebuilt, &seen, &registry);
+    store.replace_actual(&actual).map_err(|e| e.to_string())?;
+    tracing::info!(
+        published = actual.published.len(),
+        staged = actual.staged.len(),
+        attached = actual.attached.len(),
+        interrupted = loaded.incomplete.len(),
+        reconstructed = actual.published.values().filter(|p| p.uncertain).count(),
+        "actual state rebuilt"
+    );
     let objects = MemoryObjects::new();
     let handler = Arc::new(
         CsiRegistrationHandler::new(
@@ -266,7 +256,11 @@ async fn run(
 
     let source = match source {
         Some(source) => source,
-        None => Box::new(ManifestsSource::start(config.manifests_dir.clone()).map_err(|e| e.to_string())?),
+        None => {
+            let memory: Arc<dyn crate::source::ManifestMemory> = store.clone();
+            let source = ManifestsSource::start_with_memory(config.manifests_dir.clone(), Some(memory));
+            Box::new(source.map_err(|e| e.to_string())?)
+        }
     };
     let mut objects_rx = source.subscribe();
     let wake = Arc::new(Notify::new());
@@ -275,7 +269,7 @@ async fn run(
         Arc::clone(&registry),
         Arc::clone(&store),
         metrics.clone(),
-        rebuilt.actual.clone(),
+        actual,
         Arc::clone(&wake),
     );
 
@@ -348,6 +342,7 @@ async fn run(
         if last_resync.elapsed() >= config.resync {
             last_resync = Instant::now();
             repair_drift(&executor, mounter.as_ref());
+            adopt_leftovers(&host.paths, &executor, desired, &registry);
         }
         let exec = executor.snapshot();
         for op in plan(desired, &resolutions, &exec.actual, &exec.busy()) {
@@ -654,6 +649,89 @@ fn resolve_one(
         target: paths.pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume),
         spec,
     })
+}
+
+/// Reconstructs, from the rebuilt state and the node, the records of what no record accounts
+/// for; returns the actual state to start from and the orphans left (with why).
+fn reconstruct_at_start(
+    rebuilt: &crate::rebuild::Rebuilt,
+    seen: &crate::rebuild::NodeObservation,
+    registry: &PluginRegistry,
+) -> (crate::model::ActualState, Vec<(PathBuf, String)>) {
+    let snapshot = registry.snapshot();
+    let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
+    let found = crate::reconstruct::reconstruct(&rebuilt.orphans, seen, &rebuilt.actual, &node_wide);
+    let mut actual = rebuilt.actual.clone();
+    for record in found.published {
+        tracing::info!(volume = %record.key, plugin = %record.plugin, target = %record.target.display(), "reconstructed a published volume no record accounted for: recorded uncertain");
+        actual.published.insert(record.key.clone(), record);
+    }
+    for record in found.staged {
+        tracing::info!(volume = %record.unique_name, staging_path = %record.staging_path.display(), "reconstructed a staged volume no record accounted for: recorded uncertain");
+        actual.staged.insert(record.unique_name.clone(), record);
+    }
+    let mut left = Vec::new();
+    for (orphan, why) in found.unattributed {
+        match crate::rebuild::clear_orphan(&orphan, &seen.mount_points) {
+            None => {
+                tracing::info!(path = %orphan.path.display(), "removed an empty orphan pod volume directory")
+            }
+            Some(reason) => {
+                let reason = format!("{reason} ({why})");
+                tracing::warn!(path = %orphan.path.display(), %reason, "orphan pod volume directory");
+                left.push((orphan.path.clone(), reason));
+            }
+        }
+    }
+    (actual, left)
+}
+
+/// Whether `plugin` attaches or stages `spec` (its unique name is then node-wide); `None` when
+/// no such plugin is registered.
+fn node_wide(snapshot: &Snapshot, plugin: &str, spec: &kvol_plugin::VolumeSpec) -> Option<bool> {
+    let plugin = snapshot.find_by_name(plugin).ok()?;
+    Some(plugin.can_attach(spec) || (plugin.device_mounter().is_some() && plugin.can_device_mount(spec)))
+}
+
+/// While the agent runs: pod volume directories of pods no longer wanted that no record
+/// accounts for (a driver that finished a publish after the agent gave up on it, a teardown
+/// that left its directory) are adopted as uncertain records, so the reconciler tears them
+/// down through their plugin. Directories of wanted pods are left to the reconciler.
+fn adopt_leftovers(
+    paths: &NodePaths,
+    executor: &Arc<Executor>,
+    desired: &DesiredState,
+    registry: &PluginRegistry,
+) {
+    let Ok(dirs) = crate::rebuild::pod_volume_dirs(paths) else { return };
+    let exec = executor.snapshot();
+    let wanted_pods: std::collections::BTreeSet<&str> =
+        desired.volumes.keys().map(|k| k.pod_uid.as_str()).collect();
+    let snapshot = registry.snapshot();
+    let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
+    for dir in dirs {
+        let recorded = exec.actual.published.values().any(|p| p.target == dir.path);
+        if recorded || wanted_pods.contains(dir.pod_uid.as_str()) {
+            continue;
+        }
+        let vol_data = kvol_csi::paths::load_vol_data(&dir.path).map_err(|e| e.to_string()).transpose();
+        let vol_data = (dir.plugin_dir == "kubernetes.io~csi").then_some(vol_data).flatten();
+        match crate::reconstruct::attribute(&dir, &vol_data, &node_wide) {
+            Ok(record) => match executor.adopt_published(record) {
+                Ok(true) => {
+                    tracing::info!(path = %dir.path.display(), "adopted a pod volume directory no record accounted for, to tear it down")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(path = %dir.path.display(), error = %e, "cannot adopt a pod volume directory")
+                }
+            },
+            Err(reason) => {
+                tracing::debug!(path = %dir.path.display(), %reason, "pod volume directory left alone")
+            }
+        }
+    }
+    crate::rebuild::clear_empty_pod_dirs(paths, &wanted_pods, &exec.actual);
 }
 
 /// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are

@@ -39,11 +39,12 @@
 //! that cannot be attributed when it is empty with nothing mounted, and any other is left alone
 //! and reported (kvol does not know what made it).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
+use kvol_csi::paths::{CSI_PLUGIN_NAME, GLOBAL_MOUNT, VolData, load_vol_data};
 use kvol_plugin::{MountError, Mounter, NodePaths};
 
 use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
@@ -69,6 +70,11 @@ pub struct NodeObservation {
     pub mount_points: BTreeSet<PathBuf>,
     /// Every pod volume directory, in path order.
     pub pod_volume_dirs: Vec<PodVolumeDir>,
+    /// What the `vol_data.json` of each CSI pod volume directory says (absent: no file).
+    pub vol_data: BTreeMap<PathBuf, crate::reconstruct::VolDataRead>,
+    /// Each CSI staging path (`plugins/kubernetes.io/csi/<driver>/<hash>/globalmount`) whose
+    /// volume directory holds a readable `vol_data.json`.
+    pub csi_staged: Vec<(PathBuf, VolData)>,
 }
 
 /// The rebuilt actual state, each decision about an interrupted operation or a drifted record
@@ -99,11 +105,32 @@ pub enum ObserveError {
 /// stall the walk.
 pub fn observe(paths: &NodePaths, mounter: &dyn Mounter) -> Result<NodeObservation, ObserveError> {
     let mount_points = mounter.mount_points()?.into_iter().map(|m| m.target).collect();
-    let mut pod_volume_dirs = Vec::new();
+    let pod_volume_dirs = pod_volume_dirs(paths)?;
+    let csi_dir = kvol_plugin::host::escape_plugin_name(CSI_PLUGIN_NAME);
+    let vol_data = pod_volume_dirs
+        .iter()
+        .filter(|d| d.plugin_dir == csi_dir)
+        .map(|d| (d.path.clone(), load_vol_data(&d.path).map_err(|e| e.to_string()).transpose()))
+        .collect();
+    let mut csi_staged = Vec::new();
+    for (_, driver_dir) in subdirectories(&paths.plugin_dir(CSI_PLUGIN_NAME))? {
+        for (_, volume_dir) in subdirectories(&driver_dir)? {
+            if let Ok(Some(data)) = load_vol_data(&volume_dir) {
+                csi_staged.push((volume_dir.join(GLOBAL_MOUNT), data));
+            }
+        }
+    }
+    Ok(NodeObservation { mount_points, pod_volume_dirs, vol_data, csi_staged })
+}
+
+/// Every pod volume directory (`<root>/pods/*/volumes/*/*`), in path order, listed without
+/// being opened.
+pub fn pod_volume_dirs(paths: &NodePaths) -> Result<Vec<PodVolumeDir>, ObserveError> {
+    let mut found = Vec::new();
     for (pod_uid, pod_dir) in subdirectories(&paths.root().join("pods"))? {
         for (plugin_dir, plugin_path) in subdirectories(&pod_dir.join("volumes"))? {
             for (volume, path) in entries(&plugin_path)? {
-                pod_volume_dirs.push(PodVolumeDir {
+                found.push(PodVolumeDir {
                     pod_uid: pod_uid.clone(),
                     plugin_dir: plugin_dir.clone(),
                     volume,
@@ -112,8 +139,8 @@ pub fn observe(paths: &NodePaths, mounter: &dyn Mounter) -> Result<NodeObservati
             }
         }
     }
-    pod_volume_dirs.sort();
-    Ok(NodeObservation { mount_points, pod_volume_dirs })
+    found.sort();
+    Ok(found)
 }
 
 /// The entries of `dir` that are directories, by name; none if `dir` does not exist.
@@ -176,6 +203,24 @@ pub fn clear_orphan(orphan: &PodVolumeDir, mount_points: &BTreeSet<PathBuf>) -> 
         }
     }
     None
+}
+
+/// Removes, with `rmdir` only (never data), the empty directories of pods that are not in
+/// `wanted` and have no published record: `pods/<uid>/volumes/<plugin dir>`, `volumes`, and
+/// the pod directory itself, each while empty. Whatever is not empty stays.
+pub fn clear_empty_pod_dirs(paths: &NodePaths, wanted: &BTreeSet<&str>, actual: &ActualState) {
+    let Ok(pods) = subdirectories(&paths.root().join("pods")) else { return };
+    for (uid, pod_dir) in pods {
+        if wanted.contains(uid.as_str()) || actual.published.keys().any(|k| k.pod_uid == uid) {
+            continue;
+        }
+        let volumes = pod_dir.join("volumes");
+        for (_, plugin_dir) in subdirectories(&volumes).unwrap_or_default() {
+            let _ = std::fs::remove_dir(&plugin_dir);
+        }
+        let _ = std::fs::remove_dir(&volumes);
+        let _ = std::fs::remove_dir(&pod_dir);
+    }
 }
 
 /// Whether some path of `set` equals `path` or lies below it. Paths order by components, so
@@ -342,7 +387,6 @@ mod tests {
     use super::*;
     use kvol_plugin::plugin::PodInfo;
     use kvol_plugin::testing::{csi_pv, inline_empty_dir};
-    use std::collections::BTreeMap;
 
     /// The records of `actual` by kind, as `name` or `name device` strings (ending in ` ?` when
     /// uncertain), for comparing.
@@ -772,6 +816,7 @@ mod tests {
             let seen = NodeObservation {
                 mount_points: case.mounts.into_iter().collect(),
                 pod_volume_dirs: case.dirs,
+                ..NodeObservation::default()
             };
             let rebuilt = rebuild(&case.stored, &incomplete, &seen);
             let want: BTreeMap<&str, Vec<String>> = ["attached", "staged", "published"]
@@ -805,7 +850,11 @@ mod tests {
         volume.staging_path = Some(staging("data"));
         volume.device_path = Some("/dev/sdc".into());
         let entry = JournalEntry { id: 7, operation: publish(volume.clone()), started_unix_ms: 0 };
-        let seen = NodeObservation { mount_points: [volume.target.clone()].into(), pod_volume_dirs: vec![] };
+        let seen = NodeObservation {
+            mount_points: [volume.target.clone()].into(),
+            pod_volume_dirs: vec![],
+            ..NodeObservation::default()
+        };
         let rebuilt = rebuild(&ActualState::default(), &[entry], &seen);
         assert_eq!(rebuilt.actual.published.get(&volume.key), Some(&volume));
 
@@ -813,7 +862,11 @@ mod tests {
         let mut before = staged("v1");
         before.device_path = None;
         let entry = JournalEntry { id: 8, operation: stage("v1"), started_unix_ms: 0 };
-        let seen = NodeObservation { mount_points: [staging("v1")].into(), pod_volume_dirs: vec![] };
+        let seen = NodeObservation {
+            mount_points: [staging("v1")].into(),
+            pod_volume_dirs: vec![],
+            ..NodeObservation::default()
+        };
         let rebuilt = rebuild(&state(&[], &[before], &[]), &[entry], &seen);
         assert_eq!(rebuilt.actual.staged.get("v1"), Some(&staged("v1")));
     }

@@ -535,6 +535,21 @@ impl fmt::Display for JournalEntry {
     }
 }
 
+impl crate::source::ManifestMemory for Store {
+    fn recall(&self) -> std::collections::BTreeMap<String, String> {
+        self.manifests().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the remembered manifests");
+            Default::default()
+        })
+    }
+
+    fn remember(&self, name: &str, text: Option<&str>) {
+        if let Err(e) = self.remember_manifest(name, text) {
+            tracing::warn!(file = name, error = %e, "cannot remember the manifest's last clean text");
+        }
+    }
+}
+
 /// Schema 1's unique names (the plugin's own volume name) as schema 2 writes them
 /// (`<plugin>/<name>`, or `<plugin>/<pod uid>-<name>` for a volume only published); pure.
 ///
