@@ -558,7 +558,8 @@ async fn supervise_bundled_driver(
     mounter: Arc<dyn Mounter>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut pause = Duration::from_millis(500);
+    let backoff = kvol_api::Backoff::default();
+    let mut failures = 0;
     loop {
         let stopping = {
             let mut stop = stop.clone();
@@ -579,11 +580,11 @@ async fn supervise_bundled_driver(
                 tracing::warn!(driver = BUNDLED_DRIVER, error = %e, "the bundled csi driver failed; restarting")
             }
         }
+        failures += 1;
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep(backoff.delay(failures)) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        pause = (pause * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -808,9 +809,8 @@ fn status_report(
         } else {
             Phase::Pending
         };
-        let last_error = failure
-            .map(|f| format!("{} failed {} time(s): {}", f.operation, f.count, f.last_error))
-            .or_else(|| resolution.and_then(|r| r.as_ref().err().cloned()));
+        let last_error =
+            failure.map(describe_failure).or_else(|| resolution.and_then(|r| r.as_ref().err().cloned()));
         let spec = published.map(|p| &p.spec).or(ok.map(|r| &r.spec));
         volumes.push(VolumeStatus {
             pod: want
@@ -867,8 +867,7 @@ fn status_report(
                     .and_then(|s| s.device_path.clone())
                     .or_else(|| attached.and_then(|a| a.device_path.clone())),
                 staging_path: staged.map(|s| s.staging_path.clone()),
-                last_error: failure
-                    .map(|f| format!("{} failed {} time(s): {}", f.operation, f.count, f.last_error)),
+                last_error: failure.map(describe_failure),
                 progress: running.map(|r| {
                     format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())
                 }),
@@ -887,6 +886,19 @@ fn status_report(
         problems,
         plugins: snapshot.plugins().iter().map(|r| r.plugin.name().to_string()).collect(),
     }
+}
+
+/// A failure as status shows it: the operation, how often, the driver's words, and the backoff
+/// before the next try (fixed per failure, so the status file does not change every pass).
+fn describe_failure(f: &crate::executor::Failure) -> String {
+    let backoff = crate::executor::BACKOFF.delay(f.count);
+    format!(
+        "{} failed {} time(s): {}; tried again {:.1} s after the failure",
+        f.operation,
+        f.count,
+        f.last_error,
+        backoff.as_secs_f64()
+    )
 }
 
 /// Where the bundled driver keeps its volumes: for tests and the benchmark.

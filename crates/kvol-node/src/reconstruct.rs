@@ -44,7 +44,10 @@ pub fn attribute(
     let (plugin, spec, unique) = if plugin_dir == escape(CSI_PLUGIN_NAME) {
         let data = match vol_data {
             None => {
-                return Err(format!("{} has no vol_data.json: its csi driver is unknown", dir.path.display()));
+                return Err(format!(
+                    "{} has no vol_data.json: its csi driver is unknown",
+                    dir.path.display()
+                ));
             }
             Some(Err(reason)) => return Err(format!("{}: {reason}", dir.path.display())),
             Some(Ok(data)) => data,
