@@ -201,7 +201,7 @@ async fn run(
     // Reconstruction, once the plugins on disk are known: what the node has and no record
     // accounts for becomes an uncertain record, torn down (or published again) through its
     // plugin; what no plugin can be named for is cleared when empty, else reported.
-    let (actual, mut orphans_left) = reconstruct_at_start(&rebuilt, &seen, &registry);
+    let (actual, orphans_left) = reconstruct_at_start(&rebuilt, &seen, &registry);
     store.replace_actual(&actual).map_err(|e| e.to_string())?;
     tracing::info!(
         published = actual.published.len(),
@@ -282,135 +282,38 @@ async fn run(
     let provisioning = Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
 
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut last_resync = Instant::now();
-    let mut last_status: Option<(StatusReport, Instant)> = None;
-    let mut cached_view: Option<ObjectsView> = None;
+    let mut agent = Loop {
+        config: &config,
+        host: &host,
+        mounter: mounter.as_ref(),
+        registry: &registry,
+        executor: &executor,
+        handler: &handler,
+        objects: &objects,
+        metrics: &metrics,
+        secrets: &secrets,
+        source: source.as_ref(),
+        provisioning: Provisioning { done: provisioned, running: provisioning, dir: provisioned_dir },
+        wake: &wake,
+        started,
+        metrics_address,
+        orphans_left,
+        last_resync: Instant::now(),
+        last_status: None,
+        cached_view: None,
+    };
     loop {
-        let pass_started = Instant::now();
-        // The objects with the provisioned volumes laid over them, and the desired state, made
-        // again only when the source or the provisioned records changed: most passes follow an
-        // operation, not a change of objects.
-        let from_source = source.current();
-        let version = provisioned.lock().unwrap_or_else(|p| p.into_inner()).version;
-        let view = match cached_view.take() {
-            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.provisioned_version == version => v,
-            _ => {
-                let mut set = (*from_source).clone();
-                crate::provision::overlay(
-                    &mut set,
-                    &provisioned.lock().unwrap_or_else(|p| p.into_inner()).records,
-                );
-                let desired = desired_state(&set, &config.node_name);
-                secrets_from(&secrets, &set);
-                // The whole set: a CSIDriver removed from the source stops applying at once.
-                objects.set_csi_drivers(set.csi_drivers.values().cloned());
-                ObjectsView { source: from_source, provisioned_version: version, objects: set, desired }
-            }
-        };
-        let current = &view.objects;
-        start_provisioning(&config, current, &handler, &provisioned, &provisioning, &provisioned_dir, &wake);
-        let mut problems: Vec<String> = current.problems.iter().map(ToString::to_string).collect();
-        if !orphans_left.is_empty() {
-            // Gone from disk, or now a published volume's directory: no longer a problem.
-            let exec = executor.snapshot();
-            orphans_left.retain(|(path, _)| {
-                path.exists() && !exec.actual.published.values().any(|p| p.target.starts_with(path))
-            });
-            problems.extend(orphans_left.iter().map(|(_, reason)| reason.clone()));
-        }
-        {
-            let failures = provisioning.lock().unwrap_or_else(|p| p.into_inner());
-            problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
-                crate::model::SourceProblem {
-                    origin: format!("provisioning of claim {claim}"),
-                    document: None,
-                    reason: e.clone(),
-                }
-                .to_string()
-            }));
-        }
-        let snapshot = registry.snapshot();
-        let desired = &view.desired;
-        let own = NodeMigration::of_own_node(
-            &config.node_name,
-            &config.gates,
-            handler.drivers().iter().map(|d| d.name.as_str()),
-        );
-        let node_view = objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
-        let node_view = node_view.unwrap_or(own);
-        let resolutions = resolve_all(&snapshot, &config.gates, &node_view, &host.paths, desired);
-        if last_resync.elapsed() >= config.resync {
-            last_resync = Instant::now();
-            repair_drift(&executor, mounter.as_ref());
-            adopt_leftovers(&host.paths, &executor, desired, &registry);
-        }
-        let exec = executor.snapshot();
-        for op in plan(desired, &resolutions, &exec.actual, &exec.busy()) {
-            executor.submit(op);
-        }
-        let due = republish(
-            desired,
-            &resolutions,
-            &exec.actual,
-            &exec.published_at,
-            Instant::now(),
-            config.republish,
-        );
-        for op in due {
-            executor.submit(op);
-        }
-        let exec = executor.snapshot();
-        let mut report = status_report(
-            &config,
-            problems,
-            desired,
-            &resolutions,
-            &exec,
-            started,
-            &metrics_address,
-            &snapshot,
-        );
-        report.csi_node = objects.csi_node(&config.node_name);
-        metrics.set_volumes(
-            report.volumes.iter().filter(|v| v.phase == Phase::Published).count() as i64,
-            report.volumes.iter().filter(|v| v.phase == Phase::Pending).count() as i64,
-            report.volumes.iter().filter(|v| v.phase == Phase::Failed).count() as i64,
-        );
-        // Written when something other than the clock changed, or every 5 s so `updated`
-        // stays fresh: a busy loop pass should not cost a file write.
-        let mut comparable = report.clone();
-        comparable.updated_unix_ms = 0;
-        let due = last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
-            *previous != comparable || at.elapsed() >= Duration::from_secs(5)
-        });
-        if due {
-            match write_status(&config.root, &report) {
-                Ok(()) => last_status = Some((comparable, Instant::now())),
-                Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
-            }
-        }
-
+        agent.pass();
         // Sleep until something changes: objects, an operation ending, a retry due, a plugin
         // change (polled: the registry has no notification), the resync, or shutdown.
-        tracing::debug!(
-            elapsed_us = pass_started.elapsed().as_micros() as u64,
-            volumes = desired.volumes.len(),
-            status_written = due,
-            "reconcile pass"
-        );
-        cached_view = Some(view);
-        let retry_in = executor
-            .next_retry()
-            .map(|at| at.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::from_secs(1));
-        let nap = retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5));
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
             _ = wake.notified() => {}
-            _ = tokio::time::sleep(nap) => {}
+            _ = tokio::time::sleep(agent.nap()) => {}
         }
     }
+    drop(agent);
 
     tracing::info!("shutting down: volumes stay mounted");
     let still_running = executor.close(Duration::from_secs(30)).await;
@@ -443,6 +346,202 @@ struct ObjectsView {
     provisioned_version: u64,
     objects: ObjectSet,
     desired: DesiredState,
+}
+
+/// What provisioning keeps between passes: the claims done (with the PV each got), the ones
+/// under way or failed (claim → empty, or the error), and where the records live.
+struct Provisioning {
+    done: Arc<std::sync::Mutex<Provisioned>>,
+    running: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    dir: PathBuf,
+}
+
+/// The agent's loop: each [`Loop::pass`] takes the same named steps, from the objects to the
+/// status file; the parts it works with were set up by [`run`].
+struct Loop<'a> {
+    config: &'a AgentConfig,
+    host: &'a PluginHost,
+    mounter: &'a dyn Mounter,
+    registry: &'a Arc<PluginRegistry>,
+    executor: &'a Arc<Executor>,
+    handler: &'a Arc<CsiRegistrationHandler>,
+    objects: &'a MemoryObjects,
+    metrics: &'a Arc<Metrics>,
+    secrets: &'a ObjectSecrets,
+    source: &'a dyn ObjectSource,
+    provisioning: Provisioning,
+    wake: &'a Arc<Notify>,
+    started: SystemTime,
+    metrics_address: Option<String>,
+    /// Pod volume directories no plugin could be named for, with why, while they last.
+    orphans_left: Vec<(PathBuf, String)>,
+    last_resync: Instant,
+    last_status: Option<(StatusReport, Instant)>,
+    cached_view: Option<ObjectsView>,
+}
+
+impl Loop<'_> {
+    /// One pass: objects → desired state → resolutions → (resync) → plan → operations → status.
+    fn pass(&mut self) {
+        let pass_started = Instant::now();
+        let view = self.objects_view();
+        start_provisioning(
+            self.config,
+            &view.objects,
+            self.handler,
+            &self.provisioning.done,
+            &self.provisioning.running,
+            &self.provisioning.dir,
+            self.wake,
+        );
+        let snapshot = self.registry.snapshot();
+        let resolutions = self.resolve(&snapshot, &view.desired);
+        if self.last_resync.elapsed() >= self.config.resync {
+            self.last_resync = Instant::now();
+            self.resync(&view.desired);
+        }
+        self.submit(&view.desired, &resolutions);
+        let problems = self.problems(&view.objects);
+        let written = self.report(problems, &view.desired, &resolutions, &snapshot);
+        tracing::debug!(
+            elapsed_us = pass_started.elapsed().as_micros() as u64,
+            volumes = view.desired.volumes.len(),
+            status_written = written,
+            "reconcile pass"
+        );
+        self.cached_view = Some(view);
+    }
+
+    /// The objects with the provisioned volumes laid over them, and the desired state, made
+    /// again only when the source or the provisioned records changed: most passes follow an
+    /// operation, not a change of objects.
+    fn objects_view(&mut self) -> ObjectsView {
+        let from_source = self.source.current();
+        let done = self.provisioning.done.lock().unwrap_or_else(|p| p.into_inner());
+        match self.cached_view.take() {
+            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.provisioned_version == done.version => v,
+            _ => {
+                let mut set = (*from_source).clone();
+                crate::provision::overlay(&mut set, &done.records);
+                let desired = desired_state(&set, &self.config.node_name);
+                secrets_from(self.secrets, &set);
+                // The whole set: a CSIDriver removed from the source stops applying at once.
+                self.objects.set_csi_drivers(set.csi_drivers.values().cloned());
+                ObjectsView { source: from_source, provisioned_version: done.version, objects: set, desired }
+            }
+        }
+    }
+
+    /// How each wanted volume is served, with the node's migration as its CSINode says.
+    fn resolve(&self, snapshot: &Snapshot, desired: &DesiredState) -> Resolutions {
+        let config = self.config;
+        let own = NodeMigration::of_own_node(
+            &config.node_name,
+            &config.gates,
+            self.handler.drivers().iter().map(|d| d.name.as_str()),
+        );
+        let node = self.objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
+        resolve_all(snapshot, &config.gates, &node.unwrap_or(own), &self.host.paths, desired)
+    }
+
+    /// Now and then: published records checked against the mount table, and directories of
+    /// pods gone that no record accounts for adopted for teardown.
+    fn resync(&mut self, desired: &DesiredState) {
+        repair_drift(self.executor, self.mounter);
+        let listed = adopt_leftovers(&self.host.paths, self.executor, desired, self.registry);
+        // An orphan gone from the listing is no longer a problem.
+        self.orphans_left.retain(|(path, _)| listed.iter().any(|d| &d.path == path));
+    }
+
+    /// The plan's operations and the republishes due, submitted to the executor.
+    fn submit(&self, desired: &DesiredState, resolutions: &Resolutions) {
+        let exec = self.executor.snapshot();
+        for op in plan(desired, resolutions, &exec.actual, &exec.busy()) {
+            self.executor.submit(op);
+        }
+        let due = republish(
+            desired,
+            resolutions,
+            &exec.actual,
+            &exec.published_at,
+            Instant::now(),
+            self.config.republish,
+        );
+        for op in due {
+            self.executor.submit(op);
+        }
+    }
+
+    /// The problems status shows: the source's, orphans left, failed provisionings.
+    fn problems(&mut self, objects: &ObjectSet) -> Vec<String> {
+        let mut problems: Vec<String> = objects.problems.iter().map(ToString::to_string).collect();
+        if !self.orphans_left.is_empty() {
+            // Now a published volume's directory: no longer a problem.
+            let exec = self.executor.snapshot();
+            self.orphans_left
+                .retain(|(path, _)| !exec.actual.published.values().any(|p| p.target.starts_with(path)));
+            problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
+        }
+        let failures = self.provisioning.running.lock().unwrap_or_else(|p| p.into_inner());
+        problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
+            crate::model::SourceProblem {
+                origin: format!("provisioning of claim {claim}"),
+                document: None,
+                reason: e.clone(),
+            }
+            .to_string()
+        }));
+        problems
+    }
+
+    /// The status report, the volume gauges, and the status file — written when something
+    /// other than the clock changed, or every 5 s so `updated` stays fresh: a busy pass should
+    /// not cost a file write. Returns whether the file was written.
+    fn report(
+        &mut self,
+        problems: Vec<String>,
+        desired: &DesiredState,
+        resolutions: &Resolutions,
+        snapshot: &Snapshot,
+    ) -> bool {
+        let exec = self.executor.snapshot();
+        let mut report = status_report(
+            self.config,
+            problems,
+            desired,
+            resolutions,
+            &exec,
+            self.started,
+            &self.metrics_address,
+            snapshot,
+        );
+        report.csi_node = self.objects.csi_node(&self.config.node_name);
+        let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
+        self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));
+        let mut comparable = report.clone();
+        comparable.updated_unix_ms = 0;
+        let due = self.last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
+            *previous != comparable || at.elapsed() >= Duration::from_secs(5)
+        });
+        if due {
+            match write_status(&self.config.root, &report) {
+                Ok(()) => self.last_status = Some((comparable, Instant::now())),
+                Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
+            }
+        }
+        due
+    }
+
+    /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
+    /// 250 ms (plugin changes are polled), at least 5 ms.
+    fn nap(&self) -> Duration {
+        let retry_in = self
+            .executor
+            .next_retry()
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_secs(1));
+        retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5))
+    }
 }
 
 /// Starts provisioning each claim that needs it (one task per claim at a time); a failure is kept
@@ -703,21 +802,24 @@ fn adopt_leftovers(
     executor: &Arc<Executor>,
     desired: &DesiredState,
     registry: &PluginRegistry,
-) {
-    let Ok(dirs) = crate::rebuild::pod_volume_dirs(paths) else { return };
+) -> Vec<crate::rebuild::PodVolumeDir> {
+    let Ok(dirs) = crate::rebuild::pod_volume_dirs(paths) else { return Vec::new() };
     let exec = executor.snapshot();
     let wanted_pods: std::collections::BTreeSet<&str> =
         desired.volumes.keys().map(|k| k.pod_uid.as_str()).collect();
     let snapshot = registry.snapshot();
     let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
-    for dir in dirs {
+    for dir in &dirs {
         let recorded = exec.actual.published.values().any(|p| p.target == dir.path);
         if recorded || wanted_pods.contains(dir.pod_uid.as_str()) {
             continue;
         }
-        let vol_data = kvol_csi::paths::load_vol_data(&dir.path).map_err(|e| e.to_string()).transpose();
-        let vol_data = (dir.plugin_dir == "kubernetes.io~csi").then_some(vol_data).flatten();
-        match crate::reconstruct::attribute(&dir, &vol_data, &node_wide) {
+        // Only a CSI volume's directory is read (its mount is one level down); any other may
+        // itself be a mount whose filesystem does not answer.
+        let vol_data = (dir.plugin_dir == "kubernetes.io~csi")
+            .then(|| kvol_csi::paths::load_vol_data(&dir.path).map_err(|e| e.to_string()).transpose())
+            .flatten();
+        match crate::reconstruct::attribute(dir, &vol_data, &node_wide) {
             Ok(record) => match executor.adopt_published(record) {
                 Ok(true) => {
                     tracing::info!(path = %dir.path.display(), "adopted a pod volume directory no record accounted for, to tear it down")
@@ -733,6 +835,7 @@ fn adopt_leftovers(
         }
     }
     crate::rebuild::clear_empty_pod_dirs(paths, &wanted_pods, &exec.actual);
+    dirs
 }
 
 /// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are

@@ -258,7 +258,8 @@ mod tests {
     fn directories_are_attributed_to_their_plugin_or_reported() {
         let flex_attaches = |plugin: &str, _: &VolumeSpec| (plugin == "acme/san").then_some(true);
         // (plugin dir, volume, vol_data, Ok((plugin, unique name)) or Err(reason fragment))
-        let rows: Vec<(&str, &str, VolDataRead, Result<(&str, &str), &str>)> = vec![
+        type Row<'a> = (&'a str, &'a str, VolDataRead, Result<(&'a str, &'a str), &'a str>);
+        let rows: Vec<Row> = vec![
             (
                 "kubernetes.io~csi",
                 "data",
