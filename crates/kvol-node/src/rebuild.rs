@@ -13,10 +13,13 @@
 //!   so the reconciler publishes it again if the pod still wants it and unpublishes it if not
 //!   (both idempotent) — nothing a dead agent started is forgotten.
 //! - **Unpublish**: target still mounted at or under → stays published (the reconciler retries
-//!   the teardown if the pod no longer wants it); otherwise removed.
+//!   the teardown if the pod no longer wants it); otherwise recorded uncertain, so the
+//!   teardown is issued again: a CSI driver keeps its own books (and `vol_data.json` is removed
+//!   only after it answers), so "nothing mounted" does not mean the driver was told.
 //! - **Stage**: the same with the staging path (which the journal entry carries): mounted at or
 //!   under → staged, otherwise staged *uncertain*.
-//! - **Unstage**: staging path still mounted → stays staged; otherwise not staged.
+//! - **Unstage**: staging path still mounted → stays staged; otherwise staged uncertain, so
+//!   the unstage is issued again (it is idempotent), for the same reason.
 //! - **Attach**: whether the storage side finished is unknown, so the volume is recorded
 //!   attached *uncertain* with no device path: detached if no longer wanted (no leaked
 //!   attachment), attached again if still wanted, which is idempotent in every plugin and
@@ -271,10 +274,11 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     actual.published.entry(volume.key.clone()).or_insert_with(|| volume.clone());
                 } else {
                     notes.push(format!(
-                        "interrupted unpublish of {} (journal entry {id}): nothing is mounted at {target}, not published",
+                        "interrupted unpublish of {} (journal entry {id}): nothing is mounted at {target}, recorded uncertain to be torn down again",
                         volume.key
                     ));
-                    actual.published.remove(&volume.key);
+                    let record = PublishedVolume { uncertain: true, ..volume.clone() };
+                    actual.published.insert(volume.key.clone(), record);
                 }
             }
             Operation::Stage { unique_name, plugin, spec, device_path, staging_path } => {
@@ -319,9 +323,9 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     actual.staged.entry(name.clone()).or_insert_with(|| volume.clone());
                 } else {
                     notes.push(format!(
-                        "interrupted unstage of {name} (journal entry {id}): nothing is mounted at {staging}, not staged"
+                        "interrupted unstage of {name} (journal entry {id}): nothing is mounted at {staging}, recorded uncertain to be unstaged again"
                     ));
-                    actual.staged.remove(name);
+                    actual.staged.insert(name.clone(), StagedVolume { uncertain: true, ..volume.clone() });
                 }
             }
             Operation::Attach { unique_name, plugin, spec } => {
@@ -594,24 +598,24 @@ mod tests {
                 note: "stays published",
             },
             Case {
-                name: "interrupted unpublish, unmounted: removed, the leftover directory an orphan",
+                name: "interrupted unpublish, unmounted: uncertain, torn down again through the driver",
                 stored: state(&[], &[], &[csi("p1", "data")]),
                 incomplete: vec![Operation::Unpublish { volume: csi("p1", "data") }],
                 mounts: vec![],
                 dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
-                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, not published",
+                want: [vec![], vec![], vec!["p1/data ?"]],
+                orphans: vec![],
+                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, recorded uncertain",
             },
             Case {
-                name: "interrupted unpublish of a disk emptyDir: removed (no mount to see)",
+                name: "interrupted unpublish of a disk emptyDir: uncertain, torn down again",
                 stored: state(&[], &[], &[empty_dir("p1", "cache")]),
                 incomplete: vec![Operation::Unpublish { volume: empty_dir("p1", "cache") }],
                 mounts: vec![],
                 dirs: vec![dir("p1", EMPTY_DIR, "cache")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", EMPTY_DIR, "cache")],
-                note: "not published",
+                want: [vec![], vec![], vec!["p1/cache ?"]],
+                orphans: vec![],
+                note: "recorded uncertain",
             },
             Case {
                 name: "interrupted stage whose staging path (from the journal) is mounted: staged",
@@ -654,14 +658,14 @@ mod tests {
                 note: "is still mounted, stays staged",
             },
             Case {
-                name: "interrupted unstage, unmounted: not staged",
+                name: "interrupted unstage, unmounted: uncertain, unstaged again",
                 stored: state(&[], &[staged("v1")], &[]),
                 incomplete: vec![Operation::Unstage { volume: staged("v1") }],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec![], vec![], vec![]],
+                want: [vec![], vec!["v1 ?"], vec![]],
                 orphans: vec![],
-                note: "not staged",
+                note: "recorded uncertain to be unstaged again",
             },
             Case {
                 name: "interrupted attach: attached uncertain, without a device",
@@ -787,7 +791,7 @@ mod tests {
                 ],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec![], vec![], vec![]],
+                want: [vec![], vec![], vec!["p1/data ?"]],
                 orphans: vec![],
                 note: "interrupted unpublish of p1/data (journal entry 2)",
             },
