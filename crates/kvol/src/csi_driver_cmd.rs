@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kvol_csi::bundled::{
+use kvol_hostpath::{
     DEFAULT_DRIVER_NAME, DEFAULT_REGISTRATION_DIR, DEFAULT_STATE_DIR, HostpathConfig, HostpathDriver,
     default_csi_socket,
 };

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::HostpathConfig;
-use crate::proto::csi::{self, identity_server::Identity};
+use crate::HostpathConfig;
 use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
+use kvol_csi::proto::csi::{self, identity_server::Identity};
 
 /// The driver's version, reported as vendor_version: the crate's.
 pub const VENDOR_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::fsutil;
-use crate::CsiError;
+use crate::fsutil;
+use kvol_csi::CsiError;
 
 /// The state file's format version; a file of another version is refused, never guessed at.
 pub const STATE_VERSION: u32 = 1;

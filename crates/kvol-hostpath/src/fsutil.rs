@@ -5,7 +5,7 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::CsiError;
+use kvol_csi::CsiError;
 
 /// Writes `bytes` to `path` through a temporary file beside it: write, fsync, rename, fsync
 /// the directory. Readers see the old content or the new one, never a mix.

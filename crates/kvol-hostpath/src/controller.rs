@@ -5,16 +5,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
 
-use super::driver::{Hostpath, Shared, internal, required};
-use super::fsutil;
-use super::state::{
+use crate::driver::{Hostpath, Shared, internal, required};
+use crate::fsutil;
+use crate::state::{
     ContentSource, SnapshotRecord, VolumeRecord, is_snapshot_id, is_volume_id, snapshot_id_for_name,
     volume_id_for_name,
 };
-use crate::proto::csi::{self, controller_server::Controller};
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::{AccessType, access_mode::Mode};
 use csi::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
+use kvol_csi::proto::csi::{self, controller_server::Controller};
 
 /// Capacities are rounded up to whole mebibytes (when the limit allows).
 pub const CAPACITY_STEP: i64 = 1 << 20;

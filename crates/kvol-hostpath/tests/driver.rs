@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kvol_csi::CsiError;
-use kvol_csi::bundled::state::{snapshot_id_for_name, volume_id_for_name};
-use kvol_csi::bundled::{EPHEMERAL_CONTEXT_KEY, HostpathConfig, HostpathDriver, RegistrationOutcome};
 use kvol_csi::proto::csi::controller_client::ControllerClient;
 use kvol_csi::proto::csi::identity_client::IdentityClient;
 use kvol_csi::proto::csi::node_client::NodeClient;
@@ -20,6 +18,8 @@ use kvol_csi::proto::csi::{self, volume_capability::access_mode::Mode};
 use kvol_csi::proto::registration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
 };
+use kvol_hostpath::state::{snapshot_id_for_name, volume_id_for_name};
+use kvol_hostpath::{EPHEMERAL_CONTEXT_KEY, HostpathConfig, HostpathDriver, RegistrationOutcome};
 use kvol_plugin::mount::{MountPoint, Mounter, SystemMounter};
 use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 pub use registrar::RegistrationOutcome;
 pub use server::HostpathDriver;
 
-use crate::CsiError;
+use kvol_csi::CsiError;
 
 /// The driver's default name.
 pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi.kvol.io";

@@ -11,17 +11,17 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
-use super::HostpathConfig;
-use super::controller::ControllerService;
-use super::driver::Hostpath;
-use super::identity::IdentityService;
-use super::node::NodeService;
-use super::registrar::{RegistrarService, RegistrationOutcome, plugin_info};
-use crate::CsiError;
-use crate::proto::csi::{
+use crate::HostpathConfig;
+use crate::controller::ControllerService;
+use crate::driver::Hostpath;
+use crate::identity::IdentityService;
+use crate::node::NodeService;
+use crate::registrar::{RegistrarService, RegistrationOutcome, plugin_info};
+use kvol_csi::CsiError;
+use kvol_csi::proto::csi::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
 };
-use crate::proto::registration::registration_server::RegistrationServer;
+use kvol_csi::proto::registration::registration_server::RegistrationServer;
 
 /// How long open connections get to finish once shutdown begins.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);

@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 
 use tonic::{Request, Response, Status};
 
-use super::EPHEMERAL_CONTEXT_KEY;
-use super::controller::capability_problem;
-use super::driver::{Hostpath, Shared, internal, required, required_path};
-use super::fsutil;
-use super::state::{Publication, VolumeRecord};
-use crate::proto::csi::{self, node_server::Node};
+use crate::EPHEMERAL_CONTEXT_KEY;
+use crate::controller::capability_problem;
+use crate::driver::{Hostpath, Shared, internal, required, required_path};
+use crate::fsutil;
+use crate::state::{Publication, VolumeRecord};
 use csi::node_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::access_mode::Mode;
+use kvol_csi::proto::csi::{self, node_server::Node};
 
 /// The node RPCs this driver serves.
 pub const NODE_CAPABILITIES: [Rpc; 2] = [Rpc::StageUnstageVolume, Rpc::GetVolumeStats];
@@ -495,8 +495,8 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::bundled::HostpathConfig;
-    use crate::bundled::state::volume_id_for_name;
+    use crate::HostpathConfig;
+    use crate::state::volume_id_for_name;
 
     #[test]
     fn stage_decisions() {
@@ -665,7 +665,7 @@ mod tests {
                 MountCall::Bind { source: stage.clone(), target: target.clone(), read_only: true },
             ]
         );
-        let reloaded = super::super::state::State::load(&root.join("state/state.json")).unwrap();
+        let reloaded = crate::state::State::load(&root.join("state/state.json")).unwrap();
         assert_eq!(reloaded.published_on(&target), Some((id.as_str(), Publication { read_only: true })));
         assert_eq!(reloaded.staged_on(&stage), Some(id.as_str()));
 
