@@ -42,6 +42,30 @@ pub fn remove_tree(path: &Path) -> Result<(), CsiError> {
     }
 }
 
+/// The bytes the files below directory `path` take on disk (allocated blocks), counting
+/// nothing on another filesystem (mounts below it) and each hard-linked file once.
+pub fn disk_usage(path: &Path) -> Result<u64, CsiError> {
+    let root = fs::symlink_metadata(path).map_err(|e| CsiError::io("read", path, e))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = fs::read_dir(&dir).map_err(|e| CsiError::io("read directory", &dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| CsiError::io("read directory", &dir, e))?;
+            let meta = entry.metadata().map_err(|e| CsiError::io("read", entry.path(), e))?;
+            if meta.dev() != root.dev() || (meta.nlink() > 1 && !seen.insert(meta.ino())) {
+                continue;
+            }
+            total = total.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() {
+                pending.push(entry.path());
+            }
+        }
+    }
+    Ok(total)
+}
+
 /// Copies the contents of directory `from` into the existing, empty directory `to`:
 /// directories, regular files and symbolic links (not followed), each with its mode and owner;
 /// `to` takes `from`'s mode and owner. Anything else (a device, fifo or socket), and anything
@@ -149,6 +173,19 @@ mod tests {
         assert!(err.contains("from/sock") && err.contains("not a directory, regular file"), "{err}");
         let err = copy_tree(&from.join("sock"), &to).unwrap_err().to_string();
         assert!(err.contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn disk_usage_counts_allocated_blocks_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = disk_usage(dir.path()).unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("sub/f"), vec![7u8; 1 << 20]).unwrap();
+        fs::hard_link(dir.path().join("sub/f"), dir.path().join("g")).unwrap();
+        let used = disk_usage(dir.path()).unwrap();
+        assert!(used >= empty + (1 << 20), "{used}");
+        assert!(used < empty + (2 << 20), "a hard link is counted once: {used}");
+        assert!(disk_usage(&dir.path().join("missing")).unwrap_err().to_string().contains("missing"));
     }
 
     #[test]

@@ -14,12 +14,14 @@ use tonic::transport::Server;
 use crate::HostpathConfig;
 use crate::controller::ControllerService;
 use crate::driver::Hostpath;
+use crate::group::GroupControllerService;
 use crate::identity::IdentityService;
 use crate::node::NodeService;
 use crate::registrar::{RegistrarService, RegistrationOutcome, plugin_info};
 use kvol_csi::CsiError;
 use kvol_csi::proto::csi::{
-    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+    controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+    identity_server::IdentityServer, node_server::NodeServer,
 };
 use kvol_csi::proto::registration::registration_server::RegistrationServer;
 
@@ -173,6 +175,7 @@ impl HostpathDriver {
         let csi_server = Server::builder()
             .add_service(IdentityServer::new(IdentityService { config: config.clone() }))
             .add_service(ControllerServer::new(ControllerService { core: shared.clone() }))
+            .add_service(GroupControllerServer::new(GroupControllerService { core: shared.clone() }))
             .add_service(NodeServer::new(NodeService { core: shared }))
             .serve_with_incoming_shutdown(csi_incoming, signal(stopped.clone()));
         let csi_server = async { csi_server.await.map_err(|e| transport(&csi_path, e)) };

@@ -252,6 +252,7 @@ async fn identity_and_node_info_describe_the_driver() {
         [
             Type::Service(Service { r#type: service::Type::ControllerService as i32 }),
             Type::Service(Service { r#type: service::Type::VolumeAccessibilityConstraints as i32 }),
+            Type::Service(Service { r#type: service::Type::GroupControllerService as i32 }),
             Type::VolumeExpansion(VolumeExpansion { r#type: volume_expansion::Type::Online as i32 }),
         ]
     );
@@ -274,6 +275,7 @@ async fn identity_and_node_info_describe_the_driver() {
         C::ListVolumes,
         C::CloneVolume,
         C::ExpandVolume,
+        C::GetCapacity,
     ];
     assert_eq!(rpcs(caps.into_inner().capabilities), want.map(|c| c as i32));
 
@@ -287,7 +289,7 @@ async fn identity_and_node_info_describe_the_driver() {
             None => panic!("a capability without an rpc"),
         })
         .collect();
-    assert_eq!(caps, [N::StageUnstageVolume as i32, N::GetVolumeStats as i32]);
+    assert_eq!(caps, [N::StageUnstageVolume as i32, N::GetVolumeStats as i32, N::ExpandVolume as i32]);
 
     let info = d.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.node_id, "node-a");
@@ -298,17 +300,15 @@ async fn identity_and_node_info_describe_the_driver() {
         HashMap::from([("topology.hostpath.csi.kvol.io/node".to_string(), "node-a".to_string())])
     );
 
-    // Attach and capacity are not served.
+    // Attach and modify are off by default, and not served.
     let publish = csi::ControllerPublishVolumeRequest {
         volume_id: "v".into(),
         node_id: "node-a".into(),
         ..Default::default()
     };
     assert_eq!(code(d.controller.controller_publish_volume(publish).await), Code::Unimplemented);
-    assert_eq!(
-        code(d.controller.get_capacity(csi::GetCapacityRequest::default()).await),
-        Code::Unimplemented
-    );
+    let modify = csi::ControllerModifyVolumeRequest { volume_id: "v".into(), ..Default::default() };
+    assert_eq!(code(d.controller.controller_modify_volume(modify).await), Code::Unimplemented);
     d.stop().await;
     sb.assert_nothing_mounted();
 }
@@ -373,14 +373,14 @@ async fn create_volume_is_idempotent_by_name_and_checks_its_arguments() {
         "refused volumes leave nothing"
     );
 
-    // Expansion records the new capacity; nothing happens on the node.
+    // Expansion records the new capacity; the node makes it visible (NodeExpandVolume).
     let expand = |required_bytes| csi::ControllerExpandVolumeRequest {
         volume_id: first.volume_id.clone(),
         capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
         ..Default::default()
     };
     let grown = d.controller.controller_expand_volume(expand(5 * MIB)).await.unwrap().into_inner();
-    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (5 * MIB, false));
+    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (5 * MIB, true));
     let same = d.controller.controller_expand_volume(expand(MIB)).await.unwrap().into_inner();
     assert_eq!(same.capacity_bytes, 5 * MIB, "volumes never shrink");
     let unknown = csi::ControllerExpandVolumeRequest { volume_id: volume_id_for_name("nope"), ..expand(MIB) };
@@ -806,8 +806,19 @@ async fn node_rpcs_name_missing_arguments_unknown_volumes_and_foreign_paths() {
         Code::NotFound,
         "not published"
     );
-    let expand = csi::NodeExpandVolumeRequest { volume_id: id.clone(), ..Default::default() };
-    assert_eq!(code(d.node.node_expand_volume(expand).await), Code::Unimplemented);
+    let expand = |volume_id: &str, volume_path: &str| csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.to_string(),
+        volume_path: volume_path.to_string(),
+        ..Default::default()
+    };
+    assert_eq!(code(d.node.node_expand_volume(expand(&id, "")).await), Code::InvalidArgument);
+    assert_eq!(code(d.node.node_expand_volume(expand("", &target_str)).await), Code::InvalidArgument);
+    assert_eq!(code(d.node.node_expand_volume(expand(&unknown, "some/path")).await), Code::NotFound);
+    assert_eq!(
+        code(d.node.node_expand_volume(expand(&id, &target_str)).await),
+        Code::NotFound,
+        "not published"
+    );
 
     d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
     d.stop().await;
