@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kvol_api::FeatureGates;
-use kvol_csi::bundled::{HostpathConfig, HostpathDriver};
 use kvol_csi::proto::csi::controller_client::ControllerClient;
 use kvol_csi::proto::csi::node_client::NodeClient;
 use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
@@ -20,6 +19,7 @@ use kvol_csi::proto::csi::{
 };
 use kvol_csi::registration::{RegistrationWatcher, WatcherConfig, plugin_info};
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, Timeouts};
+use kvol_hostpath::{HostpathConfig, HostpathDriver};
 use kvol_plugin::plugin::{PodInfo, PublishRequest, UnpublishRequest};
 use kvol_plugin::{NodeInfo, NodePaths, PluginHost, PluginRegistry, SystemMounter, VolumeSpec};
 use nix::mount::MsFlags;

@@ -222,7 +222,7 @@ pub fn call_is_migrated() -> bool {
 
 /// Every CSI v1 RPC and its full gRPC method (`/<package>.<service>/<rpc>`), the name kubelet's
 /// metrics give a call.
-pub const GRPC_METHODS: [(&str, &str); 23] = [
+pub const GRPC_METHODS: [(&str, &str); 28] = [
     ("GetPluginInfo", "/csi.v1.Identity/GetPluginInfo"),
     ("GetPluginCapabilities", "/csi.v1.Identity/GetPluginCapabilities"),
     ("Probe", "/csi.v1.Identity/Probe"),
@@ -238,6 +238,11 @@ pub const GRPC_METHODS: [(&str, &str); 23] = [
     ("DeleteSnapshot", "/csi.v1.Controller/DeleteSnapshot"),
     ("ListSnapshots", "/csi.v1.Controller/ListSnapshots"),
     ("ControllerExpandVolume", "/csi.v1.Controller/ControllerExpandVolume"),
+    ("ControllerModifyVolume", "/csi.v1.Controller/ControllerModifyVolume"),
+    ("GroupControllerGetCapabilities", "/csi.v1.GroupController/GroupControllerGetCapabilities"),
+    ("CreateVolumeGroupSnapshot", "/csi.v1.GroupController/CreateVolumeGroupSnapshot"),
+    ("DeleteVolumeGroupSnapshot", "/csi.v1.GroupController/DeleteVolumeGroupSnapshot"),
+    ("GetVolumeGroupSnapshot", "/csi.v1.GroupController/GetVolumeGroupSnapshot"),
     ("NodeStageVolume", "/csi.v1.Node/NodeStageVolume"),
     ("NodeUnstageVolume", "/csi.v1.Node/NodeUnstageVolume"),
     ("NodePublishVolume", "/csi.v1.Node/NodePublishVolume"),

@@ -1,6 +1,5 @@
 //! CSI for kvol: drivers that register over the kubelet plugin-registration protocol and are driven over gRPC.
 
-pub mod bundled;
 pub mod client;
 pub mod csinode;
 pub mod error;

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use kvol_api::FeatureGates;
-use kvol_csi::bundled::{HostpathConfig, HostpathDriver};
 use kvol_csi::proto::csi::controller_client::ControllerClient;
 use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
 use kvol_csi::proto::csi::{CreateVolumeRequest, VolumeCapability};
 use kvol_csi::registration::{RegistrationWatcher, WatcherConfig};
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, NodeObjects, Timeouts};
+use kvol_hostpath::{HostpathConfig, HostpathDriver};
 use kvol_plugin::migration::{NodeMigration, NodeStatus, Route, resolve};
 use kvol_plugin::plugin::{PodInfo, PublishRequest, UnpublishRequest};
 use kvol_plugin::{

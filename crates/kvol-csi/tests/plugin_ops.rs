@@ -296,6 +296,12 @@ impl Controller for Fake {
     ) -> Answer<ControllerExpandVolumeResponse> {
         Err(Status::unimplemented(""))
     }
+    async fn controller_modify_volume(
+        &self,
+        _: Request<ControllerModifyVolumeRequest>,
+    ) -> Answer<ControllerModifyVolumeResponse> {
+        Err(Status::unimplemented(""))
+    }
 }
 
 /// The fake driver serving on a unix socket from a runtime of its own, so killing the runtime

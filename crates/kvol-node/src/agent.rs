@@ -17,10 +17,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Secret;
 use kvol_api::FeatureGates;
-use kvol_csi::bundled::{HostpathConfig, HostpathDriver};
 use kvol_csi::registration::{RegistrationWatcher, WatcherConfig};
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, NodeObjects, Timeouts};
 use kvol_flex::prober::{FlexProber, ProberConfig};
+use kvol_hostpath::{HostpathConfig, HostpathDriver};
 use kvol_plugin::migration::{NodeMigration, NodeStatus, resolve};
 use kvol_plugin::{
     Mounter, NodeInfo, NodePaths, PluginHost, PluginRegistry, SecretStore, Snapshot, SystemMounter,

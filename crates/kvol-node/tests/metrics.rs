@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvol_api::FeatureGates;
-use kvol_csi::bundled::{HostpathConfig, HostpathDriver};
 use kvol_csi::client::RpcObserver;
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, RegistrationHandler, Timeouts};
+use kvol_hostpath::{HostpathConfig, HostpathDriver};
 use kvol_node::metrics::{Metrics, serve_metrics};
 use kvol_plugin::{NodeInfo, NodePaths, PluginHost, PluginRegistry, RecordingMounter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kvol_csi::bundled::{
+use kvol_hostpath::{
     DEFAULT_DRIVER_NAME, DEFAULT_REGISTRATION_DIR, DEFAULT_STATE_DIR, HostpathConfig, HostpathDriver,
     default_csi_socket,
 };
@@ -32,13 +32,34 @@ pub struct CsiDriverArgs {
     /// Serve no registration socket (register the driver some other way).
     #[arg(long, conflicts_with = "registration_dir")]
     pub no_register: bool,
-    /// NodeGetInfo's max_volumes_per_node; 0 means no limit.
-    #[arg(long, default_value_t = 0)]
+    /// The most volumes this node holds: NodeGetInfo's max_volumes_per_node, and CreateVolume
+    /// (and ControllerPublish) refuse more; 0 means no limit.
+    #[arg(long, visible_alias = "maxvolumespernode", default_value_t = 0)]
     pub max_volumes_per_node: i64,
+    /// Serve ControllerPublish/Unpublish: attachments are recorded, and NodeStageVolume
+    /// refuses a volume not attached to this node.
+    #[arg(long)]
+    pub enable_attach: bool,
+    /// Serve ControllerModifyVolume for the parameters named by
+    /// --accepted-mutable-parameter-names.
+    #[arg(long)]
+    pub enable_controller_modify_volume: bool,
+    /// The mutable parameters CreateVolume and ControllerModifyVolume accept (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub accepted_mutable_parameter_names: Vec<String>,
+    /// A capacity cap, <kind>=<quantity> (e.g. slow=10Gi) for volumes whose storage class has
+    /// the parameter kind=<kind>, or a bare <quantity> for volumes without one; repeatable.
+    /// Without it GetCapacity reports the state directory's free space.
+    #[arg(long, value_parser = parse_capacity_arg)]
+    pub capacity: Vec<(String, i64)>,
     /// Exit (with status 1) when the kubelet reports a failed registration, as
     /// node-driver-registrar does; by default the failure is printed and the driver keeps serving.
     #[arg(long)]
     pub exit_on_registration_failure: bool,
+}
+
+fn parse_capacity_arg(value: &str) -> Result<(String, i64), String> {
+    kvol_hostpath::capacity::parse_capacity(value)
 }
 
 /// The driver configuration the arguments describe, on node `node`.
@@ -50,6 +71,10 @@ pub fn config(args: &CsiDriverArgs, node: &str) -> HostpathConfig {
         csi_socket: args.csi_socket.clone().unwrap_or_else(|| default_csi_socket(&args.name)),
         registration_dir: (!args.no_register).then(|| args.registration_dir.clone()),
         max_volumes_per_node: args.max_volumes_per_node,
+        enable_attach: args.enable_attach,
+        enable_controller_modify_volume: args.enable_controller_modify_volume,
+        accepted_mutable_parameter_names: args.accepted_mutable_parameter_names.iter().cloned().collect(),
+        capacity: args.capacity.iter().cloned().collect(),
         exit_on_registration_failure: args.exit_on_registration_failure,
     }
 }
@@ -139,6 +164,12 @@ mod tests {
             "--csi-socket=/c.sock",
             "--registration-dir=/r",
             "--max-volumes-per-node=3",
+            "--enable-attach",
+            "--enable-controller-modify-volume",
+            "--accepted-mutable-parameter-names=iops,throughput",
+            "--capacity=slow=10Gi",
+            "--capacity",
+            "4096",
             "--exit-on-registration-failure",
         ]);
         let c = config(&a, "n");
@@ -151,9 +182,18 @@ mod tests {
                 csi_socket: "/c.sock".into(),
                 registration_dir: Some("/r".into()),
                 max_volumes_per_node: 3,
+                enable_attach: true,
+                enable_controller_modify_volume: true,
+                accepted_mutable_parameter_names: ["iops".to_string(), "throughput".to_string()].into(),
+                capacity: [("slow".to_string(), 10 << 30), (String::new(), 4096)].into(),
                 exit_on_registration_failure: true,
             }
         );
+        // Upstream's spelling of the volume limit works too.
+        assert_eq!(config(&args(&["--maxvolumespernode=2"]), "n").max_volumes_per_node, 2);
+        let err =
+            Cli::try_parse_from(["kvol", "csi-driver", "--capacity=slow=1.5Gi"]).unwrap_err().to_string();
+        assert!(err.contains("capacity \"slow=1.5Gi\""), "{err}");
         assert_eq!(config(&args(&["--no-register"]), "n").registration_dir, None);
     }
 

@@ -5,16 +5,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
 
-use super::driver::{Hostpath, Shared, internal, required};
-use super::fsutil;
-use super::state::{
-    ContentSource, SnapshotRecord, VolumeRecord, is_snapshot_id, is_volume_id, snapshot_id_for_name,
-    volume_id_for_name,
+use crate::HostpathConfig;
+use crate::capacity::{KIND_PARAMETER, available_capacity};
+use crate::driver::{Hostpath, Shared, internal, required};
+use crate::fsutil;
+use crate::state::{
+    Attachment, ContentSource, SnapshotRecord, VolumeRecord, is_snapshot_id, is_volume_id,
+    snapshot_id_for_name, volume_id_for_name,
 };
-use crate::proto::csi::{self, controller_server::Controller};
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::{AccessType, access_mode::Mode};
 use csi::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
+use kvol_csi::proto::csi::{self, controller_server::Controller};
 
 /// Capacities are rounded up to whole mebibytes (when the limit allows).
 pub const CAPACITY_STEP: i64 = 1 << 20;
@@ -23,15 +25,80 @@ pub const CAPACITY_STEP: i64 = 1 << 20;
 /// applies no fsGroup to a volume without an fsType unless the CSIDriver's fsGroupPolicy is File.
 pub const VOLUME_DIR_MODE: u32 = 0o777;
 
-/// The controller RPCs this driver serves.
-pub const CONTROLLER_CAPABILITIES: [Rpc; 6] = [
+/// The controller RPCs this driver always serves.
+pub const CONTROLLER_CAPABILITIES: [Rpc; 7] = [
     Rpc::CreateDeleteVolume,
     Rpc::CreateDeleteSnapshot,
     Rpc::ListSnapshots,
     Rpc::ListVolumes,
     Rpc::CloneVolume,
     Rpc::ExpandVolume,
+    Rpc::GetCapacity,
 ];
+
+/// The controller RPCs a driver configured as `config` serves: the fixed ones, attach (with
+/// read-only attachments) when `enable_attach`, modify when `enable_controller_modify_volume`.
+pub fn controller_capabilities(config: &HostpathConfig) -> Vec<Rpc> {
+    let mut rpcs = CONTROLLER_CAPABILITIES.to_vec();
+    if config.enable_attach {
+        rpcs.extend([Rpc::PublishUnpublishVolume, Rpc::PublishReadonly]);
+    }
+    if config.enable_controller_modify_volume {
+        rpcs.push(Rpc::ModifyVolume);
+    }
+    rpcs
+}
+
+/// Why `parameters` cannot be set as mutable parameters, if they cannot: modify must be on and
+/// each name accepted.
+pub fn mutable_parameters_problem(
+    config: &HostpathConfig,
+    parameters: &HashMap<String, String>,
+) -> Option<String> {
+    let mut names: Vec<&String> = parameters.keys().collect();
+    names.sort();
+    let first = names.first()?;
+    if !config.enable_controller_modify_volume {
+        return Some(format!("mutable parameter {first:?} is not supported: volume modification is off"));
+    }
+    let refused: Vec<&str> = names
+        .into_iter()
+        .filter(|n| !config.accepted_mutable_parameter_names.contains(n.as_str()))
+        .map(String::as_str)
+        .collect();
+    (!refused.is_empty()).then(|| {
+        let accepted: Vec<&str> =
+            config.accepted_mutable_parameter_names.iter().map(String::as_str).collect();
+        format!("mutable parameters {refused:?} are not accepted (accepted: {accepted:?})")
+    })
+}
+
+/// Why one more volume of `wanted` bytes and kind `kind` cannot be made, if it cannot: the
+/// node's volume limit (`max_volumes_per_node`, 0 none) with `count` volumes made, or the
+/// kind's capacity cap with `allocated` bytes of that kind made.
+pub fn create_limit_problem(
+    config: &HostpathConfig,
+    count: usize,
+    kind: &str,
+    allocated: i64,
+    wanted: i64,
+) -> Option<String> {
+    let max = config.max_volumes_per_node;
+    if max > 0 && count as i64 >= max {
+        return Some(format!("node {} already has {count} volumes, its limit of {max}", config.node_name));
+    }
+    if config.capacity.is_empty() {
+        return None;
+    }
+    match config.capacity.get(kind) {
+        None => Some(format!("no capacity is configured for kind {kind:?}")),
+        Some(cap) if allocated.saturating_add(wanted) > *cap => Some(format!(
+            "kind {kind:?} has {} of its {cap} bytes left, less than the {wanted} asked for",
+            cap.saturating_sub(allocated).max(0)
+        )),
+        Some(_) => None,
+    }
+}
 
 /// Why the driver cannot serve `capability`, if it cannot: it serves mount access only, in any
 /// known access mode (volumes are on one node, and all access happens there).
@@ -160,7 +227,7 @@ fn source_message(source: &ContentSource) -> csi::VolumeContentSource {
     csi::VolumeContentSource { r#type: Some(r#type) }
 }
 
-fn now() -> (i64, i32) {
+pub(crate) fn now() -> (i64, i32) {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     (since.as_secs() as i64, since.subsec_nanos() as i32)
 }
@@ -176,7 +243,7 @@ impl Hostpath {
         }
     }
 
-    fn snapshot_message(id: &str, record: &SnapshotRecord) -> csi::Snapshot {
+    pub(crate) fn snapshot_message(id: &str, record: &SnapshotRecord) -> csi::Snapshot {
         csi::Snapshot {
             size_bytes: record.size_bytes,
             snapshot_id: id.to_string(),
@@ -186,7 +253,7 @@ impl Hostpath {
                 nanos: record.created_nanos,
             }),
             ready_to_use: true,
-            group_snapshot_id: String::new(),
+            group_snapshot_id: record.group_snapshot_id.clone(),
         }
     }
 
@@ -218,6 +285,10 @@ impl Hostpath {
         let range = req.capacity_range.as_ref();
         capacity_for(range).map_err(|s| Status::new(s.code(), format!("volume {name}: {}", s.message())))?;
         let source = content_source(req.volume_content_source.as_ref())?;
+        if let Some(problem) = mutable_parameters_problem(&self.config, &req.mutable_parameters) {
+            return Err(Status::invalid_argument(format!("volume {name}: {problem}")));
+        }
+        let kind = req.parameters.get(KIND_PARAMETER).cloned().unwrap_or_default();
         let id = volume_id_for_name(name);
         if let Some(existing) = self.state.volumes.get(&id) {
             if existing.name != name {
@@ -254,9 +325,18 @@ impl Hostpath {
                 (Some(dir), capacity)
             }
         };
+        let count = self.state.volumes.values().filter(|v| !v.ephemeral).count();
+        if let Some(problem) =
+            create_limit_problem(&self.config, count, &kind, self.allocated(&kind), capacity)
+        {
+            return Err(Status::resource_exhausted(format!("volume {name}: {problem}")));
+        }
         let record = VolumeRecord {
             name: name.to_string(),
             capacity_bytes: capacity,
+            node_size_bytes: capacity,
+            kind,
+            mutable_parameters: req.mutable_parameters.into_iter().collect(),
             source,
             ..VolumeRecord::default()
         };
@@ -289,6 +369,12 @@ impl Hostpath {
             return Err(Status::failed_precondition(format!(
                 "volume {id} is still in use: mounted on {}",
                 path.display()
+            )));
+        }
+        if let Some(a) = &record.attached {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is still attached to node {}",
+                a.node
             )));
         }
         let dir = self.layout.volume_dir(id, record);
@@ -361,7 +447,9 @@ impl Hostpath {
             self.commit(next)?;
             tracing::info!(volume = %id, capacity, "expanded volume");
         }
-        Ok(csi::ControllerExpandVolumeResponse { capacity_bytes: capacity, node_expansion_required: false })
+        // The node makes the new size visible (NodeExpandVolume), as a filesystem would grow.
+        let node_expansion_required = self.state.volumes.get(id).is_some_and(|v| v.visible_size() < capacity);
+        Ok(csi::ControllerExpandVolumeResponse { capacity_bytes: capacity, node_expansion_required })
     }
 
     pub fn create_snapshot(
@@ -399,6 +487,7 @@ impl Hostpath {
             size_bytes: volume.capacity_bytes,
             created_seconds,
             created_nanos,
+            group_snapshot_id: String::new(),
         };
         let dir = self.layout.snapshot_dir(&id);
         self.make_dir(&dir, Some(&from))?;
@@ -417,8 +506,14 @@ impl Hostpath {
         req: csi::DeleteSnapshotRequest,
     ) -> Result<csi::DeleteSnapshotResponse, Status> {
         let id = required(&req.snapshot_id, "snapshot id")?;
-        if !self.state.snapshots.contains_key(id) {
+        let Some(record) = self.state.snapshots.get(id) else {
             return Ok(csi::DeleteSnapshotResponse {});
+        };
+        if !record.group_snapshot_id.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "snapshot {id} belongs to group snapshot {}; delete the group snapshot",
+                record.group_snapshot_id
+            )));
         }
         let dir = self.layout.snapshot_dir(id);
         self.refuse_mounts_under(&dir)?;
@@ -451,6 +546,135 @@ impl Hostpath {
     }
 }
 
+impl Hostpath {
+    /// The bytes of capacity the volumes of `kind` hold.
+    fn allocated(&self, kind: &str) -> i64 {
+        self.state.volumes.values().filter(|v| !v.ephemeral && v.kind == kind).map(|v| v.capacity_bytes).sum()
+    }
+
+    pub fn get_capacity(&self, req: csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse, Status> {
+        if let Some(problem) = req.volume_capabilities.iter().find_map(capability_problem) {
+            return Err(Status::invalid_argument(problem));
+        }
+        let ours = self.topology();
+        let here = req
+            .accessible_topology
+            .as_ref()
+            .is_none_or(|t| t.segments.iter().all(|(k, v)| ours.segments.get(k) == Some(v)));
+        let available = if here {
+            let kind = req.parameters.get(KIND_PARAMETER).map(String::as_str).unwrap_or_default();
+            let filesystem = crate::node::filesystem_available(self.layout.root())?;
+            let cap = self.config.capacity.get(kind).copied();
+            available_capacity(filesystem, cap, !self.config.capacity.is_empty(), self.allocated(kind))
+        } else {
+            0
+        };
+        Ok(csi::GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size: Some(available),
+            minimum_volume_size: Some(0),
+        })
+    }
+
+    pub fn controller_publish(
+        &mut self,
+        req: csi::ControllerPublishVolumeRequest,
+    ) -> Result<csi::ControllerPublishVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let node = required(&req.node_id, "node id")?;
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument(format!("volume {id}: volume capability is missing")))?;
+        if let Some(problem) = capability_problem(cap) {
+            return Err(Status::invalid_argument(format!("volume {id}: {problem}")));
+        }
+        let Some(record) = self.state.volumes.get(id).filter(|v| !v.ephemeral) else {
+            return Err(Status::not_found(format!("volume {id} does not exist")));
+        };
+        if node != self.config.node_name {
+            return Err(Status::not_found(format!(
+                "volume {id}: node {node} does not exist (this is node {})",
+                self.config.node_name
+            )));
+        }
+        let wanted = Attachment { node: node.to_string(), read_only: req.readonly };
+        match &record.attached {
+            Some(a) if *a == wanted => return Ok(csi::ControllerPublishVolumeResponse::default()),
+            Some(a) => {
+                return Err(Status::already_exists(format!(
+                    "volume {id} is already attached to node {} {}",
+                    a.node,
+                    if a.read_only { "read-only" } else { "read-write" }
+                )));
+            }
+            None => {}
+        }
+        let max = self.config.max_volumes_per_node;
+        let attached = self.state.volumes.values().filter(|v| v.attached.is_some()).count() as i64;
+        if max > 0 && attached >= max {
+            return Err(Status::resource_exhausted(format!(
+                "volume {id}: node {node} already has {attached} volumes attached, its limit of {max}"
+            )));
+        }
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.attached = Some(wanted);
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, node, "attached volume");
+        Ok(csi::ControllerPublishVolumeResponse::default())
+    }
+
+    pub fn controller_unpublish(
+        &mut self,
+        req: csi::ControllerUnpublishVolumeRequest,
+    ) -> Result<csi::ControllerUnpublishVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        // Unknown volumes, and volumes attached elsewhere, are detached from that node already.
+        let Some(record) = self.state.volumes.get(id) else {
+            return Ok(csi::ControllerUnpublishVolumeResponse {});
+        };
+        let Some(attachment) = &record.attached else { return Ok(csi::ControllerUnpublishVolumeResponse {}) };
+        if !req.node_id.is_empty() && req.node_id != attachment.node {
+            return Ok(csi::ControllerUnpublishVolumeResponse {});
+        }
+        if let Some(path) = record.published.keys().next().or(record.staged.iter().next()) {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} cannot be detached: it is still mounted on {}",
+                path.display()
+            )));
+        }
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.attached = None;
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, "detached volume");
+        Ok(csi::ControllerUnpublishVolumeResponse {})
+    }
+
+    pub fn modify_volume(
+        &mut self,
+        req: csi::ControllerModifyVolumeRequest,
+    ) -> Result<csi::ControllerModifyVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        if self.state.volumes.get(id).is_none_or(|v| v.ephemeral) {
+            return Err(Status::not_found(format!("volume {id} does not exist")));
+        }
+        if let Some(problem) = mutable_parameters_problem(&self.config, &req.mutable_parameters) {
+            return Err(Status::invalid_argument(format!("volume {id}: {problem}")));
+        }
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.mutable_parameters.extend(req.mutable_parameters);
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, "modified volume");
+        Ok(csi::ControllerModifyVolumeResponse {})
+    }
+}
+
 /// The Controller service over the shared driver state.
 #[derive(Debug, Clone)]
 pub struct ControllerService {
@@ -479,16 +703,35 @@ impl Controller for ControllerService {
 
     async fn controller_publish_volume(
         &self,
-        _request: Request<csi::ControllerPublishVolumeRequest>,
+        request: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        Err(unsupported("controller publish (hostpath volumes need no attach)"))
+        let mut core = self.core.lock().await;
+        if !core.config.enable_attach {
+            return Err(unsupported("controller publish (attach is off; see --enable-attach)"));
+        }
+        core.controller_publish(request.into_inner()).map(Response::new)
     }
 
     async fn controller_unpublish_volume(
         &self,
-        _request: Request<csi::ControllerUnpublishVolumeRequest>,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        Err(unsupported("controller unpublish (hostpath volumes need no attach)"))
+        let mut core = self.core.lock().await;
+        if !core.config.enable_attach {
+            return Err(unsupported("controller unpublish (attach is off; see --enable-attach)"));
+        }
+        core.controller_unpublish(request.into_inner()).map(Response::new)
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        request: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        let mut core = self.core.lock().await;
+        if !core.config.enable_controller_modify_volume {
+            return Err(unsupported("controller modify volume (see --enable-controller-modify-volume)"));
+        }
+        core.modify_volume(request.into_inner()).map(Response::new)
     }
 
     async fn validate_volume_capabilities(
@@ -507,9 +750,9 @@ impl Controller for ControllerService {
 
     async fn get_capacity(
         &self,
-        _request: Request<csi::GetCapacityRequest>,
+        request: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        Err(unsupported("get capacity"))
+        self.core.lock().await.get_capacity(request.into_inner()).map(Response::new)
     }
 
     async fn controller_get_capabilities(
@@ -517,7 +760,8 @@ impl Controller for ControllerService {
         _request: Request<csi::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::{Rpc as RpcCapability, Type};
-        let capabilities = CONTROLLER_CAPABILITIES
+        let rpcs = controller_capabilities(&self.core.lock().await.config);
+        let capabilities = rpcs
             .iter()
             .map(|rpc| csi::ControllerServiceCapability {
                 r#type: Some(Type::Rpc(RpcCapability { r#type: *rpc as i32 })),

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::CsiError;
+use kvol_csi::CsiError;
 
 /// Writes `bytes` to `path` through a temporary file beside it: write, fsync, rename, fsync
 /// the directory. Readers see the old content or the new one, never a mix.
@@ -40,6 +40,30 @@ pub fn remove_tree(path: &Path) -> Result<(), CsiError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(CsiError::io("remove", path, e)),
     }
+}
+
+/// The bytes the files below directory `path` take on disk (allocated blocks), counting
+/// nothing on another filesystem (mounts below it) and each hard-linked file once.
+pub fn disk_usage(path: &Path) -> Result<u64, CsiError> {
+    let root = fs::symlink_metadata(path).map_err(|e| CsiError::io("read", path, e))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = fs::read_dir(&dir).map_err(|e| CsiError::io("read directory", &dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| CsiError::io("read directory", &dir, e))?;
+            let meta = entry.metadata().map_err(|e| CsiError::io("read", entry.path(), e))?;
+            if meta.dev() != root.dev() || (meta.nlink() > 1 && !seen.insert(meta.ino())) {
+                continue;
+            }
+            total = total.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() {
+                pending.push(entry.path());
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Copies the contents of directory `from` into the existing, empty directory `to`:
@@ -149,6 +173,19 @@ mod tests {
         assert!(err.contains("from/sock") && err.contains("not a directory, regular file"), "{err}");
         let err = copy_tree(&from.join("sock"), &to).unwrap_err().to_string();
         assert!(err.contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn disk_usage_counts_allocated_blocks_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = disk_usage(dir.path()).unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("sub/f"), vec![7u8; 1 << 20]).unwrap();
+        fs::hard_link(dir.path().join("sub/f"), dir.path().join("g")).unwrap();
+        let used = disk_usage(dir.path()).unwrap();
+        assert!(used >= empty + (1 << 20), "{used}");
+        assert!(used < empty + (2 << 20), "a hard link is counted once: {used}");
+        assert!(disk_usage(&dir.path().join("missing")).unwrap_err().to_string().contains("missing"));
     }
 
     #[test]

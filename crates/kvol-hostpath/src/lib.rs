@@ -14,21 +14,24 @@
 //! Capacity is recorded, never enforced: there are no quotas, and volume statistics are those of
 //! the filesystem holding the state directory.
 
+pub mod capacity;
 pub mod controller;
 mod driver;
 mod fsutil;
+pub mod group;
 pub mod identity;
 pub mod node;
 pub mod registrar;
 pub mod server;
 pub mod state;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 pub use registrar::RegistrationOutcome;
 pub use server::HostpathDriver;
 
-use crate::CsiError;
+use kvol_csi::CsiError;
 
 /// The driver's default name.
 pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi.kvol.io";
@@ -54,8 +57,20 @@ pub struct HostpathConfig {
     pub csi_socket: PathBuf,
     /// Where the registration socket goes; `None` serves no registration socket.
     pub registration_dir: Option<PathBuf>,
-    /// NodeGetInfo's max_volumes_per_node; 0 means no limit.
+    /// NodeGetInfo's max_volumes_per_node, and the most volumes CreateVolume makes (and
+    /// ControllerPublish attaches); 0 means no limit.
     pub max_volumes_per_node: i64,
+    /// Serve ControllerPublish/Unpublish (upstream's `--enable-attach`): attachments are
+    /// recorded, and NodeStage refuses a volume not attached to this node.
+    pub enable_attach: bool,
+    /// Serve ControllerModifyVolume (upstream's `--enable-controller-modify-volume`).
+    pub enable_controller_modify_volume: bool,
+    /// The mutable parameters CreateVolume and ControllerModifyVolume accept
+    /// (upstream's `--accepted-mutable-parameter-names`).
+    pub accepted_mutable_parameter_names: BTreeSet<String>,
+    /// Capacity caps by storage-class `kind` parameter (upstream's `--capacity kind=quantity`);
+    /// the kind "" caps volumes created without one. Empty: only the filesystem limits.
+    pub capacity: BTreeMap<String, i64>,
     /// Whether a registration failure reported by the kubelet stops the driver (with an error),
     /// as upstream's node-driver-registrar does. Off by default: the failure is logged and the
     /// driver keeps serving, since the kubelet re-registers when the socket is re-created.
@@ -74,6 +89,10 @@ impl HostpathConfig {
             csi_socket: default_csi_socket(driver_name),
             registration_dir: Some(PathBuf::from(DEFAULT_REGISTRATION_DIR)),
             max_volumes_per_node: 0,
+            enable_attach: false,
+            enable_controller_modify_volume: false,
+            accepted_mutable_parameter_names: BTreeSet::new(),
+            capacity: BTreeMap::new(),
             exit_on_registration_failure: false,
         }
     }
@@ -99,6 +118,9 @@ impl HostpathConfig {
         }
         if self.max_volumes_per_node < 0 {
             return Err(bad(format!("max volumes per node {} is negative", self.max_volumes_per_node)));
+        }
+        if let Some((kind, bytes)) = self.capacity.iter().find(|(_, b)| **b < 0) {
+            return Err(bad(format!("capacity {bytes} of kind {kind:?} is negative")));
         }
         let paths = [
             ("state directory", Some(&self.state_dir)),

@@ -11,15 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kvol_csi::CsiError;
-use kvol_csi::bundled::state::{snapshot_id_for_name, volume_id_for_name};
-use kvol_csi::bundled::{EPHEMERAL_CONTEXT_KEY, HostpathConfig, HostpathDriver, RegistrationOutcome};
 use kvol_csi::proto::csi::controller_client::ControllerClient;
+use kvol_csi::proto::csi::group_controller_client::GroupControllerClient;
 use kvol_csi::proto::csi::identity_client::IdentityClient;
 use kvol_csi::proto::csi::node_client::NodeClient;
 use kvol_csi::proto::csi::{self, volume_capability::access_mode::Mode};
 use kvol_csi::proto::registration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
 };
+use kvol_hostpath::state::{snapshot_id_for_name, volume_id_for_name};
+use kvol_hostpath::{EPHEMERAL_CONTEXT_KEY, HostpathConfig, HostpathDriver, RegistrationOutcome};
 use kvol_plugin::mount::{MountPoint, Mounter, SystemMounter};
 use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;
@@ -252,6 +253,7 @@ async fn identity_and_node_info_describe_the_driver() {
         [
             Type::Service(Service { r#type: service::Type::ControllerService as i32 }),
             Type::Service(Service { r#type: service::Type::VolumeAccessibilityConstraints as i32 }),
+            Type::Service(Service { r#type: service::Type::GroupControllerService as i32 }),
             Type::VolumeExpansion(VolumeExpansion { r#type: volume_expansion::Type::Online as i32 }),
         ]
     );
@@ -274,6 +276,7 @@ async fn identity_and_node_info_describe_the_driver() {
         C::ListVolumes,
         C::CloneVolume,
         C::ExpandVolume,
+        C::GetCapacity,
     ];
     assert_eq!(rpcs(caps.into_inner().capabilities), want.map(|c| c as i32));
 
@@ -287,7 +290,7 @@ async fn identity_and_node_info_describe_the_driver() {
             None => panic!("a capability without an rpc"),
         })
         .collect();
-    assert_eq!(caps, [N::StageUnstageVolume as i32, N::GetVolumeStats as i32]);
+    assert_eq!(caps, [N::StageUnstageVolume as i32, N::GetVolumeStats as i32, N::ExpandVolume as i32]);
 
     let info = d.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.node_id, "node-a");
@@ -298,17 +301,15 @@ async fn identity_and_node_info_describe_the_driver() {
         HashMap::from([("topology.hostpath.csi.kvol.io/node".to_string(), "node-a".to_string())])
     );
 
-    // Attach and capacity are not served.
+    // Attach and modify are off by default, and not served.
     let publish = csi::ControllerPublishVolumeRequest {
         volume_id: "v".into(),
         node_id: "node-a".into(),
         ..Default::default()
     };
     assert_eq!(code(d.controller.controller_publish_volume(publish).await), Code::Unimplemented);
-    assert_eq!(
-        code(d.controller.get_capacity(csi::GetCapacityRequest::default()).await),
-        Code::Unimplemented
-    );
+    let modify = csi::ControllerModifyVolumeRequest { volume_id: "v".into(), ..Default::default() };
+    assert_eq!(code(d.controller.controller_modify_volume(modify).await), Code::Unimplemented);
     d.stop().await;
     sb.assert_nothing_mounted();
 }
@@ -373,14 +374,14 @@ async fn create_volume_is_idempotent_by_name_and_checks_its_arguments() {
         "refused volumes leave nothing"
     );
 
-    // Expansion records the new capacity; nothing happens on the node.
+    // Expansion records the new capacity; the node makes it visible (NodeExpandVolume).
     let expand = |required_bytes| csi::ControllerExpandVolumeRequest {
         volume_id: first.volume_id.clone(),
         capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
         ..Default::default()
     };
     let grown = d.controller.controller_expand_volume(expand(5 * MIB)).await.unwrap().into_inner();
-    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (5 * MIB, false));
+    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (5 * MIB, true));
     let same = d.controller.controller_expand_volume(expand(MIB)).await.unwrap().into_inner();
     assert_eq!(same.capacity_bytes, 5 * MIB, "volumes never shrink");
     let unknown = csi::ControllerExpandVolumeRequest { volume_id: volume_id_for_name("nope"), ..expand(MIB) };
@@ -806,8 +807,19 @@ async fn node_rpcs_name_missing_arguments_unknown_volumes_and_foreign_paths() {
         Code::NotFound,
         "not published"
     );
-    let expand = csi::NodeExpandVolumeRequest { volume_id: id.clone(), ..Default::default() };
-    assert_eq!(code(d.node.node_expand_volume(expand).await), Code::Unimplemented);
+    let expand = |volume_id: &str, volume_path: &str| csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.to_string(),
+        volume_path: volume_path.to_string(),
+        ..Default::default()
+    };
+    assert_eq!(code(d.node.node_expand_volume(expand(&id, "")).await), Code::InvalidArgument);
+    assert_eq!(code(d.node.node_expand_volume(expand("", &target_str)).await), Code::InvalidArgument);
+    assert_eq!(code(d.node.node_expand_volume(expand(&unknown, "some/path")).await), Code::NotFound);
+    assert_eq!(
+        code(d.node.node_expand_volume(expand(&id, &target_str)).await),
+        Code::NotFound,
+        "not published"
+    );
 
     d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
     d.stop().await;
@@ -1017,4 +1029,395 @@ async fn stale_sockets_are_replaced_and_other_files_refused() {
     );
     assert!(!config.csi_socket.exists(), "a damaged state file stops the driver before it listens");
     sb.assert_nothing_mounted();
+}
+
+// ---- What the driver serves beyond the basics: group snapshots, expansion on the node,
+// attach, capacity, the volume limit, modify. ----
+
+async fn group_client(d: &Running) -> GroupControllerClient<Channel> {
+    GroupControllerClient::new(channel(&d.csi_socket).await)
+}
+
+fn snapshot_dirs(sb: &Sandbox) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(sb.path("state/snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_group_snapshot_has_every_member_or_none() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let mut group = group_client(&d).await;
+    let a = create(&mut d, "pvc-a", MIB).await;
+    let b = create(&mut d, "pvc-b", 2 * MIB).await;
+    fs::write(sb.path("state/volumes").join(&a).join("data"), b"a's data").unwrap();
+    // Volume b holds a socket, which a snapshot cannot copy: b's member fails after a's was made.
+    let socket = sb.path("state/volumes").join(&b).join("sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let create_group = |name: &str, ids: &[&str]| csi::CreateVolumeGroupSnapshotRequest {
+        name: name.to_string(),
+        source_volume_ids: ids.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let err = group.create_volume_group_snapshot(create_group("g1", &[&a, &b])).await.unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    assert!(err.message().starts_with("group snapshot g1: ") && err.message().contains("sock"), "{err:?}");
+    assert_eq!(snapshot_dirs(&sb), Vec::<String>::new(), "no member snapshot is left behind");
+    let listed =
+        d.controller.list_snapshots(csi::ListSnapshotsRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty(), "{listed:?}");
+    let state = fs::read_to_string(sb.path("state/state.json")).unwrap();
+    assert!(!state.contains("group"), "nothing recorded: {state}");
+
+    drop(listener);
+    fs::remove_file(&socket).unwrap();
+    let made = group.create_volume_group_snapshot(create_group("g1", &[&a, &b])).await.unwrap().into_inner();
+    let made = made.group_snapshot.unwrap();
+    assert!(made.ready_to_use);
+    assert_eq!(made.snapshots.len(), 2);
+    let sources: Vec<&str> = made.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect();
+    assert_eq!(sources, [a.as_str(), b.as_str()]);
+    assert!(made.snapshots.iter().all(|s| s.group_snapshot_id == made.group_snapshot_id));
+    assert_eq!((made.snapshots[0].size_bytes, made.snapshots[1].size_bytes), (MIB, 2 * MIB));
+    let mut ids: Vec<String> = made.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
+    ids.sort();
+    assert_eq!(snapshot_dirs(&sb), ids);
+    // Idempotent by name; the same name over other volumes is ALREADY_EXISTS.
+    let again = group.create_volume_group_snapshot(create_group("g1", &[&a, &b])).await.unwrap().into_inner();
+    assert_eq!(again.group_snapshot.unwrap().group_snapshot_id, made.group_snapshot_id);
+    assert_eq!(
+        code(group.create_volume_group_snapshot(create_group("g1", &[&a])).await),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        code(group.create_volume_group_snapshot(create_group("", &[&a])).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(group.create_volume_group_snapshot(create_group("g2", &[])).await),
+        Code::InvalidArgument
+    );
+    let missing = volume_id_for_name("missing");
+    assert_eq!(
+        code(group.create_volume_group_snapshot(create_group("g2", &[&a, &missing])).await),
+        Code::NotFound
+    );
+    assert_eq!(snapshot_dirs(&sb).len(), 2, "a refused group makes nothing");
+
+    // A member restores like any snapshot, and cannot be deleted alone.
+    let restore = csi::CreateVolumeRequest {
+        volume_content_source: Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: made.snapshots[0].snapshot_id.clone(),
+                },
+            )),
+        }),
+        ..create_req("restored", 0)
+    };
+    let restored = d.controller.create_volume(restore).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(
+        fs::read(sb.path("state/volumes").join(&restored.volume_id).join("data")).unwrap(),
+        b"a's data"
+    );
+    let del_member = csi::DeleteSnapshotRequest {
+        snapshot_id: made.snapshots[0].snapshot_id.clone(),
+        ..Default::default()
+    };
+    assert_eq!(code(d.controller.delete_snapshot(del_member).await), Code::FailedPrecondition);
+
+    let get = |id: &str, snapshot_ids: Vec<String>| csi::GetVolumeGroupSnapshotRequest {
+        group_snapshot_id: id.to_string(),
+        snapshot_ids,
+        ..Default::default()
+    };
+    let got =
+        group.get_volume_group_snapshot(get(&made.group_snapshot_id, vec![])).await.unwrap().into_inner();
+    assert_eq!(got.group_snapshot.unwrap(), made);
+    assert_eq!(code(group.get_volume_group_snapshot(get("", vec![])).await), Code::InvalidArgument);
+    assert_eq!(code(group.get_volume_group_snapshot(get("group-none", vec![])).await), Code::NotFound);
+    let wrong = vec![ids[0].clone()];
+    assert_eq!(
+        code(group.get_volume_group_snapshot(get(&made.group_snapshot_id, wrong)).await),
+        Code::InvalidArgument
+    );
+
+    let delete = |id: &str| csi::DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: id.to_string(),
+        ..Default::default()
+    };
+    assert_eq!(code(group.delete_volume_group_snapshot(delete("")).await), Code::InvalidArgument);
+    group.delete_volume_group_snapshot(delete(&made.group_snapshot_id)).await.unwrap();
+    group.delete_volume_group_snapshot(delete(&made.group_snapshot_id)).await.unwrap();
+    assert!(snapshot_dirs(&sb).is_empty());
+    let listed =
+        d.controller.list_snapshots(csi::ListSnapshotsRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty(), "{listed:?}");
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+fn bytes_usage(stats: csi::NodeGetVolumeStatsResponse) -> csi::VolumeUsage {
+    stats.usage.into_iter().find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32).expect("a bytes usage")
+}
+
+#[tokio::test]
+async fn expansion_is_visible_through_volume_stats_once_the_node_expands() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = create(&mut d, "pvc", 4 * MIB).await;
+    let (staging, target) = (sb.path("stage"), sb.path("target"));
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    d.node.node_publish_volume(publish_req(&id, &staging, &target, false)).await.unwrap();
+    let stats = || csi::NodeGetVolumeStatsRequest {
+        volume_id: id.clone(),
+        volume_path: target.display().to_string(),
+        ..Default::default()
+    };
+    let before = bytes_usage(d.node.node_get_volume_stats(stats()).await.unwrap().into_inner());
+    assert_eq!(before.total, 4 * MIB);
+    fs::write(target.join("data"), vec![1u8; MIB as usize]).unwrap();
+    let written = bytes_usage(d.node.node_get_volume_stats(stats()).await.unwrap().into_inner());
+    assert!(written.used >= before.used + MIB, "{before:?} {written:?}");
+    assert_eq!(written.available, 4 * MIB - written.used);
+
+    let expand = csi::ControllerExpandVolumeRequest {
+        volume_id: id.clone(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 16 * MIB, limit_bytes: 0 }),
+        ..Default::default()
+    };
+    let grown = d.controller.controller_expand_volume(expand).await.unwrap().into_inner();
+    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (16 * MIB, true));
+    let stale = bytes_usage(d.node.node_get_volume_stats(stats()).await.unwrap().into_inner());
+    assert_eq!(stale.total, 4 * MIB, "the node has not grown it yet");
+
+    let node_expand = |required_bytes: i64| csi::NodeExpandVolumeRequest {
+        volume_id: id.clone(),
+        volume_path: target.display().to_string(),
+        capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(d.node.node_expand_volume(node_expand(32 * MIB)).await),
+        Code::OutOfRange,
+        "past the capacity"
+    );
+    let done = d.node.node_expand_volume(node_expand(16 * MIB)).await.unwrap().into_inner();
+    assert_eq!(done.capacity_bytes, 16 * MIB);
+    let after = bytes_usage(d.node.node_get_volume_stats(stats()).await.unwrap().into_inner());
+    assert_eq!(after.total, 16 * MIB);
+    // Through the staging path too, and kept across a restart.
+    d.stop().await;
+    let mut d = start(sb.config()).await;
+    let staged = csi::NodeGetVolumeStatsRequest { volume_path: staging.display().to_string(), ..stats() };
+    assert_eq!(bytes_usage(d.node.node_get_volume_stats(staged).await.unwrap().into_inner()).total, 16 * MIB);
+    d.node.node_unpublish_volume(unpublish_req(&id, &target)).await.unwrap();
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn with_attach_on_a_volume_is_staged_only_once_attached_here() {
+    let sb = Sandbox::new();
+    let mut d = start(HostpathConfig { enable_attach: true, max_volumes_per_node: 0, ..sb.config() }).await;
+    let id = create(&mut d, "pvc", MIB).await;
+    let staging = sb.path("stage");
+    let err = d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(
+        err.message(),
+        format!("volume {id} is not attached to node node-a: controller publish it first")
+    );
+    assert!(sb.mounts().is_empty());
+
+    let attach = |node: &str, readonly: bool| csi::ControllerPublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node.to_string(),
+        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
+        readonly,
+        ..Default::default()
+    };
+    assert_eq!(code(d.controller.controller_publish_volume(attach("node-b", false)).await), Code::NotFound);
+    let missing = csi::ControllerPublishVolumeRequest {
+        volume_id: volume_id_for_name("nope"),
+        ..attach("node-a", false)
+    };
+    assert_eq!(code(d.controller.controller_publish_volume(missing).await), Code::NotFound);
+    let no_cap = csi::ControllerPublishVolumeRequest { volume_capability: None, ..attach("node-a", false) };
+    assert_eq!(code(d.controller.controller_publish_volume(no_cap).await), Code::InvalidArgument);
+    d.controller.controller_publish_volume(attach("node-a", false)).await.unwrap();
+    d.controller.controller_publish_volume(attach("node-a", false)).await.unwrap();
+    assert_eq!(
+        code(d.controller.controller_publish_volume(attach("node-a", true)).await),
+        Code::AlreadyExists
+    );
+    let state = fs::read_to_string(sb.path("state/state.json")).unwrap();
+    assert!(state.contains("\"attached\"") && state.contains("node-a"), "{state}");
+
+    d.node.node_stage_volume(stage_req(&id, &staging)).await.unwrap();
+    assert_eq!(sb.mounts_on(&staging).len(), 1);
+    let detach = csi::ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "node-a".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(d.controller.controller_unpublish_volume(detach.clone()).await),
+        Code::FailedPrecondition,
+        "still staged"
+    );
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    let del = csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() };
+    assert_eq!(
+        code(d.controller.delete_volume(del.clone()).await),
+        Code::FailedPrecondition,
+        "still attached"
+    );
+    d.controller.controller_unpublish_volume(detach.clone()).await.unwrap();
+    d.controller.controller_unpublish_volume(detach).await.unwrap();
+    assert_eq!(code(d.node.node_stage_volume(stage_req(&id, &staging)).await), Code::FailedPrecondition);
+    d.controller.delete_volume(del).await.unwrap();
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+fn capacity_req(kind: Option<&str>) -> csi::GetCapacityRequest {
+    csi::GetCapacityRequest {
+        parameters: kind.map(|k| HashMap::from([("kind".to_string(), k.to_string())])).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+fn kind_req(name: &str, kind: &str, required_bytes: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        parameters: HashMap::from([("kind".to_string(), kind.to_string())]),
+        ..create_req(name, required_bytes)
+    }
+}
+
+#[tokio::test]
+async fn capacity_is_the_filesystems_lowered_to_the_kinds_cap() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let free = |path: &Path| {
+        let s = nix::sys::statvfs::statvfs(path).unwrap();
+        (s.blocks_available() * s.fragment_size()) as i64
+    };
+    let reported = d.controller.get_capacity(capacity_req(None)).await.unwrap().into_inner();
+    let actual = free(&sb.path("state"));
+    // The filesystem is shared with whatever else runs: allow for other writers.
+    assert!((reported.available_capacity - actual).abs() < 256 * MIB, "{reported:?} vs {actual}");
+    assert_eq!(reported.maximum_volume_size, Some(reported.available_capacity));
+    d.stop().await;
+
+    let caps = [("slow".to_string(), 10 * MIB)].into();
+    let mut d = start(HostpathConfig { capacity: caps, ..sb.config() }).await;
+    let available = |r: csi::GetCapacityResponse| r.available_capacity;
+    assert_eq!(
+        available(d.controller.get_capacity(capacity_req(Some("slow"))).await.unwrap().into_inner()),
+        10 * MIB
+    );
+    d.controller.create_volume(kind_req("a", "slow", 4 * MIB)).await.unwrap();
+    assert_eq!(
+        available(d.controller.get_capacity(capacity_req(Some("slow"))).await.unwrap().into_inner()),
+        6 * MIB
+    );
+    let err = d.controller.create_volume(kind_req("b", "slow", 7 * MIB)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("kind \"slow\" has 6291456 of its 10485760 bytes left"), "{err:?}");
+    assert_eq!(
+        available(d.controller.get_capacity(capacity_req(Some("fast"))).await.unwrap().into_inner()),
+        0
+    );
+    assert_eq!(code(d.controller.create_volume(kind_req("c", "fast", MIB)).await), Code::ResourceExhausted);
+    assert_eq!(
+        code(d.controller.create_volume(create_req("d", MIB)).await),
+        Code::ResourceExhausted,
+        "no kind, no cap"
+    );
+    let elsewhere = csi::GetCapacityRequest {
+        accessible_topology: Some(csi::Topology {
+            segments: HashMap::from([(
+                "topology.hostpath.csi.kvol.io/node".to_string(),
+                "node-b".to_string(),
+            )]),
+        }),
+        ..capacity_req(Some("slow"))
+    };
+    assert_eq!(available(d.controller.get_capacity(elsewhere).await.unwrap().into_inner()), 0);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn create_volume_honours_the_volume_limit() {
+    let sb = Sandbox::new();
+    let mut d = start(HostpathConfig { max_volumes_per_node: 2, ..sb.config() }).await;
+    let info = d.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.max_volumes_per_node, 2);
+    let a = create(&mut d, "a", MIB).await;
+    create(&mut d, "b", MIB).await;
+    let err = d.controller.create_volume(create_req("c", MIB)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert_eq!(err.message(), "volume c: node node-a already has 2 volumes, its limit of 2");
+    assert!(!sb.path("state/volumes").join(volume_id_for_name("c")).exists());
+    create(&mut d, "a", MIB).await; // an existing volume is still found by name
+    let del = csi::DeleteVolumeRequest { volume_id: a, ..Default::default() };
+    d.controller.delete_volume(del).await.unwrap();
+    create(&mut d, "c", MIB).await;
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn modify_volume_accepts_only_the_named_parameters() {
+    let sb = Sandbox::new();
+    let params = |pairs: &[(&str, &str)]| {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>()
+    };
+    // Off: mutable parameters are refused at creation too.
+    let mut d = start(sb.config()).await;
+    let with_params =
+        csi::CreateVolumeRequest { mutable_parameters: params(&[("iops", "100")]), ..create_req("m", MIB) };
+    assert_eq!(code(d.controller.create_volume(with_params.clone()).await), Code::InvalidArgument);
+    d.stop().await;
+
+    let config = HostpathConfig {
+        enable_controller_modify_volume: true,
+        accepted_mutable_parameter_names: ["iops".to_string()].into(),
+        ..sb.config()
+    };
+    let mut d = start(config).await;
+    let id = d.controller.create_volume(with_params).await.unwrap().into_inner().volume.unwrap().volume_id;
+    let modify = |id: &str, pairs: &[(&str, &str)]| csi::ControllerModifyVolumeRequest {
+        volume_id: id.to_string(),
+        mutable_parameters: params(pairs),
+        ..Default::default()
+    };
+    d.controller.controller_modify_volume(modify(&id, &[("iops", "300")])).await.unwrap();
+    let state = fs::read_to_string(sb.path("state/state.json")).unwrap();
+    assert!(state.contains("\"iops\": \"300\""), "{state}");
+    let err =
+        d.controller.controller_modify_volume(modify(&id, &[("iops", "1"), ("XXX", "y")])).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        format!("volume {id}: mutable parameters [\"XXX\"] are not accepted (accepted: [\"iops\"])")
+    );
+    assert!(
+        fs::read_to_string(sb.path("state/state.json")).unwrap().contains("\"iops\": \"300\""),
+        "a refused modify changes nothing"
+    );
+    assert_eq!(code(d.controller.controller_modify_volume(modify("", &[])).await), Code::InvalidArgument);
+    assert_eq!(
+        code(d.controller.controller_modify_volume(modify(&volume_id_for_name("x"), &[])).await),
+        Code::NotFound
+    );
+    let refused =
+        csi::CreateVolumeRequest { mutable_parameters: params(&[("XXX", "1")]), ..create_req("n", MIB) };
+    assert_eq!(code(d.controller.create_volume(refused).await), Code::InvalidArgument);
+    d.stop().await;
 }

@@ -11,17 +11,19 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
-use super::HostpathConfig;
-use super::controller::ControllerService;
-use super::driver::Hostpath;
-use super::identity::IdentityService;
-use super::node::NodeService;
-use super::registrar::{RegistrarService, RegistrationOutcome, plugin_info};
-use crate::CsiError;
-use crate::proto::csi::{
-    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+use crate::HostpathConfig;
+use crate::controller::ControllerService;
+use crate::driver::Hostpath;
+use crate::group::GroupControllerService;
+use crate::identity::IdentityService;
+use crate::node::NodeService;
+use crate::registrar::{RegistrarService, RegistrationOutcome, plugin_info};
+use kvol_csi::CsiError;
+use kvol_csi::proto::csi::{
+    controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+    identity_server::IdentityServer, node_server::NodeServer,
 };
-use crate::proto::registration::registration_server::RegistrationServer;
+use kvol_csi::proto::registration::registration_server::RegistrationServer;
 
 /// How long open connections get to finish once shutdown begins.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -173,6 +175,7 @@ impl HostpathDriver {
         let csi_server = Server::builder()
             .add_service(IdentityServer::new(IdentityService { config: config.clone() }))
             .add_service(ControllerServer::new(ControllerService { core: shared.clone() }))
+            .add_service(GroupControllerServer::new(GroupControllerService { core: shared.clone() }))
             .add_service(NodeServer::new(NodeService { core: shared }))
             .serve_with_incoming_shutdown(csi_incoming, signal(stopped.clone()));
         let csi_server = async { csi_server.await.map_err(|e| transport(&csi_path, e)) };

@@ -5,15 +5,16 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::HostpathConfig;
-use crate::proto::csi::{self, identity_server::Identity};
+use crate::HostpathConfig;
 use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
+use kvol_csi::proto::csi::{self, identity_server::Identity};
 
 /// The driver's version, reported as vendor_version: the crate's.
 pub const VENDOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The plugin capabilities: a controller service, volumes bound to this node's topology, and
-/// online expansion (the controller records the new capacity; nothing happens on the node).
+/// The plugin capabilities: a controller service, volumes bound to this node's topology, a
+/// group controller service (group snapshots), and online expansion (the controller records
+/// the new capacity; the node makes it the size the volume shows).
 pub fn plugin_capabilities() -> Vec<csi::PluginCapability> {
     let service = |t: service::Type| csi::PluginCapability {
         r#type: Some(Type::Service(Service { r#type: t as i32 })),
@@ -21,6 +22,7 @@ pub fn plugin_capabilities() -> Vec<csi::PluginCapability> {
     vec![
         service(service::Type::ControllerService),
         service(service::Type::VolumeAccessibilityConstraints),
+        service(service::Type::GroupControllerService),
         csi::PluginCapability {
             r#type: Some(Type::VolumeExpansion(VolumeExpansion {
                 r#type: volume_expansion::Type::Online as i32,

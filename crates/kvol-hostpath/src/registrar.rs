@@ -5,7 +5,7 @@ use std::path::Path;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::proto::registration::{
+use kvol_csi::proto::registration::{
     self, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::Registration,
 };

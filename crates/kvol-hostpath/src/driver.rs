@@ -7,12 +7,12 @@ use std::sync::Arc;
 use kvol_plugin::mount::{MountPoint, Mounter};
 use tonic::Status;
 
-use super::HostpathConfig;
-use super::controller::VOLUME_DIR_MODE;
-use super::fsutil;
-use super::state::{Layout, State};
-use crate::CsiError;
-use crate::proto::csi;
+use crate::HostpathConfig;
+use crate::controller::VOLUME_DIR_MODE;
+use crate::fsutil;
+use crate::state::{Layout, State};
+use kvol_csi::CsiError;
+use kvol_csi::proto::csi;
 
 /// The driver's state: every RPC that reads or changes volumes holds the lock for its whole
 /// run, mounts included, so RPCs on the node never interleave. The lock is tokio's: an RPC

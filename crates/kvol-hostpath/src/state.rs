@@ -6,14 +6,15 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::fsutil;
-use crate::CsiError;
+use crate::fsutil;
+use kvol_csi::CsiError;
 
 /// The state file's format version; a file of another version is refused, never guessed at.
 pub const STATE_VERSION: u32 = 1;
 
 const VOLUME_PREFIX: &str = "vol-";
 const SNAPSHOT_PREFIX: &str = "snap-";
+const GROUP_PREFIX: &str = "group-";
 /// Hex digits of sha256 kept in an id: 128 bits, no collisions in practice.
 const ID_HEX_LEN: usize = 32;
 
@@ -28,6 +29,9 @@ pub struct State {
     /// By snapshot id (`snap-…`).
     #[serde(default)]
     pub snapshots: BTreeMap<String, SnapshotRecord>,
+    /// By group snapshot id (`group-…`); the members are in `snapshots`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub group_snapshots: BTreeMap<String, GroupSnapshotRecord>,
 }
 
 /// One volume.
@@ -39,6 +43,19 @@ pub struct VolumeRecord {
     /// The recorded capacity (not enforced); 0 means unknown.
     #[serde(default)]
     pub capacity_bytes: i64,
+    /// The size the node has made visible (NodeGetVolumeStats' total): the capacity at
+    /// creation, then what NodeExpandVolume grew it to; 0 means the capacity.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub node_size_bytes: i64,
+    /// The storage-class `kind` parameter the volume was made with, which `--capacity` caps.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// The node the volume is attached to (ControllerPublish), when attach is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<Attachment>,
+    /// The mutable parameters set at creation or by ControllerModifyVolume.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mutable_parameters: BTreeMap<String, String>,
     /// An ephemeral inline volume: made on its first publish, deleted on its last unpublish.
     #[serde(default)]
     pub ephemeral: bool,
@@ -53,11 +70,28 @@ pub struct VolumeRecord {
     pub published: BTreeMap<PathBuf, Publication>,
 }
 
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
 impl VolumeRecord {
     /// Whether anything on this node still uses the volume.
     pub fn in_use(&self) -> bool {
         !self.staged.is_empty() || !self.published.is_empty()
     }
+
+    /// The size the node shows: what it was expanded to, else the capacity.
+    pub fn visible_size(&self) -> i64 {
+        if self.node_size_bytes > 0 { self.node_size_bytes } else { self.capacity_bytes }
+    }
+}
+
+/// A volume's attachment to a node (ControllerPublish).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub node: String,
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// A volume's content source.
@@ -84,6 +118,19 @@ pub struct SnapshotRecord {
     pub size_bytes: i64,
     pub created_seconds: i64,
     pub created_nanos: i32,
+    /// The group snapshot this snapshot was taken in, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group_snapshot_id: String,
+}
+
+/// One group snapshot: snapshots of several volumes, all recorded in one commit or none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSnapshotRecord {
+    pub name: String,
+    /// The member snapshots' ids, in the order of the source volumes asked for.
+    pub snapshot_ids: Vec<String>,
+    pub created_seconds: i64,
+    pub created_nanos: i32,
 }
 
 fn sha256_hex(text: &str) -> String {
@@ -98,6 +145,16 @@ pub fn volume_id_for_name(name: &str) -> String {
 /// The snapshot id CreateSnapshot gives the name `name`.
 pub fn snapshot_id_for_name(name: &str) -> String {
     format!("{SNAPSHOT_PREFIX}{}", &sha256_hex(name)[..ID_HEX_LEN])
+}
+
+/// The group snapshot id CreateVolumeGroupSnapshot gives the name `name`.
+pub fn group_snapshot_id_for_name(name: &str) -> String {
+    format!("{GROUP_PREFIX}{}", &sha256_hex(name)[..ID_HEX_LEN])
+}
+
+/// The id of the member snapshot of volume `volume_id` in group snapshot `group_id`.
+pub fn member_snapshot_id(group_id: &str, volume_id: &str) -> String {
+    snapshot_id_for_name(&format!("{group_id}/{volume_id}"))
 }
 
 /// The directory name of an ephemeral volume: its id is the kubelet's, so it is hashed rather
@@ -120,6 +177,11 @@ pub fn is_volume_id(id: &str) -> bool {
 /// Whether `id` has the form of a snapshot id this driver makes.
 pub fn is_snapshot_id(id: &str) -> bool {
     has_id_form(id, SNAPSHOT_PREFIX)
+}
+
+/// Whether `id` has the form of a group snapshot id this driver makes.
+pub fn is_group_snapshot_id(id: &str) -> bool {
+    has_id_form(id, GROUP_PREFIX)
 }
 
 /// The directories under the state directory.
@@ -279,6 +341,7 @@ mod tests {
                 size_bytes: 5,
                 created_seconds: 7,
                 created_nanos: 9,
+                group_snapshot_id: String::new(),
             },
         );
         state.save(&path).unwrap();

@@ -5,17 +5,17 @@ use std::path::{Path, PathBuf};
 
 use tonic::{Request, Response, Status};
 
-use super::EPHEMERAL_CONTEXT_KEY;
-use super::controller::capability_problem;
-use super::driver::{Hostpath, Shared, internal, required, required_path};
-use super::fsutil;
-use super::state::{Publication, VolumeRecord};
-use crate::proto::csi::{self, node_server::Node};
+use crate::EPHEMERAL_CONTEXT_KEY;
+use crate::controller::capability_problem;
+use crate::driver::{Hostpath, Shared, internal, required, required_path};
+use crate::fsutil;
+use crate::state::{Publication, VolumeRecord};
 use csi::node_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::access_mode::Mode;
+use kvol_csi::proto::csi::{self, node_server::Node};
 
 /// The node RPCs this driver serves.
-pub const NODE_CAPABILITIES: [Rpc; 2] = [Rpc::StageUnstageVolume, Rpc::GetVolumeStats];
+pub const NODE_CAPABILITIES: [Rpc; 3] = [Rpc::StageUnstageVolume, Rpc::GetVolumeStats, Rpc::ExpandVolume];
 
 /// What to do for a stage or publish request on a path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +146,48 @@ pub fn usage(c: FsCounters) -> Vec<csi::VolumeUsage> {
     ]
 }
 
+/// The usage of a volume of `size` bytes (its visible size; 0 when unknown) holding `used`
+/// bytes on a filesystem with counters `c`: bytes total = the size, used = what its files
+/// take, available = the rest, no more than the filesystem has; inodes are the
+/// filesystem's. An unknown size reports the filesystem's bytes.
+pub fn volume_usage(c: FsCounters, size: i64, used: u64) -> Vec<csi::VolumeUsage> {
+    let mut all = usage(c);
+    if size > 0 {
+        let used = i64::try_from(used).unwrap_or(i64::MAX);
+        let fs_available = all[0].available;
+        all[0].total = size;
+        all[0].used = used;
+        all[0].available = size.saturating_sub(used).clamp(0, fs_available.max(0));
+    }
+    all
+}
+
+/// The bytes the filesystem holding `path` has available to unprivileged users.
+pub(crate) fn filesystem_available(path: &Path) -> Result<i64, Status> {
+    Ok(usage(counters(path)?)[0].available)
+}
+
+/// The size a NodeExpandVolume asking for `range` gives a volume of capacity `capacity` now
+/// showing `visible` bytes: the required bytes (the capacity when none are given), never less
+/// than it shows. Past the capacity is OUT_OF_RANGE: the controller grows a volume first.
+pub fn node_expanded_size(
+    capacity: i64,
+    visible: i64,
+    range: Option<&csi::CapacityRange>,
+) -> Result<i64, Status> {
+    let required = range.map_or(0, |r| r.required_bytes);
+    if required < 0 {
+        return Err(Status::invalid_argument(format!("required bytes {required} are negative")));
+    }
+    let wanted = if required > 0 { required } else { capacity };
+    if wanted > capacity {
+        return Err(Status::out_of_range(format!(
+            "{wanted} bytes are more than the volume's capacity of {capacity} bytes; expand it through the controller first"
+        )));
+    }
+    Ok(wanted.max(visible))
+}
+
 fn counters(path: &Path) -> Result<FsCounters, Status> {
     let s = nix::sys::statvfs::statvfs(path)
         .map_err(|e| Status::internal(format!("cannot statvfs {}: {e}", path.display())))?;
@@ -200,7 +242,16 @@ impl Hostpath {
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
         capability(id, req.volume_capability.as_ref())?;
-        let source = self.layout.volume_dir(id, self.persistent(id)?);
+        let record = self.persistent(id)?;
+        if self.config.enable_attach
+            && record.attached.as_ref().is_none_or(|a| a.node != self.config.node_name)
+        {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is not attached to node {}: controller publish it first",
+                self.config.node_name
+            )));
+        }
+        let source = self.layout.volume_dir(id, record);
         let mounted = self.is_mounted(&staging)?;
         if stage_action(id, &staging, self.state.staged_on(&staging), mounted)? == MountAction::Done {
             return Ok(csi::NodeStageVolumeResponse {});
@@ -404,7 +455,40 @@ impl Hostpath {
         if !self.is_mounted(&path)? {
             return Err(Status::not_found(format!("volume {id} is not mounted on {}", path.display())));
         }
-        Ok(csi::NodeGetVolumeStatsResponse { usage: usage(counters(&path)?), volume_condition: None })
+        let used = fsutil::disk_usage(&path).map_err(|e| with_context(id, internal(e)))?;
+        let usage = volume_usage(counters(&path)?, record.visible_size(), used);
+        Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition: None })
+    }
+
+    pub fn node_expand(
+        &mut self,
+        req: csi::NodeExpandVolumeRequest,
+    ) -> Result<csi::NodeExpandVolumeResponse, Status> {
+        let id = required(&req.volume_id, "volume id")?;
+        let path = required(&req.volume_path, "volume path").map_err(|s| with_context(id, s))?;
+        let record = self.persistent(id)?;
+        let path: PathBuf = Path::new(path).components().collect();
+        if !record.published.contains_key(&path) && !record.staged.contains(&path) {
+            return Err(Status::not_found(format!(
+                "volume {id} is neither staged nor published on {}",
+                path.display()
+            )));
+        }
+        if let Some(cap) = req.volume_capability.as_ref() {
+            capability(id, Some(cap))?;
+        }
+        let size =
+            node_expanded_size(record.capacity_bytes, record.visible_size(), req.capacity_range.as_ref())
+                .map_err(|s| with_context(id, s))?;
+        if size != record.visible_size() {
+            let mut next = self.state.clone();
+            if let Some(v) = next.volumes.get_mut(id) {
+                v.node_size_bytes = size;
+            }
+            self.commit(next)?;
+            tracing::info!(volume = %id, size, "expanded volume on the node");
+        }
+        Ok(csi::NodeExpandVolumeResponse { capacity_bytes: size })
     }
 }
 
@@ -453,11 +537,9 @@ impl Node for NodeService {
 
     async fn node_expand_volume(
         &self,
-        _request: Request<csi::NodeExpandVolumeRequest>,
+        request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "node expansion is not supported by the hostpath driver: expansion needs no node step",
-        ))
+        self.core.lock().await.node_expand(request.into_inner()).map(Response::new)
     }
 
     async fn node_get_capabilities(
@@ -495,8 +577,8 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::bundled::HostpathConfig;
-    use crate::bundled::state::volume_id_for_name;
+    use crate::HostpathConfig;
+    use crate::state::volume_id_for_name;
 
     #[test]
     fn stage_decisions() {
@@ -665,7 +747,7 @@ mod tests {
                 MountCall::Bind { source: stage.clone(), target: target.clone(), read_only: true },
             ]
         );
-        let reloaded = super::super::state::State::load(&root.join("state/state.json")).unwrap();
+        let reloaded = crate::state::State::load(&root.join("state/state.json")).unwrap();
         assert_eq!(reloaded.published_on(&target), Some((id.as_str(), Publication { read_only: true })));
         assert_eq!(reloaded.staged_on(&stage), Some(id.as_str()));
 

@@ -1,0 +1,151 @@
+//! The upstream conformance suite, csi-sanity, against the driver: with default flags and with every feature on, 0 failed and at least upstream's passed count.
+//!
+//! Runs when `KVOL_CSI_SANITY` names the csi-sanity binary (v5.3.1), and skips with a printed
+//! reason otherwise. The driver runs in-process with the real mounter on a socket in a temporary
+//! directory, inside a private mount namespace of the test thread, which the csi-sanity process
+//! inherits; csi-sanity's own summary line is parsed and checked.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kvol_hostpath::{HostpathConfig, HostpathDriver};
+use kvol_plugin::mount::{Mounter, SystemMounter};
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use tokio::sync::oneshot;
+
+/// What csi-sanity (ginkgo) reports in its closing line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    passed: u32,
+    failed: u32,
+    pending: u32,
+    skipped: u32,
+}
+
+/// Parses ginkgo's summary line, `SUCCESS! -- 73 Passed | 0 Failed | 1 Pending | 18 Skipped`
+/// (or `FAIL! -- …`), from csi-sanity's output.
+fn parse_summary(output: &str) -> Option<Counts> {
+    let line = output.lines().rev().find(|l| l.contains(" Passed | ") && l.contains(" -- "))?;
+    let (_, counts) = line.split_once(" -- ")?;
+    let mut c = Counts::default();
+    for part in counts.split('|') {
+        let mut words = part.split_whitespace();
+        let n: u32 = words.next()?.parse().ok()?;
+        match words.next()? {
+            "Passed" => c.passed = n,
+            "Failed" => c.failed = n,
+            "Pending" => c.pending = n,
+            "Skipped" => c.skipped = n,
+            _ => return None,
+        }
+    }
+    Some(c)
+}
+
+#[test]
+fn summaries_are_parsed() {
+    let cases: &[(&str, Option<Counts>)] = &[
+        (
+            "Ran 73 of 92 Specs\nSUCCESS! -- 73 Passed | 0 Failed | 1 Pending | 18 Skipped\nPASS",
+            Some(Counts { passed: 73, failed: 0, pending: 1, skipped: 18 }),
+        ),
+        (
+            "FAIL! -- 60 Passed | 2 Failed | 1 Pending | 29 Skipped",
+            Some(Counts { passed: 60, failed: 2, pending: 1, skipped: 29 }),
+        ),
+        ("no summary here", None),
+        ("SUCCESS! -- many Passed | 0 Failed", None),
+    ];
+    for (output, want) in cases {
+        assert_eq!(parse_summary(output), *want, "{output}");
+    }
+}
+
+fn sanity_binary() -> Option<PathBuf> {
+    match std::env::var_os("KVOL_CSI_SANITY") {
+        Some(path) => Some(PathBuf::from(path)),
+        None => {
+            eprintln!("skipped: KVOL_CSI_SANITY does not name a csi-sanity binary");
+            None
+        }
+    }
+}
+
+/// Runs csi-sanity with `extra` arguments against the driver configured by `configure`, and
+/// returns its counts (printing its output when it has no summary).
+async fn run_sanity(
+    sanity: &Path,
+    configure: impl FnOnce(HostpathConfig) -> HostpathConfig,
+    extra: &[&str],
+) -> Counts {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (this test needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let config = configure(HostpathConfig {
+        state_dir: root.join("state"),
+        csi_socket: root.join("csi.sock"),
+        registration_dir: None,
+        ..HostpathConfig::new("hostpath.csi.kvol.io", "node-a")
+    });
+    let driver = HostpathDriver::bind(config, Arc::new(SystemMounter)).expect("the driver starts");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(async {
+        let _ = stopped.await;
+    }));
+    std::fs::create_dir_all(root.join("sanity")).unwrap();
+    let mutable = root.join("mutable.yaml");
+    std::fs::write(&mutable, "iops: \"100\"\n").unwrap();
+    let output = tokio::process::Command::new(sanity)
+        .arg(format!("-csi.endpoint={}", root.join("csi.sock").display()))
+        .arg(format!("-csi.stagingdir={}", root.join("sanity/staging").display()))
+        .arg(format!("-csi.mountdir={}", root.join("sanity/mount").display()))
+        .arg("-ginkgo.no-color")
+        .args(extra.iter().map(|a| a.replace("{mutable}", &mutable.display().to_string())))
+        .output()
+        .await
+        .expect("csi-sanity runs");
+    let _ = stop.send(());
+    task.await.unwrap().expect("the driver stops cleanly");
+    let text =
+        String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    let left = SystemMounter.mounts_under(&root).unwrap();
+    for m in left.iter().rev() {
+        let _ = nix::mount::umount2(&m.target, MntFlags::MNT_DETACH);
+    }
+    assert!(left.is_empty(), "mounts left behind: {left:?}");
+    match parse_summary(&text) {
+        Some(counts) => {
+            eprintln!("csi-sanity {extra:?}: {counts:?}");
+            if counts.failed > 0 {
+                eprintln!("{text}");
+            }
+            counts
+        }
+        None => panic!("csi-sanity printed no summary:\n{text}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn csi_sanity_passes_with_default_flags() {
+    let Some(sanity) = sanity_binary() else { return };
+    let counts = run_sanity(&sanity, |c| c, &[]).await;
+    assert_eq!(counts.failed, 0, "{counts:?}");
+    assert!(counts.passed >= 73, "upstream's driver passes 73 with default flags: {counts:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn csi_sanity_passes_with_every_feature_on() {
+    let Some(sanity) = sanity_binary() else { return };
+    let all = |c: HostpathConfig| HostpathConfig {
+        enable_attach: true,
+        enable_controller_modify_volume: true,
+        accepted_mutable_parameter_names: ["iops".to_string()].into(),
+        ..c
+    };
+    let counts = run_sanity(&sanity, all, &["-csi.testvolumemutableparameters={mutable}"]).await;
+    assert_eq!(counts.failed, 0, "{counts:?}");
+    assert!(counts.passed >= 89, "upstream's driver passes 89 with every feature on: {counts:?}");
+}
