@@ -128,9 +128,31 @@ pub fn load_vol_data(dir: &Path) -> Result<Option<VolData>> {
     load_json(&dir.join(VOL_DATA_FILE))
 }
 
-/// Removes `dir/vol_data.json`; a missing file is fine.
+/// Removes `dir/vol_data.json`, and the temporary files of writes of it that a killed process
+/// left (`.vol_data.json.<pid>.tmp`), which would otherwise keep the directory forever; a
+/// missing file is fine.
 pub fn remove_vol_data(dir: &Path) -> Result<()> {
+    remove_stray_temps(dir, VOL_DATA_FILE)?;
     remove_file(&dir.join(VOL_DATA_FILE))
+}
+
+/// Removes `dir/.<name>.<pid>.tmp` files, what [`save_json`] writes before its rename.
+fn remove_stray_temps(dir: &Path, name: &str) -> Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(CsiError::io("list", dir, e)),
+    };
+    let prefix = format!(".{name}.");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let pid = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(".tmp"));
+        if pid.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+            remove_file(&entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes `dir/attachment.json` atomically.
@@ -206,6 +228,24 @@ pub fn remove_dir_if_empty(path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removing_vol_data_removes_the_temporary_files_a_killed_writer_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = [".vol_data.json.tmp", ".vol_data.json.12x.tmp", "data", ".attachment.json.7.tmp"];
+        for name in [VOL_DATA_FILE, ".vol_data.json.4242.tmp", ".vol_data.json.7.tmp"].iter().chain(&keep) {
+            fs::write(dir.path().join(name), b"{}").unwrap();
+        }
+        remove_vol_data(dir.path()).unwrap();
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut want: Vec<String> = keep.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(left, want, "only vol_data.json and its own temporaries go");
+    }
 
     #[test]
     fn paths_follow_upstream_layout() {

@@ -80,6 +80,12 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot create store {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot open store {}: {source}", path.display())]
     Open {
         path: PathBuf,
@@ -181,6 +187,9 @@ impl Store {
                 .mode(0o700)
                 .create(parent)
                 .map_err(|source| StoreError::CreateDir { path: path.to_path_buf(), source })?;
+        }
+        if !path.exists() {
+            create_atomically(path)?;
         }
         let db = open_checked(path)?;
         let store = Store { path: path.to_path_buf(), db };
@@ -503,6 +512,27 @@ impl Store {
 /// damaged by going back to the one before; that is logged. redb's debug builds check their
 /// page allocator while opening and panic on some damage; that panic is caught and reported as
 /// a corrupt store.
+/// Creates a new, initialised store beside `path` and renames it into place (then syncs the
+/// directory), so an agent killed while creating its store leaves no file, or a whole one —
+/// never a half-written database that every later start refuses.
+fn create_atomically(path: &Path) -> Result<(), StoreError> {
+    let fresh = PathBuf::from(format!("{}.new", path.display()));
+    let io_error = |source| StoreError::Create { path: path.to_path_buf(), source };
+    match std::fs::remove_file(&fresh) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(e)),
+        _ => {}
+    }
+    {
+        let db = open_checked(&fresh)?;
+        Store { path: fresh.clone(), db }.initialise()?;
+    }
+    std::fs::rename(&fresh, path).map_err(io_error)?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io_error)?;
+    }
+    Ok(())
+}
+
 fn open_checked(path: &Path) -> Result<Database, StoreError> {
     let open_error = |source| StoreError::Open { path: path.to_path_buf(), source };
     let opened = std::panic::catch_unwind(|| -> Result<Database, redb::DatabaseError> {

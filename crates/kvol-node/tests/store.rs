@@ -740,3 +740,16 @@ fn manifests_last_read_cleanly_are_remembered_and_forgotten() {
     store.remember_manifest("db.yaml", None).unwrap();
     assert_eq!(store.manifests().unwrap().keys().collect::<Vec<_>>(), ["web.yaml"]);
 }
+
+#[test]
+fn a_store_half_created_by_a_killed_agent_does_not_stop_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    // What a kill while creating leaves: a partial file beside the store, never the store.
+    fs::write(dir.path().join("state.redb.new"), b"half a database").unwrap();
+    let store = Store::open(&path).unwrap();
+    assert!(store.load().unwrap().actual == ActualState::default());
+    assert!(!dir.path().join("state.redb.new").exists(), "the partial file is gone");
+    drop(store);
+    Store::open(&path).unwrap();
+}
