@@ -484,7 +484,7 @@ impl CsiPlugin {
             driver = %self.driver, volume = %record.volume_handle, target = %target.display(),
             "NodeUnpublishVolume"
         );
-        self.client.node_unpublish(&record.volume_handle, &target).await?;
+        already_gone(self.client.node_unpublish(&record.volume_handle, &target).await, &self.driver)?;
         self.remove_driver_dir(&target, "NodeUnpublishVolume")?;
         local(remove_vol_data(dir))?;
         if !local(remove_dir_if_empty(dir))? && fs::symlink_metadata(dir).is_ok() {
@@ -919,7 +919,7 @@ impl DeviceMounter for CsiPlugin {
                 driver = %self.driver, volume = %record.volume_handle, staging = %staging_path.display(),
                 "NodeUnstageVolume"
             );
-            self.client.node_unstage(&record.volume_handle, staging_path).await?;
+            already_gone(self.client.node_unstage(&record.volume_handle, staging_path).await, &self.driver)?;
         }
         self.remove_driver_dir(staging_path, "NodeUnstageVolume")?;
         local(remove_vol_data(dir))?;
@@ -980,6 +980,21 @@ impl NodeExpander for CsiPlugin {
         tracing::info!(driver = %self.driver, volume = %csi.volume_handle, new_size, "NodeExpandVolume");
         self.client.node_expand(request).await?;
         Ok(())
+    }
+}
+
+/// A teardown call answered `NOT_FOUND` has nothing left to do at the driver: the volume does
+/// not exist there (a teardown issued again after a crash, an ephemeral volume the driver has
+/// already dropped), so the caller goes on to clean up its own records. kvol departs from
+/// upstream: kubelet retries such a teardown for ever. What is still mounted is checked by the
+/// cleanup that follows, which refuses to remove a directory with a mount in it.
+fn already_gone(result: crate::error::Result<()>, driver: &str) -> crate::error::Result<()> {
+    match result {
+        Err(CsiError::Rpc { code: tonic::Code::NotFound, rpc, message, .. }) => {
+            tracing::info!(driver, rpc, %message, "the driver does not know the volume: nothing to tear down there");
+            Ok(())
+        }
+        other => other,
     }
 }
 

@@ -1415,3 +1415,29 @@ async fn capabilities_are_asked_once_and_a_node_only_driver_has_no_controller() 
     assert_eq!(info.name, DRIVER);
     assert_eq!(client.node_get_info().await.unwrap().node_id, NODE_ID);
 }
+
+#[tokio::test]
+async fn a_teardown_the_driver_answers_not_found_is_done_and_cleaned_up() {
+    let f = Setup::new().start().await;
+    let spec = plain_pv("pv-1", "vol-1");
+    // (the code NodeUnpublishVolume fails with, whether the teardown succeeds)
+    for (i, (code, done)) in [(Code::NotFound, true), (Code::Internal, false)].into_iter().enumerate() {
+        let target = f.target(&format!("pv-nf-{i}"));
+        let pod = pod();
+        f.fake.behave(|b| {
+            b.fail.remove("NodeUnpublishVolume");
+        });
+        f.plugin
+            .mounter()
+            .unwrap()
+            .publish(&publish_request(&spec, &pod, &target, None, None))
+            .await
+            .unwrap();
+        f.fake.behave(|b| {
+            b.fail.insert("NodeUnpublishVolume", (code, "no such volume".into()));
+        });
+        let result = f.plugin.mounter().unwrap().unpublish(&unpublish_request(&target)).await;
+        assert_eq!(result.is_ok(), done, "{code:?}: {result:?}");
+        assert_eq!(target.exists(), !done, "{code:?}: the pod volume directory goes only when done");
+    }
+}
