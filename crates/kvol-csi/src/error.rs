@@ -42,6 +42,14 @@ impl CsiError {
         }
     }
 
+    /// Whether the call may have taken effect at the driver although it failed: it timed out,
+    /// the connection broke under it, or the driver's code says the operation may still be in
+    /// progress (the retriable codes, as upstream's `isFinalError` marks progress uncertain). A
+    /// socket that could not be dialled never reached the driver.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, CsiError::Timeout { .. } | CsiError::Rpc { retriable: true, .. })
+    }
+
     /// The driver (or socket) the error is about.
     pub fn subject(&self) -> String {
         match self {
@@ -58,7 +66,8 @@ impl CsiError {
 
 impl From<CsiError> for kvol_plugin::PluginError {
     fn from(e: CsiError) -> Self {
-        kvol_plugin::PluginError::Driver { plugin: e.subject(), source: Box::new(e) }
+        let outcome_unknown = e.outcome_unknown();
+        kvol_plugin::PluginError::Driver { plugin: e.subject(), source: Box::new(e), outcome_unknown }
     }
 }
 

@@ -67,30 +67,8 @@ pub trait RegistrationHandler: Send + Sync + fmt::Debug {
     async fn deregister(&self, name: &str, endpoint: &str);
 }
 
-/// Exponential backoff between attempts for one socket: `initial`, doubling, at most `max`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub initial: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(30) }
-    }
-}
-
-impl Backoff {
-    /// The wait after the `failures`-th failure in a row (none before the first). Never below
-    /// 1 ms, so that a zero configuration cannot make a refused plugin spin.
-    pub fn delay(&self, failures: u32) -> Duration {
-        if failures == 0 {
-            return Duration::ZERO;
-        }
-        let factor = 2u32.checked_pow(failures - 1).unwrap_or(u32::MAX);
-        self.initial.checked_mul(factor).unwrap_or(self.max).min(self.max).max(Duration::from_millis(1))
-    }
-}
+/// Exponential backoff between attempts for one socket (kvol's one backoff policy).
+pub use kvol_api::Backoff;
 
 /// How the watcher is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -669,8 +647,11 @@ async fn dial(path: &str, limit: Duration) -> Result<Channel, String> {
         .map_err(|e| format!("cannot dial: {e}"))?
         .connect_timeout(limit);
     let deadline = tokio::time::Instant::now() + limit;
-    let mut pause = Duration::from_millis(10);
+    let backoff = Backoff { initial: Duration::from_millis(10), max: Duration::from_secs(1) };
+    let mut attempts = 0;
     loop {
+        attempts += 1;
+        let pause = backoff.delay(attempts);
         let last = match tokio::time::timeout_at(deadline, endpoint.connect()).await {
             Ok(Ok(channel)) => return Ok(channel),
             Ok(Err(e)) => error_chain(&e),
@@ -680,7 +661,6 @@ async fn dial(path: &str, limit: Duration) -> Result<Channel, String> {
             return Err(format!("cannot dial within {limit:?}: {last}"));
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -905,29 +885,6 @@ mod tests {
         for (known, observed, gone, want) in cases {
             assert_eq!(decide(known, observed, gone), want, "{known:?} {observed:?} gone={gone}");
         }
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let b = Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(30) };
-        let cases = [
-            (0, 0),
-            (1, 500),
-            (2, 1_000),
-            (3, 2_000),
-            (6, 16_000),
-            (7, 30_000),
-            (8, 30_000),
-            (40, 30_000),
-            (u32::MAX, 30_000),
-        ];
-        for (failures, ms) in cases {
-            assert_eq!(b.delay(failures), Duration::from_millis(ms), "after {failures} failures");
-        }
-        let zero = Backoff { initial: Duration::ZERO, max: Duration::ZERO };
-        assert_eq!(zero.delay(3), Duration::from_millis(1));
-        let capped_below = Backoff { initial: Duration::from_secs(5), max: Duration::from_secs(2) };
-        assert_eq!(capped_below.delay(1), Duration::from_secs(2));
     }
 
     #[test]

@@ -72,7 +72,13 @@ impl From<FlexError> for kvol_plugin::PluginError {
             FlexError::InvalidName { dir, .. } => dir.display().to_string(),
             FlexError::Untrusted { path, .. } | FlexError::Io { path, .. } => path.display().to_string(),
         };
-        kvol_plugin::PluginError::Driver { plugin, source: Box::new(e) }
+        // A call killed at its deadline or for its output, or one whose output cannot be read,
+        // may have done its work.
+        let outcome_unknown = matches!(
+            e,
+            FlexError::Timeout { .. } | FlexError::OutputTooLarge { .. } | FlexError::BadOutput { .. }
+        );
+        kvol_plugin::PluginError::Driver { plugin, source: Box::new(e), outcome_unknown }
     }
 }
 

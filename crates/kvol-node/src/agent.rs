@@ -351,7 +351,7 @@ async fn run(
             repair_drift(&executor, mounter.as_ref());
         }
         let exec = executor.snapshot();
-        for op in plan(desired, &resolutions, &exec.actual) {
+        for op in plan(desired, &resolutions, &exec.actual, &exec.busy()) {
             executor.submit(op);
         }
         let due = republish(

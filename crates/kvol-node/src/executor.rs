@@ -1,4 +1,8 @@
 //! Runs the reconciler's operations through the plugins: one operation per volume at a time, journalled before and after, failures retried with exponential backoff.
+//!
+//! An operation whose outcome is unknown (the driver call was cut short: a deadline, a broken
+//! connection, a driver killed mid-way) is journalled as an *uncertain* record of what it may
+//! have done, so that teardown includes it; a later success makes the record certain.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -9,26 +13,22 @@ use kvol_plugin::{PluginHost, PluginRef, PluginRegistry, VolumeSpec};
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
-use crate::model::{ActualState, Operation, PodVolumeKey};
+use crate::model::{
+    ActualState, AttachedVolume, Claim, Operation, PodVolumeKey, PublishedVolume, StagedVolume,
+    plugin_volume_name,
+};
 use crate::store::{ActualChange, Store};
 
-/// The first retry comes after this long (upstream's `initialDurationBeforeRetry`).
-pub const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
-/// Retries never wait longer than this (upstream's `maxDurationBeforeRetry`, 2m2s).
-pub const MAX_BACKOFF: Duration = Duration::from_secs(122);
-
-/// How long to wait before retrying after `failures` consecutive failures: 500 ms, doubling,
-/// at most 2m2s.
-pub fn backoff_delay(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(20);
-    INITIAL_BACKOFF.saturating_mul(1 << doublings).min(MAX_BACKOFF)
-}
+/// How failed operations are retried: 500 ms doubling to 2m2s, as kubelet.
+pub const BACKOFF: kvol_api::Backoff = kvol_api::Backoff::OPERATIONS;
 
 /// An operation running now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Running {
     pub operation: &'static str,
     pub started: Instant,
+    /// The volume (and pod volume) it holds.
+    pub claim: Claim,
 }
 
 /// The last failure of the operations on one lock key.
@@ -53,6 +53,13 @@ pub struct ExecSnapshot {
     pub running: BTreeMap<String, Running>,
     /// By lock key.
     pub failures: BTreeMap<String, Failure>,
+}
+
+impl ExecSnapshot {
+    /// What the running operations hold, for the planner.
+    pub fn busy(&self) -> Vec<Claim> {
+        self.running.values().map(|r| r.claim.clone()).collect()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -114,20 +121,21 @@ impl Executor {
         }
     }
 
-    /// Starts `op` unless an operation on its volume is running or it is waiting out its
-    /// backoff; returns whether it started.
+    /// Starts `op` unless an operation it conflicts with is running (one operation per volume,
+    /// see [`Claim::conflicts`]) or it is waiting out its backoff; returns whether it started.
     pub fn submit(self: &Arc<Self>, op: Operation) -> bool {
         let key = op.lock_key();
+        let claim = op.claim();
         {
             let mut state = self.lock();
             let now = Instant::now();
             if state.closed
-                || state.running.contains_key(&key)
+                || state.running.values().any(|r| r.claim.conflicts(&claim))
                 || state.failures.get(&key).is_some_and(|f| f.retry_at > now)
             {
                 return false;
             }
-            state.running.insert(key.clone(), Running { operation: op.name(), started: now });
+            state.running.insert(key.clone(), Running { operation: op.name(), started: now, claim });
         }
         let this = Arc::clone(self);
         tokio::spawn(async move { this.run(key, op).await });
@@ -146,13 +154,20 @@ impl Executor {
             Ok(id) => {
                 // CSI calls made for a migrated volume are labelled so in `csi_operations_seconds`.
                 let result = kvol_csi::client::with_migrated(migrated, self.perform(&op)).await;
-                let change = result.as_ref().map_or(ActualChange::Nothing, Clone::clone);
-                match self.store.finish(id, &change) {
-                    Ok(()) => result.map(|_| change),
-                    Err(e) => Err(format!("cannot journal the end of {}: {e}", op.name())),
+                let change = match &result {
+                    Ok(change) => change.clone(),
+                    Err(failure) => self.uncertain_change(&op, failure),
+                };
+                let finished = self.store.finish(id, &change);
+                match (result, finished) {
+                    (Ok(_), Ok(())) => Ok(change),
+                    (Err(failure), Ok(())) => Err((failure.message, change)),
+                    (_, Err(e)) => {
+                        Err((format!("cannot journal the end of {}: {e}", op.name()), ActualChange::Nothing))
+                    }
                 }
             }
-            Err(e) => Err(format!("cannot journal {}: {e}", op.name())),
+            Err(e) => Err((format!("cannot journal {}: {e}", op.name()), ActualChange::Nothing)),
         };
         let ok = outcome.is_ok();
         self.metrics.observe_operation(op.name(), op.plugin(), ok, migrated, started.elapsed());
@@ -174,10 +189,12 @@ impl Executor {
                     state.failures.remove(&key);
                     tracing::info!(operation = op.name(), volume = %key, plugin = op.plugin(), elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded");
                 }
-                Err(error) => {
+                Err((error, change)) => {
+                    let uncertain = change != ActualChange::Nothing;
+                    apply(Arc::make_mut(&mut state.actual), change);
                     let count = state.failures.get(&key).map_or(0, |f| f.count) + 1;
-                    let delay = backoff_delay(count);
-                    tracing::warn!(operation = op.name(), volume = %key, plugin = op.plugin(), %error, retry_in_ms = delay.as_millis() as u64, "operation failed");
+                    let delay = BACKOFF.delay(count);
+                    tracing::warn!(operation = op.name(), volume = %key, plugin = op.plugin(), %error, uncertain, retry_in_ms = delay.as_millis() as u64, "operation failed");
                     let failure = Failure {
                         operation: op.name(),
                         count,
@@ -199,35 +216,89 @@ impl Executor {
             .map_err(|e| format!("{e} (is its driver registered?)"))
     }
 
-    async fn perform(&self, op: &Operation) -> Result<ActualChange, String> {
-        let plugin = self.plugin(op.plugin())?;
+    /// The record an operation that failed with an unknown outcome may have made, so teardown
+    /// includes it: an uncertain published, staged or attached record, unless a certain record
+    /// of the same volume is already there (a republish or a repeated stage that timed out
+    /// leaves what was there). A teardown that failed keeps its record anyway.
+    fn uncertain_change(&self, op: &Operation, failure: &Failed) -> ActualChange {
+        if !failure.outcome_unknown {
+            return ActualChange::Nothing;
+        }
+        let state = self.lock();
+        let actual = &state.actual;
+        match op {
+            Operation::Publish { volume, .. } => {
+                let certain = actual
+                    .published
+                    .get(&volume.key)
+                    .is_some_and(|p| !p.uncertain && p.unique_name == volume.unique_name);
+                if certain {
+                    return ActualChange::Nothing;
+                }
+                ActualChange::SetPublished(PublishedVolume { uncertain: true, ..volume.clone() })
+            }
+            Operation::Stage { unique_name, plugin, spec, device_path, staging_path } => {
+                if actual.staged.get(unique_name).is_some_and(|s| !s.uncertain) {
+                    return ActualChange::Nothing;
+                }
+                ActualChange::SetStaged(StagedVolume {
+                    unique_name: unique_name.clone(),
+                    plugin: plugin.clone(),
+                    spec: spec.clone(),
+                    staging_path: staging_path.clone(),
+                    device_path: device_path.clone(),
+                    uncertain: true,
+                })
+            }
+            Operation::Attach { unique_name, plugin, spec } => {
+                if actual.attached.get(unique_name).is_some_and(|a| !a.uncertain) {
+                    return ActualChange::Nothing;
+                }
+                ActualChange::SetAttached(AttachedVolume {
+                    unique_name: unique_name.clone(),
+                    plugin: plugin.clone(),
+                    spec: spec.clone(),
+                    device_path: None,
+                    uncertain: true,
+                })
+            }
+            Operation::Unpublish { .. } | Operation::Unstage { .. } | Operation::Detach { .. } => {
+                ActualChange::Nothing
+            }
+        }
+    }
+
+    async fn perform(&self, op: &Operation) -> Result<ActualChange, Failed> {
+        let plugin = self.plugin(op.plugin()).map_err(Failed::known)?;
         let node = self.host.node.name.as_str();
-        let missing = |what: &str| format!("volume plugin {} cannot {what}", plugin.name());
+        let missing = |what: &str| Failed::known(format!("volume plugin {} cannot {what}", plugin.name()));
         match op {
             Operation::Attach { unique_name, plugin: name, spec } => {
                 let attacher = plugin.attacher().ok_or_else(|| missing("attach"))?;
-                let device = attacher.attach(spec, node).await.map_err(|e| e.to_string())?;
+                let device = attacher.attach(spec, node).await.map_err(Failed::from)?;
                 let device = attacher
                     .wait_for_attach(spec, device.as_deref(), self.attach_timeout)
                     .await
-                    .map_err(|e| e.to_string())?;
-                Ok(ActualChange::SetAttached(crate::model::AttachedVolume {
+                    .map_err(Failed::from)?;
+                Ok(ActualChange::SetAttached(AttachedVolume {
                     unique_name: unique_name.clone(),
                     plugin: name.clone(),
                     spec: spec.clone(),
                     device_path: Some(device).filter(|d| !d.is_empty()),
+                    uncertain: false,
                 }))
             }
             Operation::Stage { unique_name, plugin: name, spec, device_path, staging_path } => {
                 let stager = plugin.device_mounter().ok_or_else(|| missing("stage"))?;
                 let path = staging_path.clone();
-                stager.stage(spec, device_path.as_deref(), &path).await.map_err(|e| e.to_string())?;
-                Ok(ActualChange::SetStaged(crate::model::StagedVolume {
+                stager.stage(spec, device_path.as_deref(), &path).await.map_err(Failed::from)?;
+                Ok(ActualChange::SetStaged(StagedVolume {
                     unique_name: unique_name.clone(),
                     plugin: name.clone(),
                     spec: spec.clone(),
                     staging_path: path,
                     device_path: device_path.clone(),
+                    uncertain: false,
                 }))
             }
             Operation::Publish { volume, mount_options } => {
@@ -242,8 +313,8 @@ impl Executor {
                     read_only: volume.spec.read_only,
                     mount_options,
                 };
-                mounter.publish(&request).await.map_err(|e| e.to_string())?;
-                Ok(ActualChange::SetPublished(volume.clone()))
+                mounter.publish(&request).await.map_err(Failed::from)?;
+                Ok(ActualChange::SetPublished(PublishedVolume { uncertain: false, ..volume.clone() }))
             }
             Operation::Unpublish { volume } => {
                 let mounter = plugin.mounter().ok_or_else(|| missing("unpublish"))?;
@@ -252,17 +323,19 @@ impl Executor {
                     pod_volume_name: &volume.key.volume,
                     target: &volume.target,
                 };
-                mounter.unpublish(&request).await.map_err(|e| e.to_string())?;
+                mounter.unpublish(&request).await.map_err(Failed::from)?;
                 Ok(ActualChange::RemovePublished(volume.key.clone()))
             }
             Operation::Unstage { volume } => {
                 let stager = plugin.device_mounter().ok_or_else(|| missing("unstage"))?;
-                stager.unstage(&volume.staging_path).await.map_err(|e| e.to_string())?;
+                stager.unstage(&volume.staging_path).await.map_err(Failed::from)?;
                 Ok(ActualChange::RemoveStaged(volume.unique_name.clone()))
             }
             Operation::Detach { volume } => {
                 let attacher = plugin.attacher().ok_or_else(|| missing("detach"))?;
-                attacher.detach(&volume.unique_name, node).await.map_err(|e| e.to_string())?;
+                // The plugin knows the volume by its own name, not kvol's unique name.
+                let name = plugin_volume_name(plugin.pod_dir_plugin_name(), &volume.unique_name);
+                attacher.detach(name, node).await.map_err(Failed::from)?;
                 Ok(ActualChange::RemoveAttached(volume.unique_name.clone()))
             }
         }
@@ -271,11 +344,34 @@ impl Executor {
     /// Forgets a publication whose mount is gone (removed by hand, lost in a reboot), so the
     /// reconciler publishes it again; journalled like any change.
     pub fn forget_published(&self, key: &PodVolumeKey) -> Result<(), String> {
+        let Some(volume) = self.lock().actual.published.get(key).cloned() else { return Ok(()) };
+        self.record(&Operation::Unpublish { volume }, ActualChange::RemovePublished(key.clone()))
+    }
+
+    /// Adopts a published volume found on the node with no record (a driver that finished a
+    /// publish after the agent gave up on it, a record lost with the store): recorded
+    /// uncertain, so the reconciler tears it down through its plugin, or publishes it again if
+    /// wanted. Skipped while an operation on its pod volume runs or a record exists.
+    pub fn adopt_published(&self, volume: PublishedVolume) -> Result<bool, String> {
+        {
+            let state = self.lock();
+            let claim = Claim { unique_name: volume.unique_name.clone(), pod: Some(volume.key.clone()) };
+            if state.actual.published.contains_key(&volume.key)
+                || state.running.values().any(|r| r.claim.conflicts(&claim))
+            {
+                return Ok(false);
+            }
+        }
+        let volume = PublishedVolume { uncertain: true, ..volume };
+        let change = ActualChange::SetPublished(volume.clone());
+        self.record(&Operation::Publish { volume, mount_options: Vec::new() }, change)?;
+        Ok(true)
+    }
+
+    /// Journals a change found rather than made (begin and finish at once) and applies it.
+    fn record(&self, op: &Operation, change: ActualChange) -> Result<(), String> {
         let mut state = self.lock();
-        let Some(volume) = state.actual.published.get(key).cloned() else { return Ok(()) };
-        let op = Operation::Unpublish { volume };
-        let id = self.store.begin(&op).map_err(|e| e.to_string())?;
-        let change = ActualChange::RemovePublished(key.clone());
+        let id = self.store.begin(op).map_err(|e| e.to_string())?;
         self.store.finish(id, &change).map_err(|e| e.to_string())?;
         apply(Arc::make_mut(&mut state.actual), change);
         Ok(())
@@ -293,6 +389,25 @@ impl Executor {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// Why an operation failed, and whether it may have taken effect all the same.
+#[derive(Debug)]
+struct Failed {
+    message: String,
+    outcome_unknown: bool,
+}
+
+impl Failed {
+    fn known(message: impl Into<String>) -> Failed {
+        Failed { message: message.into(), outcome_unknown: false }
+    }
+}
+
+impl From<kvol_plugin::PluginError> for Failed {
+    fn from(e: kvol_plugin::PluginError) -> Failed {
+        Failed { outcome_unknown: e.outcome_unknown(), message: e.to_string() }
     }
 }
 
@@ -327,19 +442,5 @@ pub fn apply(actual: &mut ActualState, change: ActualChange) {
             actual.published.remove(&key);
         }
         ActualChange::Nothing => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_half_a_second_to_two_minutes() {
-        let rows = [(1, 500), (2, 1_000), (3, 2_000), (4, 4_000), (8, 64_000), (9, 122_000), (40, 122_000)];
-        for (failures, ms) in rows {
-            assert_eq!(backoff_delay(failures), Duration::from_millis(ms), "{failures} failures");
-        }
-        assert_eq!(backoff_delay(0), INITIAL_BACKOFF);
     }
 }

@@ -95,6 +95,10 @@ pub struct AttachedVolume {
     pub spec: VolumeSpec,
     /// The device path attach or wait-for-attach returned.
     pub device_path: Option<String>,
+    /// The attach's outcome is unknown (it timed out, the connection broke, the agent died
+    /// during it): torn down like an attached volume, attached again if wanted.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub uncertain: bool,
 }
 
 /// A volume staged (mount-device) on this node.
@@ -106,6 +110,10 @@ pub struct StagedVolume {
     pub spec: VolumeSpec,
     pub staging_path: PathBuf,
     pub device_path: Option<String>,
+    /// The stage's outcome is unknown (or the record was reconstructed from the node): torn
+    /// down like a staged volume, staged again if wanted.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub uncertain: bool,
 }
 
 /// A volume published into a pod's volume directory.
@@ -122,6 +130,15 @@ pub struct PublishedVolume {
     pub target: PathBuf,
     pub staging_path: Option<PathBuf>,
     pub device_path: Option<String>,
+    /// The publish's outcome is unknown (it timed out, the connection broke, the agent died
+    /// during it), or the record was reconstructed from a pod volume directory: torn down like
+    /// a published volume, published again if wanted.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub uncertain: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What the node has: the agent's record, persisted in the journal store.
@@ -196,6 +213,21 @@ impl Operation {
         }
     }
 
+    /// The volume (and, for a publish or an unpublish, the pod volume) the operation holds
+    /// while it runs.
+    pub fn claim(&self) -> Claim {
+        match self {
+            Operation::Unpublish { volume } | Operation::Publish { volume, .. } => {
+                Claim { unique_name: volume.unique_name.clone(), pod: Some(volume.key.clone()) }
+            }
+            Operation::Unstage { volume } => Claim { unique_name: volume.unique_name.clone(), pod: None },
+            Operation::Detach { volume } => Claim { unique_name: volume.unique_name.clone(), pod: None },
+            Operation::Attach { unique_name, .. } | Operation::Stage { unique_name, .. } => {
+                Claim { unique_name: unique_name.clone(), pod: None }
+            }
+        }
+    }
+
     /// The plugin the operation runs through.
     pub fn plugin(&self) -> &str {
         match self {
@@ -204,5 +236,90 @@ impl Operation {
             Operation::Detach { volume } => &volume.plugin,
             Operation::Attach { plugin, .. } | Operation::Stage { plugin, .. } => plugin,
         }
+    }
+}
+
+/// What a running operation holds: its volume by unique name and, for a publish or an
+/// unpublish, its pod volume.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Claim {
+    pub unique_name: String,
+    pub pod: Option<PodVolumeKey>,
+}
+
+impl Claim {
+    /// Whether two operations may not run at once: any two on one pod volume, and any two on
+    /// one volume unless both are pod-level (publishes of different pods run side by side, as
+    /// upstream runs them for volumes several pods share).
+    pub fn conflicts(&self, other: &Claim) -> bool {
+        let same_pod_volume = self.pod.is_some() && self.pod == other.pod;
+        let same_volume =
+            self.unique_name == other.unique_name && (self.pod.is_none() || other.pod.is_none());
+        same_pod_volume || same_volume
+    }
+}
+
+/// A volume's unique name, as upstream forms it: `<plugin>/<volume name>` for a volume that is
+/// attached or staged (one per node, whichever pods use it), `<plugin>/<pod uid>-<spec name>`
+/// for one that is only published (each pod has its own). `plugin` is the name pod volume
+/// directories are filed under (`kubernetes.io/csi` for every CSI driver), so two plugins'
+/// volumes never share a name.
+pub fn unique_volume_name(plugin: &str, volume_name: &str, node_wide: bool, pod_uid: &str) -> String {
+    if node_wide { format!("{plugin}/{volume_name}") } else { format!("{plugin}/{pod_uid}-{volume_name}") }
+}
+
+/// The plugin's own name for a volume inside its unique name (what detach is given): the part
+/// after `<plugin>/`; a name without that prefix is returned whole.
+pub fn plugin_volume_name<'a>(plugin: &str, unique_name: &'a str) -> &'a str {
+    unique_name.strip_prefix(plugin).and_then(|rest| rest.strip_prefix('/')).unwrap_or(unique_name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(unique: &str, pod: Option<(&str, &str)>) -> Claim {
+        Claim {
+            unique_name: unique.into(),
+            pod: pod.map(|(uid, volume)| PodVolumeKey { pod_uid: uid.into(), volume: volume.into() }),
+        }
+    }
+
+    #[test]
+    fn claims_conflict_on_one_volume_unless_both_are_pod_level() {
+        // (a, b, conflict)
+        let rows = [
+            (claim("v", None), claim("v", None), true),
+            (claim("v", None), claim("v", Some(("p1", "d"))), true),
+            (claim("v", Some(("p1", "d"))), claim("v", None), true),
+            (claim("v", Some(("p1", "d"))), claim("v", Some(("p2", "d"))), false),
+            (claim("v", Some(("p1", "d"))), claim("w", Some(("p1", "d"))), true),
+            (claim("v", None), claim("w", None), false),
+            (claim("v", Some(("p1", "d"))), claim("w", Some(("p1", "e"))), false),
+        ];
+        for (a, b, conflict) in rows {
+            assert_eq!(a.conflicts(&b), conflict, "{a:?} vs {b:?}");
+            assert_eq!(b.conflicts(&a), conflict, "{b:?} vs {a:?} (symmetric)");
+        }
+    }
+
+    #[test]
+    fn unique_names_carry_the_plugin_and_for_pod_scoped_volumes_the_pod() {
+        // (plugin, volume name, node-wide, pod uid, unique name)
+        let rows = [
+            ("kubernetes.io/csi", "d.csi^vol-1", true, "u1", "kubernetes.io/csi/d.csi^vol-1"),
+            ("kubernetes.io/csi", "scratch", false, "u1", "kubernetes.io/csi/u1-scratch"),
+            ("kvol/loop", "v", true, "u1", "kvol/loop/v"),
+            ("kvol/tmpfs", "v", true, "u1", "kvol/tmpfs/v"),
+            ("kubernetes.io/empty-dir", "cache", false, "u2", "kubernetes.io/empty-dir/u2-cache"),
+        ];
+        for (plugin, name, node_wide, uid, unique) in rows {
+            assert_eq!(unique_volume_name(plugin, name, node_wide, uid), unique);
+            if node_wide {
+                assert_eq!(plugin_volume_name(plugin, unique), name, "round trip of {unique}");
+            }
+        }
+        assert_eq!(plugin_volume_name("kvol/loop", "v"), "v", "a name without the prefix is whole");
+        assert_eq!(plugin_volume_name("kvol/loop", "kvol/loopy/v"), "kvol/loopy/v");
     }
 }

@@ -9,31 +9,35 @@
 //! Interrupted operations (journal entries not finished), applied in id order:
 //!
 //! - **Publish**: target mounted at or under → recorded published (it finished before the
-//!   crash); otherwise not published, and the reconciler redoes it if the pod still wants it
-//!   (publish is idempotent).
+//!   crash); otherwise recorded *uncertain*: a driver can finish a call after its caller died,
+//!   so the reconciler publishes it again if the pod still wants it and unpublishes it if not
+//!   (both idempotent) — nothing a dead agent started is forgotten.
 //! - **Unpublish**: target still mounted at or under → stays published (the reconciler retries
 //!   the teardown if the pod no longer wants it); otherwise removed.
-//! - **Stage** / **Unstage**: the same with the staging path (which the journal entry carries):
-//!   mounted at or under → staged, otherwise not.
+//! - **Stage**: the same with the staging path (which the journal entry carries): mounted at or
+//!   under → staged, otherwise staged *uncertain*.
+//! - **Unstage**: staging path still mounted → stays staged; otherwise not staged.
 //! - **Attach**: whether the storage side finished is unknown, so the volume is recorded
-//!   attached with no device path (`device_path: None`): detached if no longer wanted (no
-//!   leaked attachment), attached again if still wanted, which is idempotent in every plugin and
+//!   attached *uncertain* with no device path: detached if no longer wanted (no leaked
+//!   attachment), attached again if still wanted, which is idempotent in every plugin and
 //!   learns the device. A stored attached record of the volume is kept as it is.
-//! - **Detach**: stays attached (the reconciler retries the detach).
+//! - **Detach**: stays attached, uncertain (the reconciler retries the detach).
 //!
 //! Records no journal entry touches:
 //!
-//! - A **published** record whose target has nothing mounted at or under it is dropped ("mount
-//!   gone"), so the reconciler publishes it again if still wanted (drift repair), except a
-//!   `kubernetes.io/empty-dir` record whose directory still exists: a disk emptyDir is a plain
-//!   directory, not a mount.
+//! - A **published** record whose target has nothing mounted at or under it ("mount gone")
+//!   becomes uncertain, so the reconciler publishes it again if still wanted (drift repair)
+//!   and tears it down (removing its directory) if not, except a `kubernetes.io/empty-dir`
+//!   record whose directory still exists: a disk emptyDir is a plain directory, not a mount.
 //! - A **staged** record is kept whether or not its staging path is mounted: some plugins stage
 //!   without a mount (a local volume that is a directory, drivers whose stage mounts nothing).
 //! - An **attached** record is kept: attachments are not visible in the mount table.
 //!
 //! Finally, every pod volume directory on disk that neither is nor contains the target of a
-//! published record is an **orphan**. [`clear_orphan`] removes one that is empty with nothing
-//! mounted; any other is left alone and reported (kvol does not know what made it).
+//! published record is an **orphan**: [`crate::reconstruct`] attributes it to its plugin and
+//! records it uncertain, so it is torn down through that plugin; [`clear_orphan`] removes one
+//! that cannot be attributed when it is empty with nothing mounted, and any other is left alone
+//! and reported (kvol does not know what made it).
 
 use std::collections::BTreeSet;
 use std::io;
@@ -42,7 +46,7 @@ use std::path::{Path, PathBuf};
 
 use kvol_plugin::{MountError, Mounter, NodePaths};
 
-use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, StagedVolume};
+use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
 use crate::store::JournalEntry;
 
 /// The plugin whose published volumes may be plain directories.
@@ -204,10 +208,11 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     actual.published.insert(volume.key.clone(), volume.clone());
                 } else {
                     notes.push(format!(
-                        "interrupted publish of {} (journal entry {id}): nothing is mounted at {target}, not published",
+                        "interrupted publish of {} (journal entry {id}): nothing is mounted at {target} yet, recorded uncertain",
                         volume.key
                     ));
-                    actual.published.remove(&volume.key);
+                    let record = PublishedVolume { uncertain: true, ..volume.clone() };
+                    actual.published.insert(volume.key.clone(), record);
                 }
             }
             Operation::Unpublish { volume } => {
@@ -240,14 +245,23 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                         spec: spec.clone(),
                         staging_path,
                         device_path: device_path.clone(),
+                        uncertain: false,
                     };
                     actual.staged.insert(unique_name.clone(), volume);
                 } else {
                     notes.push(format!(
-                        "interrupted stage of {unique_name} (journal entry {id}): nothing is mounted at {}, not staged",
+                        "interrupted stage of {unique_name} (journal entry {id}): nothing is mounted at {} yet, recorded uncertain",
                         staging_path.display()
                     ));
-                    actual.staged.remove(unique_name);
+                    let volume = StagedVolume {
+                        unique_name: unique_name.clone(),
+                        plugin: plugin.clone(),
+                        spec: spec.clone(),
+                        staging_path,
+                        device_path: device_path.clone(),
+                        uncertain: true,
+                    };
+                    actual.staged.insert(unique_name.clone(), volume);
                 }
             }
             Operation::Unstage { volume } => {
@@ -272,13 +286,14 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     ));
                 } else {
                     notes.push(format!(
-                        "interrupted attach of {unique_name} (journal entry {id}): outcome unknown, recorded attached without a device"
+                        "interrupted attach of {unique_name} (journal entry {id}): outcome unknown, recorded attached uncertain without a device"
                     ));
                     let volume = AttachedVolume {
                         unique_name: unique_name.clone(),
                         plugin: plugin.clone(),
                         spec: spec.clone(),
                         device_path: None,
+                        uncertain: true,
                     };
                     actual.attached.insert(unique_name.clone(), volume);
                 }
@@ -294,26 +309,27 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                 let record =
                     actual.attached.entry(volume.unique_name.clone()).or_insert_with(|| volume.clone());
                 record.device_path = None;
+                record.uncertain = true;
             }
         }
     }
 
     let dirs: BTreeSet<&Path> = seen.pod_volume_dirs.iter().map(|d| d.path.as_path()).collect();
-    actual.published.retain(|key, volume| {
-        if journaled.contains(key) || mounted(&volume.target) {
-            return true;
+    for (key, volume) in actual.published.iter_mut() {
+        if journaled.contains(key) || volume.uncertain || mounted(&volume.target) {
+            continue;
         }
         if volume.plugin == EMPTY_DIR && dirs.contains(volume.target.as_path()) {
-            return true;
+            continue;
         }
         let gone = if volume.plugin == EMPTY_DIR { "directory gone" } else { "mount gone" };
         notes.push(format!(
-            "published {key} ({}) at {}: {gone}, dropped to be published again if still wanted",
+            "published {key} ({}) at {}: {gone}, recorded uncertain: published again if still wanted, torn down if not",
             volume.plugin,
             volume.target.display()
         ));
-        false
-    });
+        volume.uncertain = true;
+    }
 
     let targets: BTreeSet<PathBuf> = actual.published.values().map(|v| v.target.clone()).collect();
     let orphans =
@@ -324,23 +340,25 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::PublishedVolume;
     use kvol_plugin::plugin::PodInfo;
     use kvol_plugin::testing::{csi_pv, inline_empty_dir};
     use std::collections::BTreeMap;
 
-    /// The records of `actual` by kind, as `name` or `name device` strings, for comparing.
+    /// The records of `actual` by kind, as `name` or `name device` strings (ending in ` ?` when
+    /// uncertain), for comparing.
     fn summary(actual: &ActualState) -> BTreeMap<&'static str, Vec<String>> {
+        let mark = |uncertain: bool| if uncertain { " ?" } else { "" };
         let attached = actual
             .attached
             .values()
             .map(|a| match &a.device_path {
-                Some(d) => format!("{} {d}", a.unique_name),
-                None => a.unique_name.clone(),
+                Some(d) => format!("{} {d}{}", a.unique_name, mark(a.uncertain)),
+                None => format!("{}{}", a.unique_name, mark(a.uncertain)),
             })
             .collect();
-        let staged = actual.staged.keys().cloned().collect();
-        let published = actual.published.keys().map(ToString::to_string).collect();
+        let staged =
+            actual.staged.values().map(|s| format!("{}{}", s.unique_name, mark(s.uncertain))).collect();
+        let published = actual.published.iter().map(|(k, p)| format!("{k}{}", mark(p.uncertain))).collect();
         BTreeMap::from([("attached", attached), ("staged", staged), ("published", published)])
     }
 
@@ -366,6 +384,7 @@ mod tests {
             target: target(pod, plugin, volume),
             staging_path: None,
             device_path: None,
+            uncertain: false,
         }
     }
 
@@ -384,6 +403,7 @@ mod tests {
             spec: csi_pv(unique, "d.csi"),
             staging_path: staging(unique),
             device_path: Some("/dev/sdb".into()),
+            uncertain: false,
         }
     }
 
@@ -393,6 +413,7 @@ mod tests {
             plugin: "kubernetes.io/csi".into(),
             spec: csi_pv(unique, "d.csi"),
             device_path: device.map(str::to_string),
+            uncertain: false,
         }
     }
 
@@ -479,34 +500,34 @@ mod tests {
                 note: "recorded published",
             },
             Case {
-                name: "interrupted publish, nothing mounted: not published, its directory an orphan",
+                name: "interrupted publish, nothing mounted yet: uncertain (the driver may still finish it)",
                 stored: none(),
                 incomplete: vec![publish(csi("p1", "data"))],
                 mounts: vec![PathBuf::from("/"), PathBuf::from("/k")],
                 dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
-                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, not published",
+                want: [vec![], vec![], vec!["p1/data ?"]],
+                orphans: vec![],
+                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data yet, recorded uncertain",
             },
             Case {
-                name: "interrupted publish, only a sibling sharing a name prefix mounted: not published",
+                name: "interrupted publish, only a sibling sharing a name prefix mounted: uncertain",
                 stored: state(&[], &[], &[csi("p1", "data-2")]),
                 incomplete: vec![publish(csi("p1", "data"))],
                 mounts: vec![target("p1", "kubernetes.io/csi", "data-2")],
                 dirs: vec![],
-                want: [vec![], vec![], vec!["p1/data-2"]],
+                want: [vec![], vec![], vec!["p1/data ?", "p1/data-2"]],
                 orphans: vec![],
-                note: "not published",
+                note: "recorded uncertain",
             },
             Case {
-                name: "interrupted publish of a disk emptyDir whose directory exists: redone, not assumed",
+                name: "interrupted publish of a disk emptyDir whose directory exists: uncertain, redone or torn down",
                 stored: none(),
                 incomplete: vec![publish(empty_dir("p1", "cache"))],
                 mounts: vec![],
                 dirs: vec![dir("p1", EMPTY_DIR, "cache")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", EMPTY_DIR, "cache")],
-                note: "not published",
+                want: [vec![], vec![], vec!["p1/cache ?"]],
+                orphans: vec![],
+                note: "recorded uncertain",
             },
             Case {
                 name: "interrupted unpublish, still mounted: stays published",
@@ -569,14 +590,14 @@ mod tests {
                 note: "globalmount is mounted, recorded staged",
             },
             Case {
-                name: "interrupted stage of a recorded volume, unmounted: not staged",
+                name: "interrupted stage of a recorded volume, unmounted: staged uncertain",
                 stored: state(&[], &[staged("v1")], &[]),
                 incomplete: vec![stage("v1")],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec![], vec![], vec![]],
+                want: [vec![], vec!["v1 ?"], vec![]],
                 orphans: vec![],
-                note: "globalmount, not staged",
+                note: "globalmount yet, recorded uncertain",
             },
             Case {
                 name: "interrupted unstage, still mounted: stays staged",
@@ -599,14 +620,14 @@ mod tests {
                 note: "not staged",
             },
             Case {
-                name: "interrupted attach: attached without a device",
+                name: "interrupted attach: attached uncertain, without a device",
                 stored: none(),
                 incomplete: vec![attach("v1")],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec!["v1"], vec![], vec![]],
+                want: [vec!["v1 ?"], vec![], vec![]],
                 orphans: vec![],
-                note: "outcome unknown, recorded attached without a device",
+                note: "outcome unknown, recorded attached uncertain without a device",
             },
             Case {
                 name: "interrupted re-attach of an attached volume: the record is kept",
@@ -624,7 +645,7 @@ mod tests {
                 incomplete: vec![Operation::Detach { volume: attached("v1", Some("/dev/sdb")) }],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec!["v1"], vec![], vec![]],
+                want: [vec!["v1 ?"], vec![], vec![]],
                 orphans: vec![],
                 note: "stays attached",
             },
@@ -634,7 +655,7 @@ mod tests {
                 incomplete: vec![Operation::Detach { volume: attached("v1", None) }],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec!["v1"], vec![], vec![]],
+                want: [vec!["v1 ?"], vec![], vec![]],
                 orphans: vec![],
                 note: "stays attached",
             },
@@ -649,13 +670,13 @@ mod tests {
                 note: "",
             },
             Case {
-                name: "published record whose mount is gone: dropped, its directory an orphan",
+                name: "published record whose mount is gone: uncertain, to be published again or torn down",
                 stored: state(&[], &[], &[csi("p1", "data")]),
                 incomplete: vec![],
                 mounts: vec![PathBuf::from("/k")],
                 dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
+                want: [vec![], vec![], vec!["p1/data ?"]],
+                orphans: vec![],
                 note: "mount gone",
             },
             Case {
@@ -669,23 +690,23 @@ mod tests {
                 note: "",
             },
             Case {
-                name: "published disk emptyDir whose directory is gone: dropped",
+                name: "published disk emptyDir whose directory is gone: uncertain",
                 stored: state(&[], &[], &[empty_dir("p1", "cache")]),
                 incomplete: vec![],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec![], vec![], vec![]],
+                want: [vec![], vec![], vec!["p1/cache ?"]],
                 orphans: vec![],
                 note: "directory gone",
             },
             Case {
-                name: "the directory exception is for emptyDir only: a bare hostPath directory is dropped",
+                name: "the directory exception is for emptyDir only: a bare hostPath directory is uncertain",
                 stored: state(&[], &[], &[published("p1", "kubernetes.io/host-path", "logs")]),
                 incomplete: vec![],
                 mounts: vec![],
                 dirs: vec![dir("p1", "kubernetes.io/host-path", "logs")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", "kubernetes.io/host-path", "logs")],
+                want: [vec![], vec![], vec!["p1/logs ?"]],
+                orphans: vec![],
                 note: "mount gone",
             },
             Case {
@@ -732,7 +753,7 @@ mod tests {
                 incomplete: vec![attach("v1"), publish(csi("p1", "v1"))],
                 mounts: vec![target("p1", "kubernetes.io/csi", "v1").join("mount")],
                 dirs: vec![dir("p1", "kubernetes.io/csi", "v1")],
-                want: [vec!["v1"], vec![], vec!["p1/v1"]],
+                want: [vec!["v1 ?"], vec![], vec!["p1/v1"]],
                 orphans: vec![],
                 note: "recorded published",
             },

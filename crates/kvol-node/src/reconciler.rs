@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kvol_plugin::VolumeSpec;
 
-use crate::model::{ActualState, DesiredState, Operation, PodVolumeKey, PublishedVolume};
+use crate::model::{ActualState, Claim, DesiredState, Operation, PodVolumeKey, PublishedVolume};
 
 /// How a wanted volume is served, as the plugin registry resolved it (migration decided and
 /// the spec translated if needed).
@@ -36,7 +36,9 @@ pub type Resolutions = BTreeMap<PodVolumeKey, Result<Resolution, String>>;
 ///
 /// - A published volume is unpublished when no pod wants it, or its pod now wants something
 ///   else there (another plugin or volume). A wanted volume whose resolution failed is left
-///   alone: its driver may come back, and tearing down would disturb a running pod.
+///   alone: its driver may come back, and tearing down would disturb a running pod. An
+///   uncertain record (outcome unknown, or reconstructed from the node) of a wanted volume is
+///   kept when its plugin and target match, and published again, which makes it certain.
 /// - A staged volume is unstaged once nothing published uses it and no wanted volume stages it.
 /// - An attached volume is detached once it is neither staged nor published nor wanted.
 /// - Neither is torn down while a wanted volume that failed to resolve may be it (same kind,
@@ -44,12 +46,22 @@ pub type Resolutions = BTreeMap<PodVolumeKey, Result<Resolution, String>>;
 ///   restart the record is there before its driver registers again, and the unique name of an
 ///   unresolved volume is not known. Conservative: an unrelated record that shares the name waits
 ///   too, until the failing volume resolves or its pod goes.
-/// - A wanted volume is attached (when its plugin attaches and it is not attached, or was
-///   attached before a crash without a known device), then staged, then published — one step
-///   per plan; the next plan takes the next step.
-///
-/// Operations are deduplicated (two pods on one volume ask for one attach).
-pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualState) -> Vec<Operation> {
+/// - A wanted volume is attached (when its plugin attaches and it is not attached, or its
+///   attach is uncertain, or it was attached before a crash without a known device), then
+///   staged (again, when the stage is uncertain), then published — one step per plan; the next
+///   plan takes the next step.
+/// - Uncertain records are torn down exactly like certain ones: unpublish, unstage and detach
+///   are idempotent in every plugin and by the CSI spec.
+/// - No operation is planned that conflicts with one in `busy` (running now) or with one
+///   planned before it in the same plan ([`Claim::conflicts`]): one operation per volume at a
+///   time, except publishes and unpublishes of different pods. This also deduplicates (two
+///   pods on one volume ask for one attach).
+pub fn plan(
+    desired: &DesiredState,
+    resolutions: &Resolutions,
+    actual: &ActualState,
+    busy: &[Claim],
+) -> Vec<Operation> {
     let wanted = |key: &PodVolumeKey| -> Option<&Resolution> {
         desired
             .volumes
@@ -61,14 +73,14 @@ pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualSt
     let unresolved = |key: &PodVolumeKey| {
         desired.volumes.contains_key(key) && !matches!(resolutions.get(key), Some(Ok(_)))
     };
+    let kept = |key: &PodVolumeKey, published: &PublishedVolume| match wanted(key) {
+        Some(r) => is_same_volume(r, published),
+        None => unresolved(key),
+    };
 
     let mut teardown = Vec::new();
     for (key, published) in &actual.published {
-        let keep = match wanted(key) {
-            Some(r) => r.plugin == published.plugin && r.unique_name == published.unique_name,
-            None => unresolved(key),
-        };
-        if !keep {
+        if !kept(key, published) {
             teardown.push(Operation::Unpublish { volume: published.clone() });
         }
     }
@@ -101,56 +113,82 @@ pub fn plan(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualSt
     }
 
     let mut bring_up = Vec::new();
-    let mut seen = BTreeSet::new();
     for (key, volume) in &desired.volumes {
         let Some(r) = wanted(key) else { continue };
-        if actual.published.contains_key(key) {
-            continue; // published (kept), or being torn down before it is published anew
+        if let Some(published) = actual.published.get(key) {
+            // Published (kept), or being torn down before it is published anew; an uncertain
+            // record that is kept is published again below.
+            if !published.uncertain || !kept(key, published) {
+                continue;
+            }
         }
-        let attached = actual.attached.get(&r.unique_name);
-        let op = if r.attach && attached.is_none_or(|a| a.device_path.is_none() && r.staging_path.is_some()) {
-            Operation::Attach {
-                unique_name: r.unique_name.clone(),
-                plugin: r.plugin.clone(),
-                spec: r.spec.clone(),
-            }
-        } else if let Some(staging_path) =
-            r.staging_path.clone().filter(|_| !actual.staged.contains_key(&r.unique_name))
-        {
-            Operation::Stage {
-                staging_path,
-                unique_name: r.unique_name.clone(),
-                plugin: r.plugin.clone(),
-                spec: r.spec.clone(),
-                device_path: attached.and_then(|a| a.device_path.clone()),
-            }
-        } else {
-            let device_path = actual
-                .staged
-                .get(&r.unique_name)
-                .and_then(|s| s.device_path.clone())
-                .or_else(|| attached.and_then(|a| a.device_path.clone()));
-            Operation::Publish {
-                volume: PublishedVolume {
-                    key: key.clone(),
-                    pod: volume.pod.clone(),
-                    pod_name: volume.pod_name.clone(),
-                    unique_name: r.unique_name.clone(),
-                    plugin: r.plugin.clone(),
-                    spec: r.spec.clone(),
-                    target: r.target.clone(),
-                    staging_path: r.staging_path.clone(),
-                    device_path,
-                },
-                mount_options: volume.mount_options.clone(),
-            }
-        };
-        if seen.insert((op.lock_key(), op.name())) {
-            bring_up.push(op);
-        }
+        bring_up.push(next_step(key, volume, r, actual));
     }
-    teardown.extend(bring_up);
-    teardown
+    let mut held: Vec<Claim> = busy.to_vec();
+    let mut ops = Vec::new();
+    for op in teardown.into_iter().chain(bring_up) {
+        let claim = op.claim();
+        if held.iter().any(|h| h.conflicts(&claim)) {
+            continue;
+        }
+        held.push(claim);
+        ops.push(op);
+    }
+    ops
+}
+
+/// Whether a published record is the volume `r` resolves to: the same plugin and unique name,
+/// or, for an uncertain record, the same plugin and target (a record reconstructed from the
+/// node may not know the unique name the spec gives).
+fn is_same_volume(r: &Resolution, published: &PublishedVolume) -> bool {
+    r.plugin == published.plugin
+        && (r.unique_name == published.unique_name || (published.uncertain && r.target == published.target))
+}
+
+/// The next bring-up step of a wanted volume: attach, stage or publish.
+fn next_step(
+    key: &PodVolumeKey,
+    volume: &crate::model::DesiredVolume,
+    r: &Resolution,
+    actual: &ActualState,
+) -> Operation {
+    let attached = actual.attached.get(&r.unique_name);
+    let staged = actual.staged.get(&r.unique_name).filter(|s| !s.uncertain);
+    let attach_needed =
+        attached.is_none_or(|a| a.uncertain || (a.device_path.is_none() && r.staging_path.is_some()));
+    if r.attach && attach_needed {
+        return Operation::Attach {
+            unique_name: r.unique_name.clone(),
+            plugin: r.plugin.clone(),
+            spec: r.spec.clone(),
+        };
+    }
+    if let Some(staging_path) = r.staging_path.clone().filter(|_| staged.is_none()) {
+        return Operation::Stage {
+            staging_path,
+            unique_name: r.unique_name.clone(),
+            plugin: r.plugin.clone(),
+            spec: r.spec.clone(),
+            device_path: attached.and_then(|a| a.device_path.clone()),
+        };
+    }
+    let device_path =
+        staged.and_then(|s| s.device_path.clone()).or_else(|| attached.and_then(|a| a.device_path.clone()));
+    Operation::Publish {
+        volume: PublishedVolume {
+            key: key.clone(),
+            pod: volume.pod.clone(),
+            pod_name: volume.pod_name.clone(),
+            unique_name: r.unique_name.clone(),
+            plugin: r.plugin.clone(),
+            spec: r.spec.clone(),
+            target: r.target.clone(),
+            staging_path: r.staging_path.clone(),
+            device_path,
+            uncertain: false,
+        },
+        mount_options: volume.mount_options.clone(),
+    }
 }
 
 /// Publishes again the published volumes whose plugin asks for it (CSI `requiresRepublish`,
@@ -171,7 +209,9 @@ pub fn republish(
         .filter_map(|(key, published)| {
             let wanted = desired.volumes.get(key)?;
             let r = resolutions.get(key)?.as_ref().ok()?;
-            let same = r.plugin == published.plugin && r.unique_name == published.unique_name;
+            let same = r.plugin == published.plugin
+                && r.unique_name == published.unique_name
+                && !published.uncertain;
             let due = published_at.get(key).is_none_or(|at| now.saturating_duration_since(*at) >= period);
             (r.republish && same && due).then(|| Operation::Publish {
                 volume: published.clone(),
@@ -255,6 +295,7 @@ mod tests {
             target: r.target.clone(),
             staging_path: r.staging_path.clone(),
             device_path: None,
+            uncertain: false,
         }
     }
 
@@ -265,6 +306,7 @@ mod tests {
             spec: r.spec.clone(),
             staging_path: r.staging_path.clone().unwrap(),
             device_path: Some("/dev/x".into()),
+            uncertain: false,
         }
     }
 
@@ -274,6 +316,7 @@ mod tests {
             plugin: r.plugin.clone(),
             spec: r.spec.clone(),
             device_path: device.map(str::to_string),
+            uncertain: false,
         }
     }
 
@@ -308,13 +351,13 @@ mod tests {
             ),
         ];
         for (state, want_op) in steps {
-            assert_eq!(names(&plan(&desired, &resolutions, &state)), [want_op]);
+            assert_eq!(names(&plan(&desired, &resolutions, &state, &[])), [want_op]);
         }
         actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
-        assert!(plan(&desired, &resolutions, &actual).is_empty(), "all done: nothing to do");
+        assert!(plan(&desired, &resolutions, &actual, &[]).is_empty(), "all done: nothing to do");
         // The publish carries the device learned at attach, through the staged record.
         actual.published.clear();
-        match &plan(&desired, &resolutions, &actual)[0] {
+        match &plan(&desired, &resolutions, &actual, &[])[0] {
             Operation::Publish { volume, .. } => assert_eq!(volume.device_path.as_deref(), Some("/dev/x")),
             other => panic!("{other:?}"),
         }
@@ -336,7 +379,7 @@ mod tests {
         want(&mut desired, "p1", "cache", spec);
         let resolutions: Resolutions = [(key("p1", "cache"), Ok(r))].into();
         assert_eq!(
-            names(&plan(&desired, &resolutions, &ActualState::default())),
+            names(&plan(&desired, &resolutions, &ActualState::default(), &[])),
             ["volume_mount pod:p1/cache"]
         );
     }
@@ -351,13 +394,13 @@ mod tests {
         let desired = DesiredState::default();
         let none = Resolutions::new();
         // Published: only the unpublish (the staged and attached volume are still in use).
-        assert_eq!(names(&plan(&desired, &none, &actual)), ["volume_unmount pod:p1/data"]);
+        assert_eq!(names(&plan(&desired, &none, &actual, &[])), ["volume_unmount pod:p1/data"]);
         actual.published.clear();
-        assert_eq!(names(&plan(&desired, &none, &actual)), ["unmount_device volume:v1"]);
+        assert_eq!(names(&plan(&desired, &none, &actual, &[])), ["unmount_device volume:v1"]);
         actual.staged.clear();
-        assert_eq!(names(&plan(&desired, &none, &actual)), ["volume_detach volume:v1"]);
+        assert_eq!(names(&plan(&desired, &none, &actual, &[])), ["volume_detach volume:v1"]);
         actual.attached.clear();
-        assert!(plan(&desired, &none, &actual).is_empty());
+        assert!(plan(&desired, &none, &actual, &[]).is_empty());
     }
 
     #[test]
@@ -370,7 +413,7 @@ mod tests {
         let resolutions: Resolutions =
             [(key("p1", "data"), Ok(r1.clone())), (key("p2", "data"), Ok(r2.clone()))].into();
         assert_eq!(
-            names(&plan(&desired, &resolutions, &ActualState::default())),
+            names(&plan(&desired, &resolutions, &ActualState::default(), &[])),
             ["volume_attach volume:v1"]
         );
 
@@ -381,7 +424,7 @@ mod tests {
         actual.published.insert(key("p1", "data"), published(&r1, "p1", "data"));
         actual.published.insert(key("p2", "data"), published(&r2, "p2", "data"));
         desired.volumes.remove(&key("p1", "data"));
-        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_unmount pod:p1/data"]);
+        assert_eq!(names(&plan(&desired, &resolutions, &actual, &[])), ["volume_unmount pod:p1/data"]);
     }
 
     #[test]
@@ -394,7 +437,10 @@ mod tests {
         actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
         let failing: Resolutions =
             [(key("p1", "data"), Err("csi driver d.csi is not registered".to_string()))].into();
-        assert!(plan(&desired, &failing, &actual).is_empty(), "a driver restarting must not unmount pods");
+        assert!(
+            plan(&desired, &failing, &actual, &[]).is_empty(),
+            "a driver restarting must not unmount pods"
+        );
     }
 
     #[test]
@@ -423,13 +469,16 @@ mod tests {
             for s in staged_records {
                 actual.staged.insert(s.unique_name.clone(), staged(s));
             }
-            let ops = names(&plan(&desired, &failing, &actual));
+            let ops = names(&plan(&desired, &failing, &actual, &[]));
             assert_eq!(ops, expected, "attached {attached_records:?}, staged {staged_records:?}");
         }
         // Once the pod is gone, the same records are torn down.
         let mut actual = ActualState::default();
         actual.attached.insert("v1".into(), attached(&r, Some("/dev/x")));
-        assert_eq!(names(&plan(&DesiredState::default(), &failing, &actual)), ["volume_detach volume:v1"]);
+        assert_eq!(
+            names(&plan(&DesiredState::default(), &failing, &actual, &[])),
+            ["volume_detach volume:v1"]
+        );
     }
 
     #[test]
@@ -496,9 +545,9 @@ mod tests {
         let resolutions: Resolutions = [(key("p1", "data"), Ok(new))].into();
         let mut actual = ActualState::default();
         actual.published.insert(key("p1", "data"), published(&old, "p1", "data"));
-        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_unmount pod:p1/data"]);
+        assert_eq!(names(&plan(&desired, &resolutions, &actual, &[])), ["volume_unmount pod:p1/data"]);
         actual.published.clear();
-        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_mount pod:p1/data"]);
+        assert_eq!(names(&plan(&desired, &resolutions, &actual, &[])), ["volume_mount pod:p1/data"]);
     }
 
     #[test]
@@ -509,11 +558,163 @@ mod tests {
         let resolutions: Resolutions = [(key("p1", "data"), Ok(r.clone()))].into();
         let mut actual = ActualState::default();
         actual.attached.insert("v1".into(), attached(&r, None));
-        assert_eq!(names(&plan(&desired, &resolutions, &actual)), ["volume_attach volume:v1"]);
+        assert_eq!(names(&plan(&desired, &resolutions, &actual, &[])), ["volume_attach volume:v1"]);
         // Not wanted any more: detached, not left behind.
         assert_eq!(
-            names(&plan(&DesiredState::default(), &Resolutions::new(), &actual)),
+            names(&plan(&DesiredState::default(), &Resolutions::new(), &actual, &[])),
             ["volume_detach volume:v1"]
         );
+    }
+
+    fn uncertain<T: Clone>(mut record: T, set: impl Fn(&mut T)) -> T {
+        set(&mut record);
+        record
+    }
+
+    #[test]
+    fn uncertain_records_are_torn_down_like_certain_ones() {
+        let r = res("v1", true, true, "p1", "data");
+        let p = uncertain(published(&r, "p1", "data"), |v| v.uncertain = true);
+        let s = uncertain(staged(&r), |v| v.uncertain = true);
+        let a = uncertain(attached(&r, None), |v| v.uncertain = true);
+        // (published, staged, attached, expected)
+        let rows: [(bool, bool, bool, &[&str]); 4] = [
+            (true, true, true, &["volume_unmount pod:p1/data"]),
+            (false, true, true, &["unmount_device volume:v1"]),
+            (false, false, true, &["volume_detach volume:v1"]),
+            (true, false, false, &["volume_unmount pod:p1/data"]),
+        ];
+        for (has_p, has_s, has_a, expected) in rows {
+            let mut actual = ActualState::default();
+            if has_p {
+                actual.published.insert(key("p1", "data"), p.clone());
+            }
+            if has_s {
+                actual.staged.insert("v1".into(), s.clone());
+            }
+            if has_a {
+                actual.attached.insert("v1".into(), a.clone());
+            }
+            let ops = names(&plan(&DesiredState::default(), &Resolutions::new(), &actual, &[]));
+            assert_eq!(ops, expected, "published {has_p}, staged {has_s}, attached {has_a}");
+        }
+    }
+
+    #[test]
+    fn an_uncertain_wanted_volume_is_set_up_again() {
+        let r = res("v1", true, true, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let resolutions: Resolutions = [(key("p1", "data"), Ok(r.clone()))].into();
+        let certain_attach = attached(&r, Some("/dev/x"));
+        let certain_stage = staged(&r);
+        // A publish record reconstructed from the node: right plugin and target, unique name
+        // not known.
+        let mut reconstructed = published(&r, "p1", "data");
+        reconstructed.unique_name = "kubernetes.io/csi/unknown".into();
+        reconstructed.uncertain = true;
+        let mut elsewhere = reconstructed.clone();
+        elsewhere.target = "/pods/p1/other".into();
+        // (attached, staged, published, expected)
+        let rows: [(AttachedVolume, Option<StagedVolume>, Option<PublishedVolume>, &[&str]); 5] = [
+            (
+                uncertain(certain_attach.clone(), |a| a.uncertain = true),
+                None,
+                None,
+                &["volume_attach volume:v1"],
+            ),
+            (
+                certain_attach.clone(),
+                Some(uncertain(certain_stage.clone(), |s| s.uncertain = true)),
+                None,
+                &["mount_device volume:v1"],
+            ),
+            (
+                certain_attach.clone(),
+                Some(certain_stage.clone()),
+                Some(uncertain(published(&r, "p1", "data"), |p| p.uncertain = true)),
+                &["volume_mount pod:p1/data"],
+            ),
+            (
+                certain_attach.clone(),
+                Some(certain_stage.clone()),
+                Some(reconstructed),
+                &["volume_mount pod:p1/data"],
+            ),
+            // Another target: not this volume, so torn down first (the publish waits for it).
+            (
+                certain_attach.clone(),
+                Some(certain_stage.clone()),
+                Some(elsewhere),
+                &["volume_unmount pod:p1/data"],
+            ),
+        ];
+        for (a, st, p, expected) in rows {
+            let mut actual = ActualState::default();
+            actual.attached.insert("v1".into(), a);
+            if let Some(st) = st {
+                actual.staged.insert("v1".into(), st);
+            }
+            if let Some(p) = p {
+                actual.published.insert(key("p1", "data"), p);
+            }
+            assert_eq!(names(&plan(&desired, &resolutions, &actual, &[])), expected, "{actual:?}");
+        }
+        // Certain and published: nothing to do, not even for the republish of uncertain ones.
+        let mut actual = ActualState::default();
+        actual.attached.insert("v1".into(), certain_attach);
+        actual.staged.insert("v1".into(), certain_stage);
+        actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
+        assert!(plan(&desired, &resolutions, &actual, &[]).is_empty());
+    }
+
+    fn busy(unique: &str, pod: Option<(&str, &str)>) -> Claim {
+        Claim { unique_name: unique.into(), pod: pod.map(|(uid, volume)| key(uid, volume)) }
+    }
+
+    #[test]
+    fn nothing_is_planned_for_a_volume_with_an_operation_in_flight() {
+        let r1 = res("v1", false, true, "p1", "data");
+        let r2 = res("v1", false, true, "p2", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p2", "data", r2.spec.clone());
+        let resolutions: Resolutions = [(key("p2", "data"), Ok(r2.clone()))].into();
+        let mut staged_only = ActualState::default();
+        staged_only.staged.insert("v1".into(), staged(&r1));
+        let mut p1_leaving = staged_only.clone();
+        p1_leaving.published.insert(key("p1", "data"), published(&r1, "p1", "data"));
+        // (actual, running, expected)
+        let rows: [(&ActualState, Vec<Claim>, &[&str]); 6] = [
+            // Nothing running: p2 is published on the staged volume.
+            (&staged_only, vec![], &["volume_mount pod:p2/data"]),
+            // An unstage or a detach of v1 in flight: p2's publish waits for it.
+            (&staged_only, vec![busy("v1", None)], &[]),
+            // A publish of another pod on v1: p2's publish runs beside it.
+            (&staged_only, vec![busy("v1", Some(("p1", "data")))], &["volume_mount pod:p2/data"]),
+            // p2's own pod volume busy (an earlier unpublish): nothing for it.
+            (&staged_only, vec![busy("v0", Some(("p2", "data")))], &[]),
+            // p1 leaves while p2 arrives: both pod-level, both planned.
+            (&p1_leaving, vec![], &["volume_unmount pod:p1/data", "volume_mount pod:p2/data"]),
+            // Another volume busy: no effect.
+            (
+                &p1_leaving,
+                vec![busy("v9", None)],
+                &["volume_unmount pod:p1/data", "volume_mount pod:p2/data"],
+            ),
+        ];
+        for (actual, running, expected) in rows {
+            assert_eq!(
+                names(&plan(&desired, &resolutions, actual, &running)),
+                expected,
+                "running {running:?}"
+            );
+        }
+        // Nothing wanted and the stage still published by p1: the unstage is not planned beside
+        // p1's unpublish, and waits for an unpublish in flight.
+        let none = Resolutions::new();
+        let empty = DesiredState::default();
+        assert_eq!(names(&plan(&empty, &none, &p1_leaving, &[])), ["volume_unmount pod:p1/data"]);
+        assert!(plan(&empty, &none, &staged_only, &[busy("v1", Some(("p1", "data")))]).is_empty());
+        assert_eq!(names(&plan(&empty, &none, &staged_only, &[])), ["unmount_device volume:v1"]);
     }
 }

@@ -25,6 +25,7 @@ fn attached(unique: &str, device: Option<&str>) -> AttachedVolume {
         plugin: CSI.into(),
         spec: csi_pv(unique, "d.csi"),
         device_path: device.map(str::to_string),
+        uncertain: false,
     }
 }
 
@@ -35,6 +36,7 @@ fn staged(unique: &str) -> StagedVolume {
         spec: csi_pv(unique, "d.csi"),
         staging_path: PathBuf::from(format!("/k/plugins/kubernetes.io/csi/d.csi/{unique}/globalmount")),
         device_path: Some("/dev/sdb".into()),
+        uncertain: false,
     }
 }
 
@@ -50,6 +52,7 @@ fn published_at(paths: &NodePaths, pod: &str, plugin: &str, volume: &str) -> Pub
         target: paths.pod_volume_dir(pod, plugin, volume),
         staging_path: None,
         device_path: None,
+        uncertain: false,
     }
 }
 

@@ -63,11 +63,14 @@ pub enum PluginError {
     },
 
     /// An out-of-process driver (Flexvolume exec, CSI gRPC) failed; `source` says how.
+    /// `outcome_unknown`: the call was cut short (a deadline, a broken connection, a driver
+    /// killed mid-way), so the driver may have done the work, may still be doing it, or not.
     #[error("volume plugin {plugin}: {source}")]
     Driver {
         plugin: String,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+        outcome_unknown: bool,
     },
     #[error("cannot {op} {}: {source}", path.display())]
     Io {
@@ -111,6 +114,12 @@ impl PluginError {
     /// An I/O error on a path.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> PluginError {
         PluginError::Io { op, path: path.into(), source }
+    }
+
+    /// Whether the operation that failed may still have taken effect (upstream's "uncertain"
+    /// progress): only a driver call cut short can say so.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, PluginError::Driver { outcome_unknown: true, .. })
     }
 
     /// A spec that is well-formed YAML but wrong for its plugin.
