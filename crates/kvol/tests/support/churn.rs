@@ -40,7 +40,8 @@ pub struct Figures {
     /// Whether the end state (no volumes, no node volumes, no mounts, no directories) was reached.
     pub settled: bool,
     pub mounts_left: Vec<MountPoint>,
-    pub pod_volume_dirs_left: Vec<PathBuf>,
+    /// Each directory left, with the names of what it holds.
+    pub pod_volume_dirs_left: Vec<String>,
     pub node_volumes_left: Vec<String>,
     /// `(state file, volume id, what)` records a hostpath driver still holds.
     pub driver_records_left: Vec<String>,
@@ -241,7 +242,7 @@ pub fn churn(node: &mut Node, chaos: Option<&ChaosDriver>, config: &ChurnConfig)
         std::thread::sleep(Duration::from_millis(100));
     };
     figures.mounts_left = node.mounts();
-    figures.pod_volume_dirs_left = node.pod_volume_dirs();
+    figures.pod_volume_dirs_left = node.pod_volume_dirs().iter().map(|d| with_entries(d)).collect();
     figures.node_volumes_left = node
         .status()
         .map(|r| r.node_volumes.iter().map(|v| format!("{} {:?}", v.unique_name, v.phase)).collect())
@@ -311,6 +312,15 @@ fn checkpoint(
     if let Some(chaos) = chaos {
         chaos.set_calm(false);
     }
+}
+
+/// `dir [entry, …]`.
+fn with_entries(dir: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    format!("{} [{}]", dir.display(), names.join(", "))
 }
 
 /// What a kvol hostpath driver's state file still records as staged or published.
