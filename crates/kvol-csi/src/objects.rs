@@ -43,6 +43,13 @@ impl MemoryObjects {
         self.lock().drivers.remove(name);
     }
 
+    /// Makes `drivers` the whole set of CSIDrivers, at once: a driver missing from it has no
+    /// CSIDriver any more, so upstream's defaults apply to it again.
+    pub fn set_csi_drivers(&self, drivers: impl IntoIterator<Item = CSIDriver>) {
+        let drivers = drivers.into_iter().map(|d| (d.metadata.name.clone().unwrap_or_default(), d)).collect();
+        self.lock().drivers = drivers;
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -60,5 +67,31 @@ impl NodeObjects for MemoryObjects {
     fn put_csi_node(&self, csinode: CSINode) {
         let name = csinode.metadata.name.clone().unwrap_or_default();
         self.lock().nodes.insert(name, csinode);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::storage::v1::CSIDriverSpec;
+
+    fn driver(name: &str, attach: bool) -> CSIDriver {
+        CSIDriver {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: CSIDriverSpec { attach_required: Some(attach), ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn setting_the_drivers_drops_the_ones_not_given() {
+        let objects = MemoryObjects::new();
+        objects.set_csi_drivers([driver("a.csi", false), driver("b.csi", true)]);
+        assert!(objects.csi_driver("b.csi").is_some());
+        objects.set_csi_drivers([driver("a.csi", true)]);
+        assert_eq!(objects.csi_driver("a.csi").and_then(|d| d.spec.attach_required), Some(true));
+        assert!(objects.csi_driver("b.csi").is_none(), "a removed CSIDriver no longer applies");
     }
 }

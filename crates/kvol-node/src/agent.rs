@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 use crate::desired::desired_state;
 use crate::executor::{ExecSnapshot, Executor};
 use crate::metrics::Metrics;
-use crate::model::{DesiredState, DesiredVolume, ObjectSet};
+use crate::model::{DesiredState, DesiredVolume, ObjectSet, unique_volume_name};
 use crate::reconciler::{Resolution, Resolutions, plan, republish};
 use crate::source::{ManifestsSource, ObjectSource};
 use crate::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, write_status};
@@ -182,29 +182,6 @@ async fn run(
     for note in &rebuilt.notes {
         tracing::info!(%note, "rebuilt state");
     }
-    // Orphans (pod volume directories no record accounts for): empty ones go before any
-    // operation starts; the others are left alone and shown as problems while they last.
-    let mut orphans_left = Vec::new();
-    for orphan in &rebuilt.orphans {
-        match crate::rebuild::clear_orphan(orphan, &seen.mount_points) {
-            None => {
-                tracing::info!(path = %orphan.path.display(), "removed an empty orphan pod volume directory")
-            }
-            Some(reason) => {
-                tracing::warn!(path = %orphan.path.display(), %reason, "orphan pod volume directory");
-                orphans_left.push((orphan.path.clone(), reason));
-            }
-        }
-    }
-    store.replace_actual(&rebuilt.actual).map_err(|e| e.to_string())?;
-    tracing::info!(
-        published = rebuilt.actual.published.len(),
-        staged = rebuilt.actual.staged.len(),
-        attached = rebuilt.actual.attached.len(),
-        interrupted = loaded.incomplete.len(),
-        "actual state rebuilt"
-    );
-
     // Plugins.
     let (compiled, _) = kvol_plugin::catalog::compiled_in(&host, &config.gates);
     let registry = Arc::new(PluginRegistry::new(compiled).map_err(|e| e.to_string())?);
@@ -221,6 +198,19 @@ async fn run(
     if tokio::time::timeout(FIRST_PROBE_WAIT, first_probe).await.is_err() {
         tracing::warn!(dir = %config.flex_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them");
     }
+    // Reconstruction, once the plugins on disk are known: what the node has and no record
+    // accounts for becomes an uncertain record, torn down (or published again) through its
+    // plugin; what no plugin can be named for is cleared when empty, else reported.
+    let (actual, orphans_left) = reconstruct_at_start(&rebuilt, &seen, &registry);
+    store.replace_actual(&actual).map_err(|e| e.to_string())?;
+    tracing::info!(
+        published = actual.published.len(),
+        staged = actual.staged.len(),
+        attached = actual.attached.len(),
+        interrupted = loaded.incomplete.len(),
+        reconstructed = actual.published.values().filter(|p| p.uncertain).count(),
+        "actual state rebuilt"
+    );
     let objects = MemoryObjects::new();
     let handler = Arc::new(
         CsiRegistrationHandler::new(
@@ -266,7 +256,11 @@ async fn run(
 
     let source = match source {
         Some(source) => source,
-        None => Box::new(ManifestsSource::start(config.manifests_dir.clone()).map_err(|e| e.to_string())?),
+        None => {
+            let memory: Arc<dyn crate::source::ManifestMemory> = store.clone();
+            let source = ManifestsSource::start_with_memory(config.manifests_dir.clone(), Some(memory));
+            Box::new(source.map_err(|e| e.to_string())?)
+        }
     };
     let mut objects_rx = source.subscribe();
     let wake = Arc::new(Notify::new());
@@ -275,7 +269,7 @@ async fn run(
         Arc::clone(&registry),
         Arc::clone(&store),
         metrics.clone(),
-        rebuilt.actual.clone(),
+        actual,
         Arc::clone(&wake),
     );
 
@@ -288,135 +282,38 @@ async fn run(
     let provisioning = Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
 
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut last_resync = Instant::now();
-    let mut last_status: Option<(StatusReport, Instant)> = None;
-    let mut cached_view: Option<ObjectsView> = None;
+    let mut agent = Loop {
+        config: &config,
+        host: &host,
+        mounter: mounter.as_ref(),
+        registry: &registry,
+        executor: &executor,
+        handler: &handler,
+        objects: &objects,
+        metrics: &metrics,
+        secrets: &secrets,
+        source: source.as_ref(),
+        provisioning: Provisioning { done: provisioned, running: provisioning, dir: provisioned_dir },
+        wake: &wake,
+        started,
+        metrics_address,
+        orphans_left,
+        last_resync: Instant::now(),
+        last_status: None,
+        cached_view: None,
+    };
     loop {
-        let pass_started = Instant::now();
-        // The objects with the provisioned volumes laid over them, and the desired state, made
-        // again only when the source or the provisioned records changed: most passes follow an
-        // operation, not a change of objects.
-        let from_source = source.current();
-        let version = provisioned.lock().unwrap_or_else(|p| p.into_inner()).version;
-        let view = match cached_view.take() {
-            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.provisioned_version == version => v,
-            _ => {
-                let mut set = (*from_source).clone();
-                crate::provision::overlay(
-                    &mut set,
-                    &provisioned.lock().unwrap_or_else(|p| p.into_inner()).records,
-                );
-                let desired = desired_state(&set, &config.node_name);
-                secrets_from(&secrets, &set);
-                for driver in set.csi_drivers.values() {
-                    objects.put_csi_driver(driver.clone());
-                }
-                ObjectsView { source: from_source, provisioned_version: version, objects: set, desired }
-            }
-        };
-        let current = &view.objects;
-        start_provisioning(&config, current, &handler, &provisioned, &provisioning, &provisioned_dir, &wake);
-        let mut problems: Vec<String> = current.problems.iter().map(ToString::to_string).collect();
-        if !orphans_left.is_empty() {
-            // Gone from disk, or now a published volume's directory: no longer a problem.
-            let exec = executor.snapshot();
-            orphans_left.retain(|(path, _)| {
-                path.exists() && !exec.actual.published.values().any(|p| p.target.starts_with(path))
-            });
-            problems.extend(orphans_left.iter().map(|(_, reason)| reason.clone()));
-        }
-        {
-            let failures = provisioning.lock().unwrap_or_else(|p| p.into_inner());
-            problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
-                crate::model::SourceProblem {
-                    origin: format!("provisioning of claim {claim}"),
-                    document: None,
-                    reason: e.clone(),
-                }
-                .to_string()
-            }));
-        }
-        let snapshot = registry.snapshot();
-        let desired = &view.desired;
-        let own = NodeMigration::of_own_node(
-            &config.node_name,
-            &config.gates,
-            handler.drivers().iter().map(|d| d.name.as_str()),
-        );
-        let node_view = objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
-        let node_view = node_view.unwrap_or(own);
-        let resolutions = resolve_all(&snapshot, &config.gates, &node_view, &host.paths, desired);
-        if last_resync.elapsed() >= config.resync {
-            last_resync = Instant::now();
-            repair_drift(&executor, mounter.as_ref());
-        }
-        let exec = executor.snapshot();
-        for op in plan(desired, &resolutions, &exec.actual, &exec.busy()) {
-            executor.submit(op);
-        }
-        let due = republish(
-            desired,
-            &resolutions,
-            &exec.actual,
-            &exec.published_at,
-            Instant::now(),
-            config.republish,
-        );
-        for op in due {
-            executor.submit(op);
-        }
-        let exec = executor.snapshot();
-        let mut report = status_report(
-            &config,
-            problems,
-            desired,
-            &resolutions,
-            &exec,
-            started,
-            &metrics_address,
-            &snapshot,
-        );
-        report.csi_node = objects.csi_node(&config.node_name);
-        metrics.set_volumes(
-            report.volumes.iter().filter(|v| v.phase == Phase::Published).count() as i64,
-            report.volumes.iter().filter(|v| v.phase == Phase::Pending).count() as i64,
-            report.volumes.iter().filter(|v| v.phase == Phase::Failed).count() as i64,
-        );
-        // Written when something other than the clock changed, or every 5 s so `updated`
-        // stays fresh: a busy loop pass should not cost a file write.
-        let mut comparable = report.clone();
-        comparable.updated_unix_ms = 0;
-        let due = last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
-            *previous != comparable || at.elapsed() >= Duration::from_secs(5)
-        });
-        if due {
-            match write_status(&config.root, &report) {
-                Ok(()) => last_status = Some((comparable, Instant::now())),
-                Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
-            }
-        }
-
+        agent.pass();
         // Sleep until something changes: objects, an operation ending, a retry due, a plugin
         // change (polled: the registry has no notification), the resync, or shutdown.
-        tracing::debug!(
-            elapsed_us = pass_started.elapsed().as_micros() as u64,
-            volumes = desired.volumes.len(),
-            status_written = due,
-            "reconcile pass"
-        );
-        cached_view = Some(view);
-        let retry_in = executor
-            .next_retry()
-            .map(|at| at.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::from_secs(1));
-        let nap = retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5));
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
             _ = wake.notified() => {}
-            _ = tokio::time::sleep(nap) => {}
+            _ = tokio::time::sleep(agent.nap()) => {}
         }
     }
+    drop(agent);
 
     tracing::info!("shutting down: volumes stay mounted");
     let still_running = executor.close(Duration::from_secs(30)).await;
@@ -449,6 +346,202 @@ struct ObjectsView {
     provisioned_version: u64,
     objects: ObjectSet,
     desired: DesiredState,
+}
+
+/// What provisioning keeps between passes: the claims done (with the PV each got), the ones
+/// under way or failed (claim → empty, or the error), and where the records live.
+struct Provisioning {
+    done: Arc<std::sync::Mutex<Provisioned>>,
+    running: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    dir: PathBuf,
+}
+
+/// The agent's loop: each [`Loop::pass`] takes the same named steps, from the objects to the
+/// status file; the parts it works with were set up by [`run`].
+struct Loop<'a> {
+    config: &'a AgentConfig,
+    host: &'a PluginHost,
+    mounter: &'a dyn Mounter,
+    registry: &'a Arc<PluginRegistry>,
+    executor: &'a Arc<Executor>,
+    handler: &'a Arc<CsiRegistrationHandler>,
+    objects: &'a MemoryObjects,
+    metrics: &'a Arc<Metrics>,
+    secrets: &'a ObjectSecrets,
+    source: &'a dyn ObjectSource,
+    provisioning: Provisioning,
+    wake: &'a Arc<Notify>,
+    started: SystemTime,
+    metrics_address: Option<String>,
+    /// Pod volume directories no plugin could be named for, with why, while they last.
+    orphans_left: Vec<(PathBuf, String)>,
+    last_resync: Instant,
+    last_status: Option<(StatusReport, Instant)>,
+    cached_view: Option<ObjectsView>,
+}
+
+impl Loop<'_> {
+    /// One pass: objects → desired state → resolutions → (resync) → plan → operations → status.
+    fn pass(&mut self) {
+        let pass_started = Instant::now();
+        let view = self.objects_view();
+        start_provisioning(
+            self.config,
+            &view.objects,
+            self.handler,
+            &self.provisioning.done,
+            &self.provisioning.running,
+            &self.provisioning.dir,
+            self.wake,
+        );
+        let snapshot = self.registry.snapshot();
+        let resolutions = self.resolve(&snapshot, &view.desired);
+        if self.last_resync.elapsed() >= self.config.resync {
+            self.last_resync = Instant::now();
+            self.resync(&view.desired);
+        }
+        self.submit(&view.desired, &resolutions);
+        let problems = self.problems(&view.objects);
+        let written = self.report(problems, &view.desired, &resolutions, &snapshot);
+        tracing::debug!(
+            elapsed_us = pass_started.elapsed().as_micros() as u64,
+            volumes = view.desired.volumes.len(),
+            status_written = written,
+            "reconcile pass"
+        );
+        self.cached_view = Some(view);
+    }
+
+    /// The objects with the provisioned volumes laid over them, and the desired state, made
+    /// again only when the source or the provisioned records changed: most passes follow an
+    /// operation, not a change of objects.
+    fn objects_view(&mut self) -> ObjectsView {
+        let from_source = self.source.current();
+        let done = self.provisioning.done.lock().unwrap_or_else(|p| p.into_inner());
+        match self.cached_view.take() {
+            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.provisioned_version == done.version => v,
+            _ => {
+                let mut set = (*from_source).clone();
+                crate::provision::overlay(&mut set, &done.records);
+                let desired = desired_state(&set, &self.config.node_name);
+                secrets_from(self.secrets, &set);
+                // The whole set: a CSIDriver removed from the source stops applying at once.
+                self.objects.set_csi_drivers(set.csi_drivers.values().cloned());
+                ObjectsView { source: from_source, provisioned_version: done.version, objects: set, desired }
+            }
+        }
+    }
+
+    /// How each wanted volume is served, with the node's migration as its CSINode says.
+    fn resolve(&self, snapshot: &Snapshot, desired: &DesiredState) -> Resolutions {
+        let config = self.config;
+        let own = NodeMigration::of_own_node(
+            &config.node_name,
+            &config.gates,
+            self.handler.drivers().iter().map(|d| d.name.as_str()),
+        );
+        let node = self.objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
+        resolve_all(snapshot, &config.gates, &node.unwrap_or(own), &self.host.paths, desired)
+    }
+
+    /// Now and then: published records checked against the mount table, and directories of
+    /// pods gone that no record accounts for adopted for teardown.
+    fn resync(&mut self, desired: &DesiredState) {
+        repair_drift(self.executor, self.mounter);
+        let listed = adopt_leftovers(&self.host.paths, self.executor, desired, self.registry);
+        // An orphan gone from the listing is no longer a problem.
+        self.orphans_left.retain(|(path, _)| listed.iter().any(|d| &d.path == path));
+    }
+
+    /// The plan's operations and the republishes due, submitted to the executor.
+    fn submit(&self, desired: &DesiredState, resolutions: &Resolutions) {
+        let exec = self.executor.snapshot();
+        for op in plan(desired, resolutions, &exec.actual, &exec.busy()) {
+            self.executor.submit(op);
+        }
+        let due = republish(
+            desired,
+            resolutions,
+            &exec.actual,
+            &exec.published_at,
+            Instant::now(),
+            self.config.republish,
+        );
+        for op in due {
+            self.executor.submit(op);
+        }
+    }
+
+    /// The problems status shows: the source's, orphans left, failed provisionings.
+    fn problems(&mut self, objects: &ObjectSet) -> Vec<String> {
+        let mut problems: Vec<String> = objects.problems.iter().map(ToString::to_string).collect();
+        if !self.orphans_left.is_empty() {
+            // Now a published volume's directory: no longer a problem.
+            let exec = self.executor.snapshot();
+            self.orphans_left
+                .retain(|(path, _)| !exec.actual.published.values().any(|p| p.target.starts_with(path)));
+            problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
+        }
+        let failures = self.provisioning.running.lock().unwrap_or_else(|p| p.into_inner());
+        problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
+            crate::model::SourceProblem {
+                origin: format!("provisioning of claim {claim}"),
+                document: None,
+                reason: e.clone(),
+            }
+            .to_string()
+        }));
+        problems
+    }
+
+    /// The status report, the volume gauges, and the status file — written when something
+    /// other than the clock changed, or every 5 s so `updated` stays fresh: a busy pass should
+    /// not cost a file write. Returns whether the file was written.
+    fn report(
+        &mut self,
+        problems: Vec<String>,
+        desired: &DesiredState,
+        resolutions: &Resolutions,
+        snapshot: &Snapshot,
+    ) -> bool {
+        let exec = self.executor.snapshot();
+        let mut report = status_report(
+            self.config,
+            problems,
+            desired,
+            resolutions,
+            &exec,
+            self.started,
+            &self.metrics_address,
+            snapshot,
+        );
+        report.csi_node = self.objects.csi_node(&self.config.node_name);
+        let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
+        self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));
+        let mut comparable = report.clone();
+        comparable.updated_unix_ms = 0;
+        let due = self.last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
+            *previous != comparable || at.elapsed() >= Duration::from_secs(5)
+        });
+        if due {
+            match write_status(&self.config.root, &report) {
+                Ok(()) => self.last_status = Some((comparable, Instant::now())),
+                Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
+            }
+        }
+        due
+    }
+
+    /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
+    /// 250 ms (plugin changes are polled), at least 5 ms.
+    fn nap(&self) -> Duration {
+        let retry_in = self
+            .executor
+            .next_retry()
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_secs(1));
+        retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5))
+    }
 }
 
 /// Starts provisioning each claim that needs it (one task per claim at a time); a failure is kept
@@ -564,7 +657,8 @@ async fn supervise_bundled_driver(
     mounter: Arc<dyn Mounter>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut pause = Duration::from_millis(500);
+    let backoff = kvol_api::Backoff::default();
+    let mut failures = 0;
     loop {
         let stopping = {
             let mut stop = stop.clone();
@@ -585,11 +679,11 @@ async fn supervise_bundled_driver(
                 tracing::warn!(driver = BUNDLED_DRIVER, error = %e, "the bundled csi driver failed; restarting")
             }
         }
+        failures += 1;
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep(backoff.delay(failures)) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        pause = (pause * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -629,22 +723,119 @@ fn resolve_one(
     let resolved = resolve(snapshot, gates, spec, NodeStatus::Known(node)).map_err(|e| e.to_string())?;
     let plugin = resolved.plugin;
     let spec = resolved.spec.into_owned();
-    let unique_name = plugin.volume_name(&spec).map_err(|e| e.to_string())?;
     let staging_path = match plugin.device_mounter() {
         Some(stager) if plugin.can_device_mount(&spec) => {
             Some(stager.device_mount_path(&spec).map_err(|e| e.to_string())?)
         }
         _ => None,
     };
+    let attach = plugin.can_attach(&spec);
+    // Upstream's unique names: node-wide for a volume that is attached or staged, per pod for
+    // one that is only published; always with the plugin, so two plugins never share one.
+    let node_wide = attach || staging_path.is_some();
+    let volume_name = if node_wide {
+        plugin.volume_name(&spec).map_err(|e| e.to_string())?
+    } else {
+        spec.name().to_string()
+    };
+    let unique_name =
+        unique_volume_name(plugin.pod_dir_plugin_name(), &volume_name, node_wide, &volume.pod.uid);
     Ok(Resolution {
         plugin: plugin.name().to_string(),
         unique_name,
-        attach: plugin.can_attach(&spec),
+        attach,
         republish: plugin.requires_remount(&spec),
         staging_path,
         target: paths.pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume),
         spec,
     })
+}
+
+/// Reconstructs, from the rebuilt state and the node, the records of what no record accounts
+/// for; returns the actual state to start from and the orphans left (with why).
+fn reconstruct_at_start(
+    rebuilt: &crate::rebuild::Rebuilt,
+    seen: &crate::rebuild::NodeObservation,
+    registry: &PluginRegistry,
+) -> (crate::model::ActualState, Vec<(PathBuf, String)>) {
+    let snapshot = registry.snapshot();
+    let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
+    let found = crate::reconstruct::reconstruct(&rebuilt.orphans, seen, &rebuilt.actual, &node_wide);
+    let mut actual = rebuilt.actual.clone();
+    for record in found.published {
+        tracing::info!(volume = %record.key, plugin = %record.plugin, target = %record.target.display(), "reconstructed a published volume no record accounted for: recorded uncertain");
+        actual.published.insert(record.key.clone(), record);
+    }
+    for record in found.staged {
+        tracing::info!(volume = %record.unique_name, staging_path = %record.staging_path.display(), "reconstructed a staged volume no record accounted for: recorded uncertain");
+        actual.staged.insert(record.unique_name.clone(), record);
+    }
+    let mut left = Vec::new();
+    for (orphan, why) in found.unattributed {
+        match crate::rebuild::clear_orphan(&orphan, &seen.mount_points) {
+            None => {
+                tracing::info!(path = %orphan.path.display(), "removed an empty orphan pod volume directory")
+            }
+            Some(reason) => {
+                let reason = format!("{reason} ({why})");
+                tracing::warn!(path = %orphan.path.display(), %reason, "orphan pod volume directory");
+                left.push((orphan.path.clone(), reason));
+            }
+        }
+    }
+    (actual, left)
+}
+
+/// Whether `plugin` attaches or stages `spec` (its unique name is then node-wide); `None` when
+/// no such plugin is registered.
+fn node_wide(snapshot: &Snapshot, plugin: &str, spec: &kvol_plugin::VolumeSpec) -> Option<bool> {
+    let plugin = snapshot.find_by_name(plugin).ok()?;
+    Some(plugin.can_attach(spec) || (plugin.device_mounter().is_some() && plugin.can_device_mount(spec)))
+}
+
+/// While the agent runs: pod volume directories of pods no longer wanted that no record
+/// accounts for (a driver that finished a publish after the agent gave up on it, a teardown
+/// that left its directory) are adopted as uncertain records, so the reconciler tears them
+/// down through their plugin. Directories of wanted pods are left to the reconciler.
+fn adopt_leftovers(
+    paths: &NodePaths,
+    executor: &Arc<Executor>,
+    desired: &DesiredState,
+    registry: &PluginRegistry,
+) -> Vec<crate::rebuild::PodVolumeDir> {
+    let Ok(dirs) = crate::rebuild::pod_volume_dirs(paths) else { return Vec::new() };
+    let exec = executor.snapshot();
+    let wanted_pods: std::collections::BTreeSet<&str> =
+        desired.volumes.keys().map(|k| k.pod_uid.as_str()).collect();
+    let snapshot = registry.snapshot();
+    let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
+    for dir in &dirs {
+        let recorded = exec.actual.published.values().any(|p| p.target == dir.path);
+        if recorded || wanted_pods.contains(dir.pod_uid.as_str()) {
+            continue;
+        }
+        // Only a CSI volume's directory is read (its mount is one level down); any other may
+        // itself be a mount whose filesystem does not answer.
+        let vol_data = (dir.plugin_dir == "kubernetes.io~csi")
+            .then(|| kvol_csi::paths::load_vol_data(&dir.path).map_err(|e| e.to_string()).transpose())
+            .flatten();
+        match crate::reconstruct::attribute(dir, &vol_data, &node_wide) {
+            Ok(record) => match executor.adopt_published(record) {
+                Ok(true) => {
+                    tracing::info!(path = %dir.path.display(), "adopted a pod volume directory no record accounted for, to tear it down")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(path = %dir.path.display(), error = %e, "cannot adopt a pod volume directory")
+                }
+            },
+            Err(reason) => {
+                tracing::debug!(path = %dir.path.display(), %reason, "pod volume directory left alone")
+            }
+        }
+    }
+    crate::rebuild::clear_empty_pod_dirs(paths, &wanted_pods, &exec.actual);
+    dirs
 }
 
 /// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are
@@ -721,9 +912,8 @@ fn status_report(
         } else {
             Phase::Pending
         };
-        let last_error = failure
-            .map(|f| format!("{} failed {} time(s): {}", f.operation, f.count, f.last_error))
-            .or_else(|| resolution.and_then(|r| r.as_ref().err().cloned()));
+        let last_error =
+            failure.map(describe_failure).or_else(|| resolution.and_then(|r| r.as_ref().err().cloned()));
         let spec = published.map(|p| &p.spec).or(ok.map(|r| &r.spec));
         volumes.push(VolumeStatus {
             pod: want
@@ -780,8 +970,7 @@ fn status_report(
                     .and_then(|s| s.device_path.clone())
                     .or_else(|| attached.and_then(|a| a.device_path.clone())),
                 staging_path: staged.map(|s| s.staging_path.clone()),
-                last_error: failure
-                    .map(|f| format!("{} failed {} time(s): {}", f.operation, f.count, f.last_error)),
+                last_error: failure.map(describe_failure),
                 progress: running.map(|r| {
                     format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())
                 }),
@@ -800,6 +989,19 @@ fn status_report(
         problems,
         plugins: snapshot.plugins().iter().map(|r| r.plugin.name().to_string()).collect(),
     }
+}
+
+/// A failure as status shows it: the operation, how often, the driver's words, and the backoff
+/// before the next try (fixed per failure, so the status file does not change every pass).
+fn describe_failure(f: &crate::executor::Failure) -> String {
+    let backoff = crate::executor::BACKOFF.delay(f.count);
+    format!(
+        "{} failed {} time(s): {}; tried again {:.1} s after the failure",
+        f.operation,
+        f.count,
+        f.last_error,
+        backoff.as_secs_f64()
+    )
 }
 
 /// Where the bundled driver keeps its volumes: for tests and the benchmark.

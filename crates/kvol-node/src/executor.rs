@@ -353,24 +353,26 @@ impl Executor {
     /// uncertain, so the reconciler tears it down through its plugin, or publishes it again if
     /// wanted. Skipped while an operation on its pod volume runs or a record exists.
     pub fn adopt_published(&self, volume: PublishedVolume) -> Result<bool, String> {
-        {
-            let state = self.lock();
-            let claim = Claim { unique_name: volume.unique_name.clone(), pod: Some(volume.key.clone()) };
-            if state.actual.published.contains_key(&volume.key)
-                || state.running.values().any(|r| r.claim.conflicts(&claim))
-            {
-                return Ok(false);
-            }
-        }
+        let claim = Claim { unique_name: volume.unique_name.clone(), pod: Some(volume.key.clone()) };
         let volume = PublishedVolume { uncertain: true, ..volume };
-        let change = ActualChange::SetPublished(volume.clone());
-        self.record(&Operation::Publish { volume, mount_options: Vec::new() }, change)?;
+        let op = Operation::Publish { volume: volume.clone(), mount_options: Vec::new() };
+        let mut state = self.lock();
+        if state.closed
+            || state.actual.published.contains_key(&volume.key)
+            || state.running.values().any(|r| r.claim.conflicts(&claim))
+        {
+            return Ok(false);
+        }
+        self.record_locked(&mut state, &op, ActualChange::SetPublished(volume))?;
         Ok(true)
     }
 
     /// Journals a change found rather than made (begin and finish at once) and applies it.
     fn record(&self, op: &Operation, change: ActualChange) -> Result<(), String> {
-        let mut state = self.lock();
+        self.record_locked(&mut self.lock(), op, change)
+    }
+
+    fn record_locked(&self, state: &mut State, op: &Operation, change: ActualChange) -> Result<(), String> {
         let id = self.store.begin(op).map_err(|e| e.to_string())?;
         self.store.finish(id, &change).map_err(|e| e.to_string())?;
         apply(Arc::make_mut(&mut state.actual), change);

@@ -8,6 +8,7 @@ pub mod model;
 pub mod provision;
 pub mod rebuild;
 pub mod reconciler;
+pub mod reconstruct;
 pub mod source;
 pub mod status;
 pub mod store;

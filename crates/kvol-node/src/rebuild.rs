@@ -13,10 +13,13 @@
 //!   so the reconciler publishes it again if the pod still wants it and unpublishes it if not
 //!   (both idempotent) — nothing a dead agent started is forgotten.
 //! - **Unpublish**: target still mounted at or under → stays published (the reconciler retries
-//!   the teardown if the pod no longer wants it); otherwise removed.
+//!   the teardown if the pod no longer wants it); otherwise recorded uncertain, so the
+//!   teardown is issued again: a CSI driver keeps its own books (and `vol_data.json` is removed
+//!   only after it answers), so "nothing mounted" does not mean the driver was told.
 //! - **Stage**: the same with the staging path (which the journal entry carries): mounted at or
 //!   under → staged, otherwise staged *uncertain*.
-//! - **Unstage**: staging path still mounted → stays staged; otherwise not staged.
+//! - **Unstage**: staging path still mounted → stays staged; otherwise staged uncertain, so
+//!   the unstage is issued again (it is idempotent), for the same reason.
 //! - **Attach**: whether the storage side finished is unknown, so the volume is recorded
 //!   attached *uncertain* with no device path: detached if no longer wanted (no leaked
 //!   attachment), attached again if still wanted, which is idempotent in every plugin and
@@ -39,11 +42,12 @@
 //! that cannot be attributed when it is empty with nothing mounted, and any other is left alone
 //! and reported (kvol does not know what made it).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
+use kvol_csi::paths::{CSI_PLUGIN_NAME, GLOBAL_MOUNT, VolData, load_vol_data};
 use kvol_plugin::{MountError, Mounter, NodePaths};
 
 use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
@@ -69,6 +73,11 @@ pub struct NodeObservation {
     pub mount_points: BTreeSet<PathBuf>,
     /// Every pod volume directory, in path order.
     pub pod_volume_dirs: Vec<PodVolumeDir>,
+    /// What the `vol_data.json` of each CSI pod volume directory says (absent: no file).
+    pub vol_data: BTreeMap<PathBuf, crate::reconstruct::VolDataRead>,
+    /// Each CSI staging path (`plugins/kubernetes.io/csi/<driver>/<hash>/globalmount`) whose
+    /// volume directory holds a readable `vol_data.json`.
+    pub csi_staged: Vec<(PathBuf, VolData)>,
 }
 
 /// The rebuilt actual state, each decision about an interrupted operation or a drifted record
@@ -99,11 +108,32 @@ pub enum ObserveError {
 /// stall the walk.
 pub fn observe(paths: &NodePaths, mounter: &dyn Mounter) -> Result<NodeObservation, ObserveError> {
     let mount_points = mounter.mount_points()?.into_iter().map(|m| m.target).collect();
-    let mut pod_volume_dirs = Vec::new();
+    let pod_volume_dirs = pod_volume_dirs(paths)?;
+    let csi_dir = kvol_plugin::host::escape_plugin_name(CSI_PLUGIN_NAME);
+    let vol_data = pod_volume_dirs
+        .iter()
+        .filter(|d| d.plugin_dir == csi_dir)
+        .map(|d| (d.path.clone(), load_vol_data(&d.path).map_err(|e| e.to_string()).transpose()))
+        .collect();
+    let mut csi_staged = Vec::new();
+    for (_, driver_dir) in subdirectories(&paths.plugin_dir(CSI_PLUGIN_NAME))? {
+        for (_, volume_dir) in subdirectories(&driver_dir)? {
+            if let Ok(Some(data)) = load_vol_data(&volume_dir) {
+                csi_staged.push((volume_dir.join(GLOBAL_MOUNT), data));
+            }
+        }
+    }
+    Ok(NodeObservation { mount_points, pod_volume_dirs, vol_data, csi_staged })
+}
+
+/// Every pod volume directory (`<root>/pods/*/volumes/*/*`), in path order, listed without
+/// being opened.
+pub fn pod_volume_dirs(paths: &NodePaths) -> Result<Vec<PodVolumeDir>, ObserveError> {
+    let mut found = Vec::new();
     for (pod_uid, pod_dir) in subdirectories(&paths.root().join("pods"))? {
         for (plugin_dir, plugin_path) in subdirectories(&pod_dir.join("volumes"))? {
             for (volume, path) in entries(&plugin_path)? {
-                pod_volume_dirs.push(PodVolumeDir {
+                found.push(PodVolumeDir {
                     pod_uid: pod_uid.clone(),
                     plugin_dir: plugin_dir.clone(),
                     volume,
@@ -112,8 +142,8 @@ pub fn observe(paths: &NodePaths, mounter: &dyn Mounter) -> Result<NodeObservati
             }
         }
     }
-    pod_volume_dirs.sort();
-    Ok(NodeObservation { mount_points, pod_volume_dirs })
+    found.sort();
+    Ok(found)
 }
 
 /// The entries of `dir` that are directories, by name; none if `dir` does not exist.
@@ -178,6 +208,24 @@ pub fn clear_orphan(orphan: &PodVolumeDir, mount_points: &BTreeSet<PathBuf>) -> 
     None
 }
 
+/// Removes, with `rmdir` only (never data), the empty directories of pods that are not in
+/// `wanted` and have no published record: `pods/<uid>/volumes/<plugin dir>`, `volumes`, and
+/// the pod directory itself, each while empty. Whatever is not empty stays.
+pub fn clear_empty_pod_dirs(paths: &NodePaths, wanted: &BTreeSet<&str>, actual: &ActualState) {
+    let Ok(pods) = subdirectories(&paths.root().join("pods")) else { return };
+    for (uid, pod_dir) in pods {
+        if wanted.contains(uid.as_str()) || actual.published.keys().any(|k| k.pod_uid == uid) {
+            continue;
+        }
+        let volumes = pod_dir.join("volumes");
+        for (_, plugin_dir) in subdirectories(&volumes).unwrap_or_default() {
+            let _ = std::fs::remove_dir(&plugin_dir);
+        }
+        let _ = std::fs::remove_dir(&volumes);
+        let _ = std::fs::remove_dir(&pod_dir);
+    }
+}
+
 /// Whether some path of `set` equals `path` or lies below it. Paths order by components, so
 /// the paths below `path` follow it directly.
 fn any_at_or_under(set: &BTreeSet<PathBuf>, path: &Path) -> bool {
@@ -226,10 +274,11 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     actual.published.entry(volume.key.clone()).or_insert_with(|| volume.clone());
                 } else {
                     notes.push(format!(
-                        "interrupted unpublish of {} (journal entry {id}): nothing is mounted at {target}, not published",
+                        "interrupted unpublish of {} (journal entry {id}): nothing is mounted at {target}, recorded uncertain to be torn down again",
                         volume.key
                     ));
-                    actual.published.remove(&volume.key);
+                    let record = PublishedVolume { uncertain: true, ..volume.clone() };
+                    actual.published.insert(volume.key.clone(), record);
                 }
             }
             Operation::Stage { unique_name, plugin, spec, device_path, staging_path } => {
@@ -274,9 +323,9 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     actual.staged.entry(name.clone()).or_insert_with(|| volume.clone());
                 } else {
                     notes.push(format!(
-                        "interrupted unstage of {name} (journal entry {id}): nothing is mounted at {staging}, not staged"
+                        "interrupted unstage of {name} (journal entry {id}): nothing is mounted at {staging}, recorded uncertain to be unstaged again"
                     ));
-                    actual.staged.remove(name);
+                    actual.staged.insert(name.clone(), StagedVolume { uncertain: true, ..volume.clone() });
                 }
             }
             Operation::Attach { unique_name, plugin, spec } => {
@@ -342,7 +391,6 @@ mod tests {
     use super::*;
     use kvol_plugin::plugin::PodInfo;
     use kvol_plugin::testing::{csi_pv, inline_empty_dir};
-    use std::collections::BTreeMap;
 
     /// The records of `actual` by kind, as `name` or `name device` strings (ending in ` ?` when
     /// uncertain), for comparing.
@@ -550,24 +598,24 @@ mod tests {
                 note: "stays published",
             },
             Case {
-                name: "interrupted unpublish, unmounted: removed, the leftover directory an orphan",
+                name: "interrupted unpublish, unmounted: uncertain, torn down again through the driver",
                 stored: state(&[], &[], &[csi("p1", "data")]),
                 incomplete: vec![Operation::Unpublish { volume: csi("p1", "data") }],
                 mounts: vec![],
                 dirs: vec![dir("p1", "kubernetes.io/csi", "data")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", "kubernetes.io/csi", "data")],
-                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, not published",
+                want: [vec![], vec![], vec!["p1/data ?"]],
+                orphans: vec![],
+                note: "nothing is mounted at /k/pods/p1/volumes/kubernetes.io~csi/data, recorded uncertain",
             },
             Case {
-                name: "interrupted unpublish of a disk emptyDir: removed (no mount to see)",
+                name: "interrupted unpublish of a disk emptyDir: uncertain, torn down again",
                 stored: state(&[], &[], &[empty_dir("p1", "cache")]),
                 incomplete: vec![Operation::Unpublish { volume: empty_dir("p1", "cache") }],
                 mounts: vec![],
                 dirs: vec![dir("p1", EMPTY_DIR, "cache")],
-                want: [vec![], vec![], vec![]],
-                orphans: vec![target("p1", EMPTY_DIR, "cache")],
-                note: "not published",
+                want: [vec![], vec![], vec!["p1/cache ?"]],
+                orphans: vec![],
+                note: "recorded uncertain",
             },
             Case {
                 name: "interrupted stage whose staging path (from the journal) is mounted: staged",
@@ -610,14 +658,14 @@ mod tests {
                 note: "is still mounted, stays staged",
             },
             Case {
-                name: "interrupted unstage, unmounted: not staged",
+                name: "interrupted unstage, unmounted: uncertain, unstaged again",
                 stored: state(&[], &[staged("v1")], &[]),
                 incomplete: vec![Operation::Unstage { volume: staged("v1") }],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec![], vec![], vec![]],
+                want: [vec![], vec!["v1 ?"], vec![]],
                 orphans: vec![],
-                note: "not staged",
+                note: "recorded uncertain to be unstaged again",
             },
             Case {
                 name: "interrupted attach: attached uncertain, without a device",
@@ -743,7 +791,7 @@ mod tests {
                 ],
                 mounts: vec![],
                 dirs: vec![],
-                want: [vec![], vec![], vec![]],
+                want: [vec![], vec![], vec!["p1/data ?"]],
                 orphans: vec![],
                 note: "interrupted unpublish of p1/data (journal entry 2)",
             },
@@ -772,6 +820,7 @@ mod tests {
             let seen = NodeObservation {
                 mount_points: case.mounts.into_iter().collect(),
                 pod_volume_dirs: case.dirs,
+                ..NodeObservation::default()
             };
             let rebuilt = rebuild(&case.stored, &incomplete, &seen);
             let want: BTreeMap<&str, Vec<String>> = ["attached", "staged", "published"]
@@ -805,7 +854,11 @@ mod tests {
         volume.staging_path = Some(staging("data"));
         volume.device_path = Some("/dev/sdc".into());
         let entry = JournalEntry { id: 7, operation: publish(volume.clone()), started_unix_ms: 0 };
-        let seen = NodeObservation { mount_points: [volume.target.clone()].into(), pod_volume_dirs: vec![] };
+        let seen = NodeObservation {
+            mount_points: [volume.target.clone()].into(),
+            pod_volume_dirs: vec![],
+            ..NodeObservation::default()
+        };
         let rebuilt = rebuild(&ActualState::default(), &[entry], &seen);
         assert_eq!(rebuilt.actual.published.get(&volume.key), Some(&volume));
 
@@ -813,7 +866,11 @@ mod tests {
         let mut before = staged("v1");
         before.device_path = None;
         let entry = JournalEntry { id: 8, operation: stage("v1"), started_unix_ms: 0 };
-        let seen = NodeObservation { mount_points: [staging("v1")].into(), pod_volume_dirs: vec![] };
+        let seen = NodeObservation {
+            mount_points: [staging("v1")].into(),
+            pod_volume_dirs: vec![],
+            ..NodeObservation::default()
+        };
         let rebuilt = rebuild(&state(&[], &[before], &[]), &[entry], &seen);
         assert_eq!(rebuilt.actual.staged.get("v1"), Some(&staged("v1")));
     }

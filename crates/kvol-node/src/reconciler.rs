@@ -616,7 +616,8 @@ mod tests {
         let mut elsewhere = reconstructed.clone();
         elsewhere.target = "/pods/p1/other".into();
         // (attached, staged, published, expected)
-        let rows: [(AttachedVolume, Option<StagedVolume>, Option<PublishedVolume>, &[&str]); 5] = [
+        type Row<'a> = (AttachedVolume, Option<StagedVolume>, Option<PublishedVolume>, &'a [&'a str]);
+        let rows: [Row; 5] = [
             (
                 uncertain(certain_attach.clone(), |a| a.uncertain = true),
                 None,

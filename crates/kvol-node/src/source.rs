@@ -368,9 +368,49 @@ struct Parsed {
 }
 
 /// Parsed files by path: a file whose inode, size and modification time are unchanged is not
-/// read or parsed again, so a change to one manifest among hundreds costs one parse.
+/// read or parsed again, so a change to one manifest among hundreds costs one parse. With a
+/// [`ManifestMemory`], each file's last clean text outlives the process: a file that is broken
+/// when the agent starts keeps the objects it last read cleanly, as one that breaks while it runs.
 #[derive(Debug, Default)]
-pub struct ParseCache(BTreeMap<PathBuf, Parsed>);
+pub struct ParseCache {
+    files: BTreeMap<PathBuf, Parsed>,
+    memory: Option<Arc<dyn ManifestMemory>>,
+}
+
+/// Where each manifest file's last clean text is kept across restarts (the agent's journal).
+pub trait ManifestMemory: Send + Sync + fmt::Debug {
+    /// Every remembered file's text, by file name.
+    fn recall(&self) -> BTreeMap<String, String>;
+    /// Remembers `text` as file `name`'s last clean read; `None`: the file is gone.
+    fn remember(&self, name: &str, text: Option<&str>);
+}
+
+impl ParseCache {
+    /// A cache that remembers through `memory`, starting from what it remembers of files in `dir`.
+    pub fn with_memory(dir: &Path, memory: Arc<dyn ManifestMemory>) -> ParseCache {
+        let mut files = BTreeMap::new();
+        for (name, text) in memory.recall() {
+            let path = dir.join(&name);
+            let (objects, problems) = parse_documents(&path.display().to_string(), &text);
+            if problems.is_empty() {
+                let parsed = Parsed {
+                    identity: (0, 0, None),
+                    objects: objects.clone(),
+                    problems,
+                    last_good: Some(objects),
+                };
+                files.insert(path, parsed);
+            }
+        }
+        ParseCache { files, memory: Some(memory) }
+    }
+
+    fn remember(&self, path: &Path, text: Option<&str>) {
+        if let (Some(memory), Some(name)) = (&self.memory, path.file_name().and_then(|n| n.to_str())) {
+            memory.remember(name, text);
+        }
+    }
+}
 
 /// [`load_dir`], reusing `cache` for files that did not change (and updating it).
 pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
@@ -404,9 +444,18 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
         }
     }
     names.sort();
-    cache.0.retain(|path, _| {
-        path.file_name().and_then(|n| n.to_str()).is_some_and(|n| names.iter().any(|m| m == n))
-    });
+    let gone: Vec<PathBuf> = cache
+        .files
+        .keys()
+        .filter(|path| {
+            !path.file_name().and_then(|n| n.to_str()).is_some_and(|n| names.iter().any(|m| m == n))
+        })
+        .cloned()
+        .collect();
+    for path in gone {
+        cache.files.remove(&path);
+        cache.remember(&path, None);
+    }
     for name in names {
         let path = dir.join(&name);
         let origin = path.display().to_string();
@@ -421,7 +470,7 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
             }
             Err(_) => None,
         };
-        if let (Some(identity), Some(parsed)) = (identity, cache.0.get(&path))
+        if let (Some(identity), Some(parsed)) = (identity, cache.files.get(&path))
             && parsed.identity == identity
         {
             builder.add(&origin, parsed.objects.clone(), parsed.problems.clone());
@@ -430,7 +479,10 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
         match fs::read_to_string(&path) {
             Ok(text) => {
                 let (objects, mut problems) = parse_documents(&origin, &text);
-                let last_good = cache.0.get(&path).and_then(|p| p.last_good.clone());
+                if problems.is_empty() {
+                    cache.remember(&path, Some(&text));
+                }
+                let last_good = cache.files.get(&path).and_then(|p| p.last_good.clone());
                 let (objects, last_good) = match last_good {
                     _ if problems.is_empty() => (objects.clone(), Some(objects)),
                     // A file that read cleanly before and now does not (an edit in progress, a
@@ -451,7 +503,7 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
                 if let Some(identity) = identity {
                     let parsed =
                         Parsed { identity, objects: objects.clone(), problems: problems.clone(), last_good };
-                    cache.0.insert(path.clone(), parsed);
+                    cache.files.insert(path.clone(), parsed);
                 }
                 builder.add(&origin, objects, problems);
             }
@@ -526,6 +578,15 @@ impl ManifestsSource {
     /// once before returning, so [`ManifestsSource::current`] is complete from the start and
     /// never an empty set that would look like every pod gone. Needs no tokio runtime.
     pub fn start(dir: PathBuf) -> Result<ManifestsSource, SourceError> {
+        ManifestsSource::start_with_memory(dir, None)
+    }
+
+    /// [`ManifestsSource::start`], remembering each file's last clean text in `memory` (when
+    /// given), so that a file broken at start keeps the objects it last read cleanly.
+    pub fn start_with_memory(
+        dir: PathBuf,
+        memory: Option<Arc<dyn ManifestMemory>>,
+    ) -> Result<ManifestsSource, SourceError> {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
@@ -551,7 +612,11 @@ impl ManifestsSource {
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(|source| SourceError::Watch { path: dir.clone(), source })?;
         // Watching before the first read: a change made meanwhile is read again, never missed.
-        let first = load_dir(&dir);
+        let mut cache = match memory {
+            Some(memory) => ParseCache::with_memory(&dir, memory),
+            None => ParseCache::default(),
+        };
+        let first = load_dir_cached(&dir, &mut cache);
         log_problems(&dir, &first, &ObjectSet::default());
         let (sets, _) = watch::channel(Arc::new(first));
         let sets = Arc::new(sets);
@@ -559,7 +624,7 @@ impl ManifestsSource {
             let (dir, sets) = (dir.clone(), Arc::clone(&sets));
             thread::Builder::new()
                 .name("kvol-manifests".to_string())
-                .spawn(move || run(&dir, &received, &sets))
+                .spawn(move || run(&dir, &received, &sets, cache))
                 .map_err(SourceError::Thread)?
         };
         Ok(ManifestsSource { dir, watcher: Some(watcher), signals, thread: Some(thread), sets })
@@ -662,8 +727,12 @@ impl Drop for ManifestsSource {
 }
 
 /// The source's thread: waits for a change, for quiet, then rereads and publishes.
-fn run(dir: &Path, signals: &mpsc::Receiver<Signal>, sets: &watch::Sender<Arc<ObjectSet>>) {
-    let mut cache = ParseCache::default();
+fn run(
+    dir: &Path,
+    signals: &mpsc::Receiver<Signal>,
+    sets: &watch::Sender<Arc<ObjectSet>>,
+    mut cache: ParseCache,
+) {
     loop {
         match signals.recv() {
             Ok(Signal::Changed) => {}

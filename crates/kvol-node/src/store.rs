@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! One redb database (schema 1). Values are JSON text (serde_json) of the model types, so a
+//! One redb database (schema 2). Values are JSON text (serde_json) of the model types, so a
 //! record stays readable with any redb tool; a record that does not parse (or whose key does not
 //! match its content) is an error naming the store, the table and the key.
 //!
@@ -13,6 +13,11 @@
 //! | `staged`    | unique volume name           | [`StagedVolume`]                             |
 //! | `published` | `(pod uid, pod volume name)` | [`PublishedVolume`]                          |
 //! | `journal`   | journal id (`u64`, rising)   | `{"operation": Operation, "startedUnixMs"}`  |
+//! | `manifests` | manifest file name           | the file's text when it last read cleanly    |
+//!
+//! Unique volume names are `<plugin>/<name>` (see [`crate::model::unique_volume_name`]). A store
+//! of schema 1 (unique names without the plugin) is converted when opened, in one transaction
+//! ([`convert_v1_names`]).
 //!
 //! # Protocol
 //!
@@ -53,13 +58,16 @@ const ATTACHED: TableDefinition<&str, &str> = TableDefinition::new("attached");
 const STAGED: TableDefinition<&str, &str> = TableDefinition::new("staged");
 const PUBLISHED: TableDefinition<(&str, &str), &str> = TableDefinition::new("published");
 const JOURNAL: TableDefinition<u64, &str> = TableDefinition::new("journal");
+const MANIFESTS: TableDefinition<&str, &str> = TableDefinition::new("manifests");
 
 /// Every table of a kvol store; any other table makes a database foreign.
-const TABLES: [&str; 5] = ["meta", "attached", "staged", "published", "journal"];
+const TABLES: [&str; 6] = ["meta", "attached", "staged", "published", "journal", "manifests"];
 /// The `meta` key of the layout version.
 const SCHEMA_KEY: &str = "schema";
 /// The layout this module reads and writes.
-const SCHEMA: u64 = 1;
+const SCHEMA: u64 = 2;
+/// The layout before unique names carried their plugin; converted on open.
+const SCHEMA_V1: u64 = 1;
 /// The `meta` key of the id the next journal entry gets.
 const NEXT_ID_KEY: &str = "next_journal_id";
 
@@ -246,6 +254,12 @@ impl Store {
     /// write transaction (after a rebuild has settled every unfinished entry).
     pub fn replace_actual(&self, actual: &ActualState) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        self.write_actual(&txn, actual)?;
+        txn.commit().map_err(|e| self.db_error(e))
+    }
+
+    /// Inside `txn`: empties the journal and the record tables and writes `actual`.
+    fn write_actual(&self, txn: &WriteTransaction, actual: &ActualState) -> Result<(), StoreError> {
         {
             let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
             journal.retain(|_, _| false).map_err(|e| self.db_error(e))?;
@@ -257,15 +271,15 @@ impl Store {
             published.retain(|_, _| false).map_err(|e| self.db_error(e))?;
         }
         for volume in actual.attached.values() {
-            self.apply(&txn, &ActualChange::SetAttached(volume.clone()))?;
+            self.apply(txn, &ActualChange::SetAttached(volume.clone()))?;
         }
         for volume in actual.staged.values() {
-            self.apply(&txn, &ActualChange::SetStaged(volume.clone()))?;
+            self.apply(txn, &ActualChange::SetStaged(volume.clone()))?;
         }
         for volume in actual.published.values() {
-            self.apply(&txn, &ActualChange::SetPublished(volume.clone()))?;
+            self.apply(txn, &ActualChange::SetPublished(volume.clone()))?;
         }
-        txn.commit().map_err(|e| self.db_error(e))
+        Ok(())
     }
 
     /// The actual state as recorded.
@@ -298,6 +312,10 @@ impl Store {
                 txn.abort().map_err(|e| self.db_error(e))?;
                 Ok(())
             }
+            Some(SCHEMA_V1) => {
+                txn.abort().map_err(|e| self.db_error(e))?;
+                self.upgrade_from_v1()
+            }
             Some(other) => Err(foreign(format!("it has schema version {other}, this kvol reads {SCHEMA}"))),
             None if !tables.is_empty() => Err(foreign("it has no schema version".to_string())),
             None => {
@@ -309,10 +327,71 @@ impl Store {
                     txn.open_table(STAGED).map_err(|e| self.db_error(e))?;
                     txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
                     txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+                    txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
                 }
                 txn.commit().map_err(|e| self.db_error(e))
             }
         }
+    }
+
+    /// Converts a schema 1 store in place: unique names gain their plugin, in the records and
+    /// in the unfinished journal entries; the `manifests` table is added. One transaction.
+    fn upgrade_from_v1(&self) -> Result<(), StoreError> {
+        let old = self.load()?;
+        let (actual, journal) = convert_v1_names(&old.actual, &old.incomplete);
+        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        self.write_actual(&txn, &actual)?;
+        {
+            let mut table = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+            for entry in &journal {
+                let stored =
+                    StoredEntryRef { operation: &entry.operation, started_unix_ms: entry.started_unix_ms };
+                let text =
+                    self.encode(&stored, || format!("the journal entry of {}", entry.operation.name()))?;
+                table.insert(entry.id, text.as_str()).map_err(|e| self.db_error(e))?;
+            }
+            txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
+            let mut meta = txn.open_table(META).map_err(|e| self.db_error(e))?;
+            meta.insert(SCHEMA_KEY, SCHEMA).map_err(|e| self.db_error(e))?;
+        }
+        txn.commit().map_err(|e| self.db_error(e))?;
+        tracing::info!(store = %self.path.display(), "converted the store from schema 1 (unique volume names now carry their plugin)");
+        Ok(())
+    }
+
+    /// The text of every manifest file as it last read cleanly, by file name.
+    pub fn manifests(&self) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+        let table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
+        let mut all = std::collections::BTreeMap::new();
+        for row in table.iter().map_err(|e| self.db_error(e))? {
+            let (name, text) = row.map_err(|e| self.db_error(e))?;
+            all.insert(name.value().to_string(), text.value().to_string());
+        }
+        Ok(all)
+    }
+
+    /// Records `text` as manifest file `name`'s last clean read (`None`: the file is gone);
+    /// unchanged text is not written again.
+    pub fn remember_manifest(&self, name: &str, text: Option<&str>) -> Result<(), StoreError> {
+        {
+            let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+            let table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
+            let current = table.get(name).map_err(|e| self.db_error(e))?;
+            if current.as_ref().map(|g| g.value()) == text {
+                return Ok(());
+            }
+        }
+        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        {
+            let mut table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
+            match text {
+                Some(text) => table.insert(name, text).map(|_| ()),
+                None => table.remove(name).map(|_| ()),
+            }
+            .map_err(|e| self.db_error(e))?;
+        }
+        txn.commit().map_err(|e| self.db_error(e))
     }
 
     /// Applies one change inside `txn`.
@@ -454,4 +533,75 @@ impl fmt::Display for JournalEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "journal entry {} ({} {})", self.id, self.operation.name(), self.operation.lock_key())
     }
+}
+
+impl crate::source::ManifestMemory for Store {
+    fn recall(&self) -> std::collections::BTreeMap<String, String> {
+        self.manifests().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the remembered manifests");
+            Default::default()
+        })
+    }
+
+    fn remember(&self, name: &str, text: Option<&str>) {
+        if let Err(e) = self.remember_manifest(name, text) {
+            tracing::warn!(file = name, error = %e, "cannot remember the manifest's last clean text");
+        }
+    }
+}
+
+/// Schema 1's unique names (the plugin's own volume name) as schema 2 writes them
+/// (`<plugin>/<name>`, or `<plugin>/<pod uid>-<name>` for a volume only published); pure.
+///
+/// The plugin part is the record's plugin, except that every CSI driver (a plugin name without
+/// `/`) files under `kubernetes.io/csi`, as kubelet names CSI volumes. A published volume is
+/// node-wide when it was staged (it has a staging path) or a record of the same old name is
+/// attached or staged; otherwise it is per pod.
+pub fn convert_v1_names(actual: &ActualState, journal: &[JournalEntry]) -> (ActualState, Vec<JournalEntry>) {
+    let node_wide: std::collections::BTreeSet<&str> =
+        actual.attached.keys().chain(actual.staged.keys()).map(String::as_str).collect();
+    let prefix = |plugin: &str| {
+        if plugin.contains('/') { plugin.to_string() } else { "kubernetes.io/csi".to_string() }
+    };
+    let wide = |plugin: &str, name: &str| crate::model::unique_volume_name(&prefix(plugin), name, true, "");
+    let published = |v: &PublishedVolume| {
+        let unique = if v.staging_path.is_some() || node_wide.contains(v.unique_name.as_str()) {
+            wide(&v.plugin, &v.unique_name)
+        } else {
+            crate::model::unique_volume_name(&prefix(&v.plugin), v.spec.name(), false, &v.key.pod_uid)
+        };
+        PublishedVolume { unique_name: unique, ..v.clone() }
+    };
+    let attached =
+        |v: &AttachedVolume| AttachedVolume { unique_name: wide(&v.plugin, &v.unique_name), ..v.clone() };
+    let staged =
+        |v: &StagedVolume| StagedVolume { unique_name: wide(&v.plugin, &v.unique_name), ..v.clone() };
+    let converted = ActualState {
+        attached: actual.attached.values().map(attached).map(|v| (v.unique_name.clone(), v)).collect(),
+        staged: actual.staged.values().map(staged).map(|v| (v.unique_name.clone(), v)).collect(),
+        published: actual.published.values().map(published).map(|v| (v.key.clone(), v)).collect(),
+    };
+    let operation = |op: &Operation| match op {
+        Operation::Unpublish { volume } => Operation::Unpublish { volume: published(volume) },
+        Operation::Publish { volume, mount_options } => {
+            Operation::Publish { volume: published(volume), mount_options: mount_options.clone() }
+        }
+        Operation::Unstage { volume } => Operation::Unstage { volume: staged(volume) },
+        Operation::Detach { volume } => Operation::Detach { volume: attached(volume) },
+        Operation::Attach { unique_name, plugin, spec } => Operation::Attach {
+            unique_name: wide(plugin, unique_name),
+            plugin: plugin.clone(),
+            spec: spec.clone(),
+        },
+        Operation::Stage { unique_name, plugin, spec, device_path, staging_path } => Operation::Stage {
+            unique_name: wide(plugin, unique_name),
+            plugin: plugin.clone(),
+            spec: spec.clone(),
+            device_path: device_path.clone(),
+            staging_path: staging_path.clone(),
+        },
+    };
+    let journal =
+        journal.iter().map(|e| JournalEntry { operation: operation(&e.operation), ..e.clone() }).collect();
+    (converted, journal)
 }

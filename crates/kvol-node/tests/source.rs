@@ -263,3 +263,61 @@ fn a_broken_edit_keeps_the_last_good_objects_of_the_file() {
     assert!(set.problems.iter().any(|p| p.to_string().contains("new.yaml")));
     assert!(!set.problems.iter().any(|p| p.to_string().contains("keeping")), "{:?}", set.problems);
 }
+
+/// Remembers manifests in memory, as the agent's journal does on disk.
+#[derive(Debug, Default)]
+struct MapMemory(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
+
+impl kvol_node::source::ManifestMemory for MapMemory {
+    fn recall(&self) -> std::collections::BTreeMap<String, String> {
+        self.0.lock().unwrap().clone()
+    }
+    fn remember(&self, name: &str, text: Option<&str>) {
+        let mut map = self.0.lock().unwrap();
+        match text {
+            Some(text) => map.insert(name.to_string(), text.to_string()),
+            None => map.remove(name),
+        };
+    }
+}
+
+/// A restart does not forget a broken manifest's pods: the file's last clean text outlives the
+/// cache (the agent keeps it in its journal), so a file broken at start keeps its last good
+/// objects; a removed file is forgotten.
+#[test]
+fn a_file_broken_before_a_restart_keeps_the_objects_it_last_read_cleanly() {
+    use kvol_node::source::{ManifestMemory, ParseCache, load_dir_cached};
+    let dir = tempfile::tempdir().unwrap();
+    let memory = std::sync::Arc::new(MapMemory::default());
+    let good = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  volumes: [{name: m, emptyDir: {medium: Memory}}]\n";
+    std::fs::write(dir.path().join("web.yaml"), good).unwrap();
+    std::fs::write(dir.path().join("db.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: db}\n").unwrap();
+    let first = load_dir_cached(dir.path(), &mut ParseCache::with_memory(dir.path(), memory.clone()));
+    assert!(first.pods.contains_key("default/web"));
+    assert_eq!(memory.recall().keys().collect::<Vec<_>>(), ["db.yaml", "web.yaml"]);
+
+    // "Restart": a typo while the agent was down, and db.yaml deleted.
+    std::fs::write(dir.path().join("web.yaml"), format!("{good}  oops: [\n")).unwrap();
+    std::fs::remove_file(dir.path().join("db.yaml")).unwrap();
+    let after = load_dir_cached(dir.path(), &mut ParseCache::with_memory(dir.path(), memory.clone()));
+    assert_eq!(after.pods.get("default/web"), first.pods.get("default/web"), "the broken file's pod is kept");
+    assert!(!after.pods.contains_key("default/db"), "a removed file's pod is gone");
+    assert!(
+        after
+            .problems
+            .iter()
+            .any(|p| p.to_string().contains("web.yaml") && p.to_string().contains("keeping the 1 object(s)")),
+        "{:?}",
+        after.problems
+    );
+    assert_eq!(
+        memory.recall().keys().collect::<Vec<_>>(),
+        ["web.yaml"],
+        "db.yaml is forgotten, web.yaml's good text kept"
+    );
+    assert_eq!(memory.recall()["web.yaml"], good);
+
+    // Without memory (a fresh cache, as before this change), the pod would be lost.
+    let forgetful = load_dir_cached(dir.path(), &mut ParseCache::default());
+    assert!(!forgetful.pods.contains_key("default/web"));
+}

@@ -375,11 +375,11 @@ fn a_corrupt_or_foreign_file_is_refused_and_left_alone() {
     {
         let db = redb::Database::create(&path).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).unwrap().insert("schema", 2).unwrap();
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).unwrap().insert("schema", 3).unwrap();
         txn.commit().unwrap();
     }
     let message = open_error(&path);
-    assert!(message.contains("schema version 2"), "{message}");
+    assert!(message.contains("schema version 3"), "{message}");
 }
 
 #[test]
@@ -569,23 +569,31 @@ fn observe_sees_the_real_mount_table_and_pod_volume_directories() {
         stored.published.insert(p.key.clone(), p);
     }
     let rebuilt = rebuild(&stored, &[], &seen);
-    let kept: Vec<String> = rebuilt.actual.published.keys().map(ToString::to_string).collect();
+    let kept: Vec<String> = certain(&rebuilt.actual);
     assert_eq!(kept, ["u1/cache", "u1/data"], "notes: {:?}", rebuilt.notes);
+    assert!(
+        rebuilt.actual.published[&PodVolumeKey { pod_uid: "u1".into(), volume: "gone".into() }].uncertain
+    );
     assert!(
         rebuilt.notes.iter().any(|n| n.contains("u1/gone") && n.contains("mount gone")),
         "{:?}",
         rebuilt.notes
     );
     let orphans: Vec<&Path> = rebuilt.orphans.iter().map(|o| o.path.as_path()).collect();
-    assert_eq!(orphans, [csi_gone.as_path(), stray.as_path()]);
+    assert_eq!(orphans, [stray.as_path()], "the uncertain record accounts for its directory");
 
-    // The mount goes away behind the agent's back: the record is dropped on the next rebuild.
+    // The mount goes away behind the agent's back: the record becomes uncertain on the next
+    // rebuild (published again if wanted, torn down if not).
     SystemMounter.unmount(&csi_data.join("mount")).unwrap();
     let seen = observe(&paths, &SystemMounter).unwrap();
     assert!(!seen.mount_points.iter().any(|m| m.starts_with(&root)));
     let rebuilt = rebuild(&stored, &[], &seen);
-    let kept: Vec<String> = rebuilt.actual.published.keys().map(ToString::to_string).collect();
-    assert_eq!(kept, ["u1/cache"]);
+    assert_eq!(certain(&rebuilt.actual), ["u1/cache"]);
+}
+
+/// The published records that are not uncertain, as `uid/volume`.
+fn certain(actual: &ActualState) -> Vec<String> {
+    actual.published.iter().filter(|(_, p)| !p.uncertain).map(|(k, _)| k.to_string()).collect()
 }
 
 /// Orphans are cleared only when empty and unmounted, with their empty parents; any other is
@@ -629,4 +637,106 @@ fn only_empty_unmounted_orphans_are_cleared() {
     assert_eq!(fs::read(with_data.join("kept")).unwrap(), b"data");
     assert!(SystemMounter.is_mount_point(&mounted.join("mount")).unwrap());
     SystemMounter.unmount(&mounted.join("mount")).unwrap();
+}
+
+/// Writes a schema 1 store by hand: unique names without their plugin, as kvol wrote them
+/// before unique names carried it.
+fn write_v1_store(path: &Path, actual: &ActualState, journal: &[(u64, Operation)]) {
+    use redb::TableDefinition;
+    let db = redb::Database::create(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut meta = txn.open_table(TableDefinition::<&str, u64>::new("meta")).unwrap();
+        meta.insert("schema", 1).unwrap();
+        meta.insert("next_journal_id", 10).unwrap();
+        let mut attached = txn.open_table(TableDefinition::<&str, &str>::new("attached")).unwrap();
+        for v in actual.attached.values() {
+            attached.insert(v.unique_name.as_str(), serde_json::to_string(v).unwrap().as_str()).unwrap();
+        }
+        let mut staged = txn.open_table(TableDefinition::<&str, &str>::new("staged")).unwrap();
+        for v in actual.staged.values() {
+            staged.insert(v.unique_name.as_str(), serde_json::to_string(v).unwrap().as_str()).unwrap();
+        }
+        let mut published = txn.open_table(TableDefinition::<(&str, &str), &str>::new("published")).unwrap();
+        for v in actual.published.values() {
+            let key = (v.key.pod_uid.as_str(), v.key.volume.as_str());
+            published.insert(key, serde_json::to_string(v).unwrap().as_str()).unwrap();
+        }
+        let mut table = txn.open_table(TableDefinition::<u64, &str>::new("journal")).unwrap();
+        for (id, op) in journal {
+            let text = serde_json::json!({ "operation": op, "startedUnixMs": 1 }).to_string();
+            table.insert(*id, text.as_str()).unwrap();
+        }
+    }
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_schema_1_store_is_converted_to_unique_names_with_their_plugin_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    // A CSI volume attached, staged and published (node-wide), a flex volume published
+    // without staging, an emptyDir (per pod), and an attach of a CSI volume under way.
+    let mut staged_pub = published("p1", "data");
+    staged_pub.unique_name = "d.csi^h1".into();
+    staged_pub.staging_path = Some(PathBuf::from("/k/plugins/kubernetes.io/csi/d.csi/x/globalmount"));
+    let mut flex = published_at(&NodePaths::new("/k"), "p2", "kvol/tmpfs", "v");
+    flex.unique_name = "v".into();
+    let mut cache = published_at(&NodePaths::new("/k"), "p3", EMPTY_DIR, "cache");
+    cache.unique_name = "cache".into();
+    let mut old = ActualState::default();
+    old.attached
+        .insert("d.csi^h1".into(), AttachedVolume { unique_name: "d.csi^h1".into(), ..attached("x", None) });
+    old.staged.insert("d.csi^h1".into(), StagedVolume { unique_name: "d.csi^h1".into(), ..staged("x") });
+    for v in [&staged_pub, &flex, &cache] {
+        old.published.insert(v.key.clone(), v.clone());
+    }
+    write_v1_store(&path, &old, &[(7, attach("d.csi^h2"))]);
+
+    let store = Store::open(&path).unwrap();
+    let loaded = store.load().unwrap();
+    let names = |a: &ActualState| {
+        let mut all: Vec<String> = a.attached.keys().chain(a.staged.keys()).cloned().collect();
+        all.extend(a.published.values().map(|p| format!("{} {}", p.key, p.unique_name)));
+        all
+    };
+    assert_eq!(
+        names(&loaded.actual),
+        [
+            "kubernetes.io/csi/d.csi^h1",
+            "kubernetes.io/csi/d.csi^h1",
+            "p1/data kubernetes.io/csi/d.csi^h1",
+            "p2/v kvol/tmpfs/p2-v",
+            "p3/cache kubernetes.io/empty-dir/p3-cache",
+        ]
+    );
+    match &loaded.incomplete[..] {
+        [JournalEntry { id: 7, operation: Operation::Attach { unique_name, .. }, .. }] => {
+            assert_eq!(unique_name, "kubernetes.io/csi/d.csi^h2")
+        }
+        other => panic!("the unfinished attach should be kept, converted: {other:?}"),
+    }
+    // Journal ids keep rising after the conversion; a second open converts nothing again.
+    assert_eq!(store.begin(&attach("z")).unwrap(), 10);
+    drop(store);
+    let again = Store::open(&path).unwrap().load().unwrap();
+    assert_eq!(names(&again.actual), names(&loaded.actual));
+}
+
+#[test]
+fn manifests_last_read_cleanly_are_remembered_and_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let store = Store::open(&path).unwrap();
+    assert!(store.manifests().unwrap().is_empty());
+    store.remember_manifest("web.yaml", Some("kind: Pod")).unwrap();
+    store.remember_manifest("db.yaml", Some("kind: Pod\n")).unwrap();
+    store.remember_manifest("web.yaml", Some("kind: Pod # v2")).unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    let all = store.manifests().unwrap();
+    assert_eq!(all.get("web.yaml").map(String::as_str), Some("kind: Pod # v2"));
+    assert_eq!(all.len(), 2);
+    store.remember_manifest("db.yaml", None).unwrap();
+    assert_eq!(store.manifests().unwrap().keys().collect::<Vec<_>>(), ["web.yaml"]);
 }
