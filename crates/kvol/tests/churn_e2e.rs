@@ -122,3 +122,49 @@ fn churn_with_kill_9_against_the_upstream_hostpath_driver_and_registrar() {
     registrar.assert_running();
     figures.assert_clean(seed, &node.agent_log());
 }
+
+/// `kill -9` in the first moments of an agent's very first start (while it creates its
+/// journal) on fresh roots: the next start must come up and write its status.
+#[test]
+fn a_kill_during_the_first_start_never_bricks_the_agent() {
+    enter_private_mount_namespace();
+    let seed = seed();
+    eprintln!("first-start kills seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut bricked = Vec::new();
+    let tries = 20;
+    for i in 0..tries {
+        let mut node = Node::new();
+        node.agent_args = vec!["--no-bundled-driver".to_string()];
+        node.start();
+        std::thread::sleep(Duration::from_millis(rng.u64(0..60)));
+        node.kill_9();
+        let size = std::fs::metadata(node.root.join("state.redb")).map(|m| m.len()).ok();
+        node.start();
+        let start = std::time::Instant::now();
+        loop {
+            if node.status().is_some() {
+                break;
+            }
+            if let Some(status) = node.exited() {
+                let log = node.agent_log();
+                bricked.push(format!(
+                    "try {i}: journal of {size:?} bytes after the kill; the restart exited {status}: {}",
+                    log.lines().last().unwrap_or_default()
+                ));
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                bricked.push(format!("try {i}: no status 30 s after the restart"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert!(
+        bricked.is_empty(),
+        "{} of {tries} restarts failed (seed {seed}):\n{}",
+        bricked.len(),
+        bricked.join("\n")
+    );
+}

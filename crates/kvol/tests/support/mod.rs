@@ -117,6 +117,11 @@ impl Node {
         child.wait().unwrap();
     }
 
+    /// The agent's exit status, when it has exited on its own.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().unwrap())
+    }
+
     pub fn running(&self) -> bool {
         self.child.is_some()
     }
