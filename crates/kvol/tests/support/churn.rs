@@ -189,6 +189,9 @@ pub fn churn(node: &mut Node, chaos: Option<&ChaosDriver>, config: &ChurnConfig)
     if !node.running() {
         node.start();
     }
+    // The first start completes before any kill (a kill during the very first start is
+    // a_kill_during_the_first_start_never_bricks_the_agent's business).
+    node.wait(config.settle, |_| true).expect("the agent's first start writes its status");
     let mut live: Vec<PodPlan> = Vec::new();
     for round in 0..config.rounds {
         // The change: add a pod, or remove one, or both.
