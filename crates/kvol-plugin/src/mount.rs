@@ -2,6 +2,14 @@
 //!
 //! [`SystemMounter`] calls mount(2)/umount2(2) and reads `/proc/thread-self/mountinfo`;
 //! [`RecordingMounter`] keeps an in-memory mount table and records every call, for unit tests.
+//!
+//! Mounts that do not answer: a FUSE mount whose daemon is stopped makes any `stat` of it hang,
+//! and one whose daemon died (`ENOTCONN`) or an NFS mount whose server is gone (`ESTALE`)
+//! fails every look. `SystemMounter` looks at a path only through [`probe`], on a thread of its
+//! own with a deadline ([`PROBE_DEADLINE`]); a path whose probe hangs is *unresponsive* from
+//! then on, answered from the mount table alone (which the kernel formats without asking any
+//! filesystem), and unmounted lazily (`MNT_DETACH`) when an ordinary unmount finds it busy —
+//! so a dead mount is torn down instead of wedging the thread that meets it.
 
 use std::fmt;
 use std::io;
@@ -86,6 +94,80 @@ pub trait Mounter: Send + Sync + fmt::Debug {
 /// How many times [`SystemMounter::unmount`] retries a busy mount.
 const UNMOUNT_BUSY_RETRIES: u32 = 5;
 
+/// How long a look at a path under a volume may take before the mount is taken for
+/// unresponsive.
+pub const PROBE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Paths whose probe did not answer within the deadline (its thread may still be stuck), or
+/// answered that the mount is dead: never probed again, unmounted lazily when busy.
+fn unresponsive() -> &'static Mutex<std::collections::BTreeSet<PathBuf>> {
+    static PATHS: std::sync::OnceLock<Mutex<std::collections::BTreeSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    PATHS.get_or_init(Default::default)
+}
+
+fn is_unresponsive(path: &Path) -> bool {
+    unresponsive().lock().unwrap_or_else(|p| p.into_inner()).contains(path)
+}
+
+fn mark_unresponsive(path: &Path) {
+    unresponsive().lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_path_buf());
+}
+
+/// Whether an error says the filesystem behind a path is gone (upstream's "corrupted mount":
+/// a FUSE daemon that died, an NFS server gone, an I/O error).
+pub fn is_dead_mount_error(errno: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    matches!(errno, Errno::NOTCONN | Errno::STALE | Errno::IO | Errno::HOSTDOWN)
+}
+
+/// Whether the filesystem mounted at `path` answers a forced `statx` within [`PROBE_DEADLINE`]
+/// (a dead one, or one that does not answer, is marked unresponsive).
+fn answers(path: &Path) -> bool {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let look = |p: &Path| {
+        statx(CWD, p, AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_FORCE_SYNC, StatxFlags::BASIC_STATS)
+    };
+    match probe(path, PROBE_DEADLINE, look) {
+        Some(Err(errno)) if is_dead_mount_error(errno) => {
+            mark_unresponsive(path);
+            false
+        }
+        Some(_) => true,
+        None => false,
+    }
+}
+
+/// Runs `look` (a `stat` of `path`, say) on a thread of its own and waits at most `deadline`
+/// for it; `None` when it did not answer in time — the path is then marked unresponsive and
+/// the thread left to finish whenever the filesystem answers. A path already unresponsive is
+/// not looked at again. The thread shares the caller's mount namespace.
+pub fn probe<T: Send + 'static>(
+    path: &Path,
+    deadline: std::time::Duration,
+    look: impl FnOnce(&Path) -> T + Send + 'static,
+) -> Option<T> {
+    if is_unresponsive(path) {
+        return None;
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let owned = path.to_path_buf();
+    let spawned = std::thread::Builder::new().name("kvol-probe".into()).spawn(move || {
+        let _ = tx.send(look(&owned));
+    });
+    if spawned.is_err() {
+        return None;
+    }
+    match rx.recv_timeout(deadline) {
+        Ok(answer) => Some(answer),
+        Err(_) => {
+            tracing::warn!(path = %path.display(), deadline_ms = deadline.as_millis() as u64, "a look at this path did not answer: its mount is taken for unresponsive");
+            mark_unresponsive(path);
+            None
+        }
+    }
+}
+
 /// The real mount table: mount(2), umount2(2) and `/proc/self/mountinfo`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemMounter;
@@ -132,6 +214,10 @@ impl Mounter for SystemMounter {
     /// Retries `EBUSY` a few times over about 100 ms: a process forked elsewhere holds copies
     /// of every open file until it execs, which on a busy node can pin a mount for a moment.
     /// A mount that stays busy is an error; the caller's backoff takes it from there.
+    /// A mount that stays busy is detached lazily (`MNT_DETACH`) when it is unresponsive
+    /// (a probe of it hangs past its deadline, or it answers as dead): the threads stuck in it
+    /// hold it busy for good, and detaching deletes nothing. A busy mount that answers stays
+    /// an error: something is using it.
     fn unmount(&self, target: &Path) -> Result<(), MountError> {
         let mut tries = 0;
         loop {
@@ -139,6 +225,11 @@ impl Mounter for SystemMounter {
                 Err(nix::errno::Errno::EBUSY) if tries < UNMOUNT_BUSY_RETRIES => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(nix::errno::Errno::EBUSY) if is_unresponsive(target) || !answers(target) => {
+                    tracing::warn!(target = %target.display(), "unresponsive mount stays busy: detaching it lazily");
+                    return nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW | MntFlags::MNT_DETACH)
+                        .map_err(|e| MountError::new("detach", target, e.into()));
                 }
                 result => return result.map_err(|e| MountError::new("unmount", target, e.into())),
             }
@@ -149,13 +240,21 @@ impl Mounter for SystemMounter {
     /// reading the whole mount table; the table when the kernel cannot say, or the path cannot
     /// be looked at (a dead FUSE mount answers `ENOTCONN`). A path that does not exist is not a
     /// mount point.
+    /// The `statx` runs through [`probe`]: a mount that does not answer within
+    /// [`PROBE_DEADLINE`] is looked up in the table instead, as is a dead one.
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
         use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
-        match statx(CWD, path, AtFlags::NO_AUTOMOUNT | AtFlags::SYMLINK_NOFOLLOW, StatxFlags::empty()) {
-            Ok(stat) if stat.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) => {
+        let look =
+            |p: &Path| statx(CWD, p, AtFlags::NO_AUTOMOUNT | AtFlags::SYMLINK_NOFOLLOW, StatxFlags::empty());
+        match probe(path, PROBE_DEADLINE, look) {
+            Some(Ok(stat)) if stat.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) => {
                 Ok(stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
             }
-            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Some(Err(rustix::io::Errno::NOENT)) => Ok(false),
+            Some(Err(errno)) if is_dead_mount_error(errno) => {
+                mark_unresponsive(path);
+                Ok(self.mount_points()?.iter().any(|m| m.target == path))
+            }
             _ => Ok(self.mount_points()?.iter().any(|m| m.target == path)),
         }
     }

@@ -79,10 +79,16 @@ pub fn has_backsteps(path: &Path) -> bool {
     path.components().any(|c| c == Component::ParentDir)
 }
 
-/// The path as the mount table spells it: symlinks resolved when it exists (mountinfo holds
-/// resolved paths), else as given.
+/// The path as the mount table spells it: its parent's symlinks resolved (mountinfo holds
+/// resolved paths), the last component as given. The path itself is never looked at: it may be
+/// a mount whose filesystem does not answer.
 pub fn mount_table_path(path: &Path) -> PathBuf {
-    fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
+            fs::canonicalize(parent).map_or_else(|_| path.to_path_buf(), |p| p.join(name))
+        }
+        _ => fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
 }
 
 /// The mounts at or below `path`, deepest first and, at one depth, latest first: the order
@@ -103,14 +109,17 @@ pub fn is_mounted(mounter: &dyn Mounter, path: &Path) -> Result<bool> {
 /// bind brings the source's submounts along), then removes the target, which is then the
 /// empty directory or empty file publish created. Never deletes anything else: a target that
 /// is not empty after unmounting is an error. A target already gone is success.
+///
+/// The mounts come from the mount table and go before the target is looked at, so a mount
+/// whose filesystem does not answer (a stopped FUSE daemon) is unmounted without being touched.
 pub fn unmount_and_remove_target(mounter: &dyn Mounter, target: &Path) -> Result<()> {
+    for mount in mounts_at_or_below(mounter, target)? {
+        mounter.unmount(&mount.target)?;
+    }
     match fs::symlink_metadata(target) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(PluginError::io("inspect", target, e)),
         Ok(_) => {}
-    }
-    for mount in mounts_at_or_below(mounter, target)? {
-        mounter.unmount(&mount.target)?;
     }
     remove_empty(target)
 }
