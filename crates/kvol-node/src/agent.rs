@@ -68,6 +68,9 @@ pub struct AgentConfig {
     /// How often a volume whose CSI driver `requiresRepublish` is published again (kubelet
     /// does it on each pod sync, about once a minute).
     pub republish: Duration,
+    /// The deadline of every call to a CSI driver (kubelet's `csiTimeout`, two minutes); a
+    /// call cut short by it leaves its volume uncertain.
+    pub csi_call_timeout: Duration,
 }
 
 impl AgentConfig {
@@ -88,6 +91,7 @@ impl AgentConfig {
             metrics_address: None,
             resync: Duration::from_secs(10),
             republish: Duration::from_secs(60),
+            csi_call_timeout: kvol_csi::client::DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -218,7 +222,7 @@ async fn run(
             Arc::new(objects.clone()),
             host.clone(),
             &config.gates,
-            Timeouts::default(),
+            Timeouts::with_call(config.csi_call_timeout),
         )
         .with_observer(metrics.clone()),
     );

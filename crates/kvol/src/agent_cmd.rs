@@ -42,6 +42,10 @@ pub struct AgentArgs {
     /// How often a volume whose CSI driver says `requiresRepublish` is published again.
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub republish_seconds: u64,
+    /// The deadline of every call to a CSI driver; a call cut short by it leaves its volume
+    /// uncertain (torn down like a finished one, or tried again).
+    #[arg(long, default_value = "120", value_name = "SECONDS")]
+    pub csi_call_timeout_seconds: u64,
     /// Exit once every volume has settled (published, failed with a reason, or pending with a
     /// reason) and print the status: a demonstration mode. Volumes stay mounted.
     #[arg(long)]
@@ -62,6 +66,7 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
     config.metrics_address = (!args.no_metrics).then_some(args.metrics_address);
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
+    config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
