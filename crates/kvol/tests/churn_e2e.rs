@@ -21,6 +21,8 @@ fn churn_with_kill_9_and_a_misbehaving_driver_leaves_nothing_behind() {
     let seed = seed();
     eprintln!("churn seed {seed} (KVOL_CHURN_SEED={seed} repeats the schedule; timing varies)");
     let mut node = Node::new();
+    // A short CSI deadline: a call the proxy never answers ends by the agent's deadline.
+    node.agent_args = vec!["--csi-call-timeout-seconds".to_string(), "3".to_string()];
     let root = node.root.clone();
     let backend = root.join("chaos-backend/csi.sock");
     let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));

@@ -270,7 +270,8 @@ fn checkpoint(
     if let Some(chaos) = chaos {
         chaos.set_calm(true);
         if chaos.hanging() > 0 {
-            // Only the agent's deadline (two minutes) or its death ends a hung call.
+            // The agent's deadline or its death ends a call that never answers: a kill
+            // here keeps the checkpoint short whatever the deadline.
             node.kill_9();
             figures.kills += 1;
             node.start();
