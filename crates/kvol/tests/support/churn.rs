@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvol_csi::bundled::state::State;
+use kvol_hostpath::state::State;
 use kvol_node::status::{Phase, StatusReport};
 use kvol_plugin::MountPoint;
 

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kvol_csi::bundled::registrar::{RegistrarService, plugin_info};
 use kvol_csi::proto::csi::controller_client::ControllerClient;
 use kvol_csi::proto::csi::controller_server::{Controller, ControllerServer};
 use kvol_csi::proto::csi::identity_client::IdentityClient;
@@ -14,6 +13,7 @@ use kvol_csi::proto::csi::node_client::NodeClient;
 use kvol_csi::proto::csi::node_server::{Node, NodeServer};
 use kvol_csi::proto::csi::*;
 use kvol_csi::proto::registration::registration_server::RegistrationServer;
+use kvol_hostpath::registrar::{RegistrarService, plugin_info};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
@@ -182,6 +182,7 @@ forwarding!(Controller, ControllerClient, [
         delete_snapshot: DeleteSnapshotRequest => DeleteSnapshotResponse,
         list_snapshots: ListSnapshotsRequest => ListSnapshotsResponse,
     controller_expand_volume: ControllerExpandVolumeRequest => ControllerExpandVolumeResponse,
+    controller_modify_volume: ControllerModifyVolumeRequest => ControllerModifyVolumeResponse,
 ], {});
 
 forwarding!(Node, NodeClient, [
