@@ -1,9 +1,10 @@
-//! kvol's shared vocabulary: migratable plugins, feature gates and well-known keys; no I/O.
+//! kvol's shared vocabulary: migratable plugins, feature gates, well-known keys and object validation; no I/O.
 
 pub mod config;
 pub mod gates;
 pub mod keys;
 pub mod plugin;
+pub mod validation;
 
 pub use config::KvolConfig;
 pub use gates::{FeatureGates, Gate, GateError};

@@ -23,6 +23,12 @@ impl NodePaths {
         &self.root
     }
 
+    /// The root, opened, to create and remove paths beneath it without following symlinks.
+    pub fn open_root(&self) -> crate::error::Result<crate::beneath::Root> {
+        crate::beneath::Root::open(&self.root)
+            .map_err(|e| crate::error::PluginError::io("open the root", &self.root, e))
+    }
+
     /// `<root>/pods/<uid>`.
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
         self.root.join("pods").join(pod_uid)

@@ -185,6 +185,84 @@ async fn empty_dir_on_disk_is_world_writable_whatever_the_umask() {
     sandbox.assert_nothing_mounted();
 }
 
+/// A directory outside the root with a mode and a file that must survive.
+fn victim() -> (tempfile::TempDir, PathBuf) {
+    let outside = tempfile::tempdir().unwrap();
+    let victim = fs::canonicalize(outside.path()).unwrap().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("keep"), b"precious").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    (outside, victim)
+}
+
+fn assert_untouched(victim: &Path) {
+    assert_eq!(mode_of(victim), 0o700, "{} changed mode", victim.display());
+    assert_eq!(fs::read(victim.join("keep")).unwrap(), b"precious");
+    assert_eq!(fs::read_dir(victim).unwrap().count(), 1);
+}
+
+#[tokio::test]
+async fn empty_dir_named_to_climb_out_of_the_root_reaches_nothing() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let (_outside, victim) = victim();
+    let plugin = EmptyDirPlugin::new(sandbox.host.clone());
+    let climb = format!("{}{}", "../".repeat(12), victim.strip_prefix("/").unwrap().display());
+    // The plugin's directory exists, so the climbing path resolves to the victim.
+    fs::create_dir_all(sandbox.path("pods/uid-1/volumes/kubernetes.io~empty-dir")).unwrap();
+    for name in [climb.as_str(), victim.to_str().unwrap()] {
+        let dir = plugin.pod_volume_dir("uid-1", name);
+        let spec = empty_dir(None, None);
+        let err = plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap_err();
+        assert!(err.to_string().contains("refusing"), "{err}");
+        plugin.unpublish(&unpublish_request(&dir)).await.unwrap_err();
+        assert_untouched(&victim);
+    }
+    sandbox.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn empty_dir_under_a_planted_symlink_is_refused_and_its_teardown_removes_nothing_outside() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let (_outside, victim) = victim();
+    let plugin = EmptyDirPlugin::new(sandbox.host.clone());
+    let dir = plugin.pod_volume_dir("uid-1", "cache");
+    // The pod volume directory's parent is a link to the victim; the victim holds what the
+    // volume directory would be, with content.
+    let parent = dir.parent().unwrap();
+    fs::create_dir_all(parent.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&victim, parent).unwrap();
+    fs::create_dir(victim.join("cache")).unwrap();
+    fs::write(victim.join("cache/keep"), b"x").unwrap();
+    let before = mode_of(&victim.join("cache"));
+    let spec = empty_dir(None, None);
+    let err = plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap_err();
+    assert!(err.to_string().contains("kvol never follows one"), "{err}");
+    let err = plugin.unpublish(&unpublish_request(&dir)).await.unwrap_err();
+    assert!(err.to_string().contains("kvol never follows one"), "{err}");
+    assert_eq!(mode_of(&victim.join("cache")), before, "no chmod through the link");
+    assert!(victim.join("cache/keep").exists());
+    sandbox.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn recursive_removal_refuses_to_delete_through_a_mount() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let (_outside, victim) = victim();
+    let root = sandbox.host.paths.open_root().unwrap();
+    let dir = sandbox.path("pods/uid-1/volumes/kubernetes.io~empty-dir/cache");
+    fs::create_dir_all(dir.join("inner")).unwrap();
+    SystemMounter.bind(&victim, &dir.join("inner"), false).unwrap();
+    let err = root.remove_all(&dir).unwrap_err();
+    assert!(err.to_string().contains("refusing to delete through the mount at"), "{err}");
+    SystemMounter.unmount(&dir.join("inner")).unwrap();
+    assert_untouched(&victim);
+    root.remove_all(&dir).unwrap();
+    assert!(!dir.exists());
+}
+
 #[tokio::test]
 async fn empty_dir_in_memory_is_a_sized_tmpfs_that_unpublish_removes() {
     enter_private_mount_namespace();
