@@ -65,6 +65,7 @@ const SUBDOMAIN: Rule = Rule { name: "a DNS-1123 subdomain", check: dns1123_subd
 const CSI_DRIVER: Rule = Rule { name: "a CSI driver name", check: csi_driver_name };
 const UID: Rule = Rule { name: "a uid kvol accepts", check: uid };
 const QUALIFIED: Rule = Rule { name: "a qualified name (vendor/driver)", check: qualified_name };
+const FS_GROUP_CHANGE_POLICY: Rule = Rule { name: "an fsGroupChangePolicy", check: fs_group_change_policy };
 const HOST_PATH: Rule = Rule { name: "a clean absolute path", check: clean_absolute_path };
 
 fn first_bad_char(value: &str, allowed: impl Fn(char) -> bool) -> Result<(), String> {
@@ -143,6 +144,14 @@ pub fn qualified_name(value: &str) -> Result<(), String> {
         return Err(format!("its name part {name:?} must begin and end with a letter or digit"));
     }
     Ok(())
+}
+
+/// `OnRootMismatch` or `Always`.
+pub fn fs_group_change_policy(value: &str) -> Result<(), String> {
+    match value {
+        "OnRootMismatch" | "Always" => Ok(()),
+        _ => Err("it must be \"OnRootMismatch\" or \"Always\"".to_string()),
+    }
 }
 
 /// An absolute path in clean form: `/`, or `/`-separated components none of which is empty,
@@ -224,6 +233,9 @@ impl Errors {
 pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     let mut errors = Errors::default();
     errors.meta(&pod.metadata, SUBDOMAIN, true);
+    let policy =
+        pod.spec.as_ref().and_then(|s| s.security_context.as_ref()?.fs_group_change_policy.as_deref());
+    errors.check_some("spec.securityContext.fsGroupChangePolicy", policy, FS_GROUP_CHANGE_POLICY);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     for (i, volume) in volumes.into_iter().flatten().enumerate() {
         errors.pod_volume(i, volume);
@@ -387,6 +399,9 @@ mod tests {
     #[test]
     fn host_paths_are_clean_and_absolute() {
         let cases: &[(Check, &str, Option<&str>)] = &[
+            (fs_group_change_policy, "OnRootMismatch", None),
+            (fs_group_change_policy, "Always", None),
+            (fs_group_change_policy, "onRootMismatch", Some("it must be \"OnRootMismatch\" or \"Always\"")),
             (clean_absolute_path, "/", None),
             (clean_absolute_path, "/srv/data", None),
             (clean_absolute_path, "/srv/..data/x..", None),

@@ -97,6 +97,7 @@ static POD: PodInfo = PodInfo {
     uid: String::new(),
     service_account: String::new(),
     fs_group: None,
+    fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
 };
 
 fn publish_request<'a>(spec: &'a VolumeSpec, target: &'a Path, read_only: bool) -> PublishRequest<'a> {
