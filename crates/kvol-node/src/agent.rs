@@ -68,6 +68,8 @@ pub struct AgentConfig {
     /// How often a volume whose CSI driver `requiresRepublish` is published again (kubelet
     /// does it on each pod sync, about once a minute).
     pub republish: Duration,
+    /// Where hostPath volumes may point (`--allowed-host-paths`); `None`: anywhere.
+    pub allowed_host_paths: Option<Vec<PathBuf>>,
 }
 
 impl AgentConfig {
@@ -88,13 +90,21 @@ impl AgentConfig {
             metrics_address: None,
             resync: Duration::from_secs(10),
             republish: Duration::from_secs(60),
+            allowed_host_paths: None,
         }
     }
 }
 
 /// Secrets as the current objects hold them, for plugins.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct ObjectSecrets(RwLock<BTreeMap<String, Secret>>);
+
+impl std::fmt::Debug for ObjectSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secrets = self.0.read().unwrap_or_else(|e| e.into_inner());
+        f.debug_tuple("ObjectSecrets").field(&kvol_plugin::host::RedactedSecrets(&secrets)).finish()
+    }
+}
 
 impl SecretStore for ObjectSecrets {
     fn get(&self, namespace: &str, name: &str) -> Option<Secret> {
@@ -162,7 +172,8 @@ async fn run(
         NodeInfo::named(&config.node_name),
         Arc::clone(&mounter),
     )
-    .with_secrets(secrets.clone());
+    .with_secrets(secrets.clone())
+    .with_allowed_host_paths(config.allowed_host_paths.clone());
 
     // The journal, and the actual state rebuilt from it and the node.
     let store_path = config.root.join("state.redb");

@@ -42,8 +42,8 @@ pub const QUIET: Duration = Duration::from_millis(50);
 /// changing is still read at least this often.
 pub const MAX_DELAY: Duration = Duration::from_millis(500);
 
-/// An object read from a manifest.
-#[derive(Clone, Debug, PartialEq)]
+/// An object read from a manifest. Its debug output shows a Secret's keys, never its values.
+#[derive(Clone, PartialEq)]
 pub enum Object {
     Pod(Box<Pod>),
     PersistentVolume(Box<PersistentVolume>),
@@ -82,6 +82,21 @@ impl Object {
             format!("{}/{name}", meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))
         } else {
             name.to_string()
+        }
+    }
+}
+
+impl fmt::Debug for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Object::Pod(o) => f.debug_tuple("Pod").field(o).finish(),
+            Object::PersistentVolume(o) => f.debug_tuple("PersistentVolume").field(o).finish(),
+            Object::PersistentVolumeClaim(o) => f.debug_tuple("PersistentVolumeClaim").field(o).finish(),
+            Object::StorageClass(o) => f.debug_tuple("StorageClass").field(o).finish(),
+            Object::CsiDriver(o) => f.debug_tuple("CsiDriver").field(o).finish(),
+            Object::Secret(o) => {
+                f.debug_tuple("Secret").field(&kvol_plugin::host::RedactedSecret(o)).finish()
+            }
         }
     }
 }

@@ -700,3 +700,33 @@ fn mount_point_checks_agree_with_the_mount_table() {
     }
     sandbox.assert_nothing_mounted();
 }
+
+#[tokio::test]
+async fn host_paths_outside_the_allowed_prefixes_are_refused() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let outside = tempfile::tempdir().unwrap();
+    let base = fs::canonicalize(outside.path()).unwrap();
+    let (allowed, sibling) = (base.join("srv"), base.join("srv2"));
+    fs::create_dir_all(allowed.join("data")).unwrap();
+    fs::create_dir_all(&sibling).unwrap();
+    let host = sandbox.host.clone().with_allowed_host_paths(Some(vec![allowed.clone()]));
+    let plugin = HostPathPlugin::new(host);
+    let target = sandbox.path("pods/uid-1/volumes/kubernetes.io~host-path/host");
+    let inside = host_path(&allowed.join("data"), "Directory");
+    plugin.publish(&publish_request(&inside, &target, false)).await.unwrap();
+    assert_eq!(sandbox.mount_on(&target).fstype, sandbox.mounts_below(&target)[0].fstype);
+    plugin.unpublish(&unpublish_request(&target)).await.unwrap();
+    let refused = host_path(&sibling, "Directory");
+    let err = plugin.publish(&publish_request(&refused, &target, false)).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "inline volume \"host\": host path {} is outside the allowed host paths ({}) set by --allowed-host-paths",
+            sibling.display(),
+            allowed.display()
+        )
+    );
+    assert!(!target.exists(), "a refused volume leaves no target");
+    sandbox.assert_nothing_mounted();
+}
