@@ -1,10 +1,11 @@
-//! kvol's shared vocabulary: migratable plugins, feature gates and well-known keys; no I/O.
+//! kvol's shared vocabulary: migratable plugins, feature gates, well-known keys and object validation; no I/O.
 
 pub mod backoff;
 pub mod config;
 pub mod gates;
 pub mod keys;
 pub mod plugin;
+pub mod validation;
 
 pub use backoff::Backoff;
 pub use config::KvolConfig;

@@ -36,7 +36,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,9 +44,11 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, CSIVolumeSource, PersistentVolumeSpec, Secret, SecretReference,
 };
+use kvol_plugin::beneath;
 use kvol_plugin::local::{create_dir_all, is_mounted};
 use kvol_plugin::plugin::{
-    Attacher, DeviceMounter, NodeExpander, PublishRequest, UnpublishRequest, VolumeMounter,
+    Attacher, DeviceMounter, FsGroupChangePolicy, NodeExpander, PublishRequest, UnpublishRequest,
+    VolumeMounter,
 };
 use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
@@ -456,7 +457,7 @@ impl CsiPlugin {
             && volume_mount_group.is_none()
             && applies_fs_group(policy.fs_group_policy, plan.fs_type, plan.access_modes, plan.read_only)
         {
-            apply_fs_group(&target, group)?;
+            apply_fs_group(&target, group, req.pod.fs_group_change_policy, plan.read_only)?;
         }
         Ok(())
     }
@@ -586,35 +587,26 @@ fn secret_values(secret: &Secret) -> Result<BTreeMap<String, String>, String> {
     Ok(values)
 }
 
-/// Gives `group` every file and directory under `root` (upstream's `SetVolumeOwnership`):
-/// the group changes, files gain `g+rw`, directories `g+rwx` and setgid; symlinks keep their
-/// mode and are not followed.
-fn apply_fs_group(root: &Path, group: i64) -> PluginResult<()> {
+/// Gives `group` the volume at `root` through [`kvol_plugin::beneath::apply_fs_group`] (no
+/// symlink followed, no other mount entered); under `OnRootMismatch`, only when the root's
+/// group and mode do not already match.
+fn apply_fs_group(root: &Path, group: i64, policy: FsGroupChangePolicy, read_only: bool) -> PluginResult<()> {
     let gid = u32::try_from(group).map_err(|_| {
         let reason =
             io::Error::new(io::ErrorKind::InvalidInput, format!("fsGroup {group} is not a group ID"));
         PluginError::io("apply fsGroup to", root, reason)
     })?;
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        let metadata = fs::symlink_metadata(&path).map_err(|e| PluginError::io("inspect", &path, e))?;
-        std::os::unix::fs::lchown(&path, None, Some(gid))
-            .map_err(|e| PluginError::io("apply fsGroup to", &path, e))?;
-        if metadata.file_type().is_symlink() {
-            continue;
+    if policy == FsGroupChangePolicy::OnRootMismatch {
+        let (root_gid, mode, is_dir) =
+            beneath::root_ownership(root).map_err(|e| PluginError::io("inspect", root, e))?;
+        if !beneath::root_mismatches(root_gid, mode, is_dir, gid, read_only) {
+            tracing::debug!(path = %root.display(), gid, "fsGroup: the root already matches, no walk");
+            return Ok(());
         }
-        let mut mask = 0o660;
-        if metadata.is_dir() {
-            mask |= 0o2000 | 0o110;
-            let entries = fs::read_dir(&path).map_err(|e| PluginError::io("list", &path, e))?;
-            for entry in entries {
-                pending.push(entry.map_err(|e| PluginError::io("list", &path, e))?.path());
-            }
-        }
-        let mode = (metadata.permissions().mode() & 0o7777) | mask;
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .map_err(|e| PluginError::io("apply fsGroup to", &path, e))?;
     }
+    let count = beneath::apply_fs_group(root, gid, read_only)
+        .map_err(|e| PluginError::io("apply fsGroup to", root, e))?;
+    tracing::debug!(path = %root.display(), gid, changed = count.changed, other_mounts = count.other_mounts, "fsGroup applied");
     Ok(())
 }
 
@@ -1000,6 +992,8 @@ fn already_gone(result: crate::error::Result<()>, driver: &str) -> crate::error:
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
     use k8s_openapi::ByteString;
 
@@ -1064,11 +1058,32 @@ mod tests {
         fs::set_permissions(&outside, fs::Permissions::from_mode(0o600)).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
         let gid = i64::from(nix::unistd::getegid().as_raw());
-        apply_fs_group(&root, gid).unwrap();
+        apply_fs_group(&root, gid, FsGroupChangePolicy::Always, false).unwrap();
         let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode(&root.join("sub/file")), 0o660);
         assert_eq!(mode(&root.join("sub")), 0o2770);
         assert_eq!(mode(&outside), 0o600, "the symlink's target is not touched");
-        assert!(apply_fs_group(&root, -1).unwrap_err().to_string().contains("fsGroup -1 is not a group ID"));
+        let err = apply_fs_group(&root, -1, FsGroupChangePolicy::Always, false).unwrap_err();
+        assert!(err.to_string().contains("fsGroup -1 is not a group ID"));
+    }
+
+    #[test]
+    fn on_root_mismatch_skips_the_walk_when_the_root_matches() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("mount");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("file"), "x").unwrap();
+        let gid = i64::from(nix::unistd::getegid().as_raw());
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        // (root mode, the file's mode afterwards: 0o600 when skipped, 0o660 when walked)
+        for (root_mode, want) in [(0o2770, 0o600), (0o0770, 0o660), (0o2750, 0o660)] {
+            fs::set_permissions(root.join("file"), fs::Permissions::from_mode(0o600)).unwrap();
+            fs::set_permissions(&root, fs::Permissions::from_mode(root_mode)).unwrap();
+            apply_fs_group(&root, gid, FsGroupChangePolicy::OnRootMismatch, false).unwrap();
+            assert_eq!(mode(&root.join("file")), want, "root {root_mode:o}");
+        }
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o2770)).unwrap();
+        apply_fs_group(&root, gid, FsGroupChangePolicy::Always, false).unwrap();
+        assert_eq!(mode(&root.join("file")), 0o660, "Always walks whatever the root");
     }
 }

@@ -456,6 +456,7 @@ mod tests {
             uid: "uid-1".into(),
             service_account: "web".into(),
             fs_group: None,
+            fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
         };
         let attributes = BTreeMap::from([
             ("share".to_string(), "a".to_string()),

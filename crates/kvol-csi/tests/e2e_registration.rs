@@ -158,6 +158,7 @@ fn pod() -> PodInfo {
         uid: "uid-1".into(),
         service_account: "default".into(),
         fs_group: None,
+        fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
     }
 }
 

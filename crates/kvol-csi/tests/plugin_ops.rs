@@ -506,6 +506,7 @@ fn pod() -> PodInfo {
         uid: "uid-1".into(),
         service_account: "web".into(),
         fs_group: None,
+        fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
     }
 }
 

@@ -74,7 +74,12 @@ async fn main() {
         until(|| registry.snapshot().find_by_name(&plugin_name).is_ok(), Duration::from_secs(10)).await;
         latencies.push(installed.elapsed());
         let exe = plugins.join(&name).join(format!("d{i}"));
-        let driver = FlexDriver { name: plugin_name, executable: exe, limits: CallLimits::default() };
+        let driver = FlexDriver {
+            name: plugin_name,
+            executable: exe,
+            limits: CallLimits::default(),
+            owner_uid: nix::unistd::geteuid().as_raw(),
+        };
         let start = Instant::now();
         driver.call(Command::Init, &[]).await.unwrap();
         execs.push(start.elapsed());

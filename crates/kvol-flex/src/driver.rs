@@ -10,7 +10,7 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -25,7 +25,7 @@ use tokio::process::Child;
 
 use crate::error::{FlexError, Result};
 use crate::options::RedactedArgs;
-use crate::status;
+use crate::{status, trust};
 
 /// How long to wait for a killed driver to be reaped before leaving it to tokio's orphan reaper
 /// (a process stuck in uninterruptible sleep does not die at once).
@@ -166,6 +166,21 @@ pub struct FlexDriver {
     pub name: String,
     pub executable: PathBuf,
     pub limits: CallLimits,
+    /// The owner the executable and its directory must have, checked before every call.
+    pub owner_uid: u32,
+}
+
+/// The environment variable every driver call gets: the executable's path, so a call whose
+/// `argv` shows only `/proc/<pid>/fd/<n>` (a script run through its interpreter) is still
+/// recognised as a driver call by [`crate::leftovers`] after its agent died.
+pub const DRIVER_ENV: &str = "KVOL_FLEXVOLUME_DRIVER";
+
+/// The path that executes an open descriptor: its magic link under this process's `/proc`
+/// entry. It resolves to the opened inode whatever happened to the file's name meanwhile, and
+/// it stays valid for a script's interpreter (which opens it after `execve`) as long as this
+/// process holds the descriptor.
+pub fn exec_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd()))
 }
 
 impl FlexDriver {
@@ -213,9 +228,15 @@ impl FlexDriver {
             command: command.as_str(),
             source,
         };
+        // The checked file, held open until the call ends: a script's interpreter opens it by
+        // its /proc path after the exec.
+        let checked = trust::open_executable(&self.executable, self.owner_uid).map_err(|e| match e {
+            FlexError::Io { source, .. } => spawn_error(source),
+            refused => refused,
+        })?;
         // One pipe for stdout and stderr, as Go's CombinedOutput does: the output keeps its order.
         let (reader, writer) = io::pipe().map_err(spawn_error)?;
-        let mut child = self.spawn(command, args, &writer).await.map_err(spawn_error)?;
+        let mut child = self.spawn(&checked, command, args, &writer).await.map_err(spawn_error)?;
         // Only the driver may hold the write end now, or the pipe would never end.
         drop(writer);
         let mut group = GroupGuard(child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw));
@@ -249,11 +270,20 @@ impl FlexDriver {
     /// Starts the driver in a new process group, its stdout and stderr on `writer`. A driver
     /// file still open for writing somewhere (being copied in place, or inherited for an
     /// instant by a process another thread forks) fails with ETXTBSY; that is retried briefly.
-    async fn spawn(&self, command: Command, args: &[String], writer: &io::PipeWriter) -> io::Result<Child> {
+    /// `argv[0]` is the executable's path, as before; `$0` of a script is the `/proc` path.
+    async fn spawn(
+        &self,
+        checked: &OwnedFd,
+        command: Command,
+        args: &[String],
+        writer: &io::PipeWriter,
+    ) -> io::Result<Child> {
         let mut attempt = 0;
         loop {
-            let mut cmd = tokio::process::Command::new(&self.executable);
-            cmd.arg(command.as_str())
+            let mut cmd = tokio::process::Command::new(exec_path(checked));
+            cmd.arg0(&self.executable)
+                .env(DRIVER_ENV, &self.executable)
+                .arg(command.as_str())
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(writer.try_clone()?)

@@ -2,7 +2,10 @@
 //!
 //! A call kvol starts leads its own process group (see [`crate::driver`]), and runs an
 //! executable inside the driver directory: `argv[0]` for a binary, `argv[1]` for a script run
-//! by its interpreter. When the agent dies the call goes on, reparented away from kvol. A new
+//! by its interpreter — or, since kvol executes the checked descriptor, `argv[1]` of a script
+//! is `/proc/<agent pid>/fd/<n>`, so the call also carries the executable's path in its
+//! environment ([`crate::driver::DRIVER_ENV`]). The command line reported has the Secret
+//! values of its options JSON redacted. When the agent dies the call goes on, reparented away from kvol. A new
 //! agent stops such calls (the whole group, with `SIGKILL`) before it reads the mount table:
 //! the journal says which operations were interrupted, and the mount table read afterwards is
 //! final. A driver must already tolerate being killed: every call has a deadline.
@@ -16,11 +19,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use crate::driver::DRIVER_ENV;
+use crate::options::redact_secrets;
+
 /// A driver call running with no kvol process as its parent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeftoverCall {
     pub pid: i32,
-    /// The command line, arguments joined by spaces, for the log.
+    /// The command line, arguments joined by spaces and Secret values redacted, for the log.
     pub command_line: String,
 }
 
@@ -31,6 +37,8 @@ pub struct ProcessFacts {
     pub process_group: i32,
     pub parent_is_kvol: bool,
     pub argv: Vec<String>,
+    /// The value of [`crate::driver::DRIVER_ENV`] in its environment, if any.
+    pub driver_env: Option<String>,
 }
 
 /// Whether `process` is a driver call under `flex_dir` that no kvol process owns; pure.
@@ -39,7 +47,8 @@ pub fn is_leftover(process: &ProcessFacts, flex_dir: &Path) -> bool {
         let path = Path::new(arg);
         path.is_absolute() && path.starts_with(flex_dir) && path != flex_dir
     };
-    process.pid == process.process_group && !process.parent_is_kvol && process.argv.iter().take(2).any(under)
+    let points_in = process.argv.iter().take(2).any(under) || process.driver_env.as_ref().is_some_and(under);
+    process.pid == process.process_group && !process.parent_is_kvol && points_in
 }
 
 /// The leftover driver calls under `flex_dir`, read from `/proc`. Processes that vanish while
@@ -52,11 +61,16 @@ pub fn find(flex_dir: &Path) -> Vec<LeftoverCall> {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         let Some(facts) = read_facts(pid, own.as_deref()) else { continue };
         if is_leftover(&facts, flex_dir) {
-            found.push(LeftoverCall { pid, command_line: facts.argv.join(" ") });
+            found.push(LeftoverCall { pid, command_line: shown_command_line(&facts.argv) });
         }
     }
     found.sort_by_key(|c| c.pid);
     found
+}
+
+/// The command line as logs may show it: arguments joined by spaces, Secret values redacted.
+pub fn shown_command_line(argv: &[String]) -> String {
+    argv.iter().map(|a| redact_secrets(a)).collect::<Vec<_>>().join(" ")
 }
 
 /// Kills each call's process group and waits (at most `limit` in all) until the calls are
@@ -93,9 +107,15 @@ fn read_facts(pid: i32, own_exe: Option<&Path>) -> Option<ProcessFacts> {
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let prefix = format!("{DRIVER_ENV}=");
+    let driver_env = environ
+        .split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned());
     let parent_exe: Option<PathBuf> = std::fs::read_link(format!("/proc/{parent}/exe")).ok();
     let parent_is_kvol = parent_exe.is_some() && parent_exe.as_deref() == own_exe;
-    Some(ProcessFacts { pid, process_group, parent_is_kvol, argv })
+    Some(ProcessFacts { pid, process_group, parent_is_kvol, argv, driver_env })
 }
 
 /// State, parent pid and process group from `/proc/<pid>/stat`; the command name in
@@ -122,6 +142,11 @@ mod tests {
             process_group: group,
             parent_is_kvol,
             argv: argv.iter().map(|s| s.to_string()).collect(),
+            driver_env: None,
+        };
+        let through_proc = |env: &str| ProcessFacts {
+            driver_env: Some(env.to_string()),
+            ..facts(10, 10, false, &["/bin/sh", "/proc/77/fd/9", "mount"])
         };
         let script = "/var/lib/kvol/flexvolume/acme~nfs/nfs";
         let rows = [
@@ -134,10 +159,24 @@ mod tests {
             (facts(10, 10, false, &["/var/lib/kvol/flexvolume"]), false),
             (facts(10, 10, false, &["acme~nfs/nfs", "mount"]), false),
             (facts(10, 10, false, &[]), false),
+            (through_proc(script), true),
+            (through_proc("/elsewhere/acme~nfs/nfs"), false),
+            (ProcessFacts { parent_is_kvol: true, ..through_proc(script) }, false),
+            (facts(10, 10, false, &["/bin/sh", "/proc/77/fd/9", "mount"]), false),
         ];
         for (process, expected) in rows {
             assert_eq!(is_leftover(&process, dir), expected, "{process:?}");
         }
+    }
+
+    #[test]
+    fn the_command_line_shown_has_no_secret_values() {
+        let options = r#"{"kubernetes.io/secret/password":"c2VjcmV0","kubernetes.io/fsType":"ext4"}"#;
+        let argv: Vec<String> = ["/d/acme~nfs/nfs", "mount", "/t", options].map(String::from).to_vec();
+        let shown = shown_command_line(&argv);
+        assert!(!shown.contains("c2VjcmV0"), "{shown}");
+        assert!(shown.starts_with("/d/acme~nfs/nfs mount /t {"), "{shown}");
+        assert!(shown.contains("ext4") && shown.contains("<redacted>"), "{shown}");
     }
 
     #[test]

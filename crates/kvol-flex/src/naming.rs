@@ -28,7 +28,8 @@ pub fn driver_in_dir(dir: &Path, limits: CallLimits) -> Result<FlexDriver> {
         invalid(format!("driver name {name:?} is not a Kubernetes qualified name: {reason}"))
     })?;
     let executable = dir.join(executable_name(&name));
-    Ok(FlexDriver { name, executable, limits })
+    // Root owns drivers on a real node; the prober sets its configured owner.
+    Ok(FlexDriver { name, executable, limits, owner_uid: 0 })
 }
 
 /// The directory name a driver is installed under: `vendor/driver` → `vendor~driver`

@@ -302,6 +302,7 @@ mod tests {
             uid: "uid-1".into(),
             service_account: "builder".into(),
             fs_group: Some(2000),
+            fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
         };
         let secret = BTreeMap::from([("password".to_string(), b"s3cr3t".to_vec())]);
         let overrides =

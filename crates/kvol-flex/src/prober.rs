@@ -400,8 +400,9 @@ fn prepare(
             return Err(Outcome::Failed { name: dir_name.to_string(), reason });
         }
     }
-    let driver = naming::driver_in_dir(&dir, ctx.limits)
+    let mut driver = naming::driver_in_dir(&dir, ctx.limits)
         .map_err(|e| Outcome::Failed { name: dir_name.to_string(), reason: e.to_string() })?;
+    driver.owner_uid = ctx.owner_uid;
     let failed = |e: FlexError| Outcome::Failed { name: driver.name.clone(), reason: e.to_string() };
     let canonical_dir = match trust::verify_driver_dir(&ctx.dir, &dir, ctx.owner_uid) {
         Ok(d) => d,

@@ -1,12 +1,19 @@
 //! Trust checks before a driver runs as root: owner, mode, file kind, and symlinks that leave the plugin directory.
 //!
 //! kvol goes past upstream here: the kubelet executes whatever sits in the driver directory.
-//! The decisions are pure functions over observed [`Facts`] (tested by tables below); the one
-//! I/O wrapper, [`verify_driver`], gathers the facts and turns a refusal into
-//! [`FlexError::Untrusted`].
+//! The decisions are pure functions over observed [`Facts`] (tested by tables below); the I/O
+//! wrappers gather the facts and turn a refusal into [`FlexError::Untrusted`]. The whole chain
+//! is checked: the plugin directory, the driver directory and the executable. Before every
+//! call, [`open_executable`] opens the executable (no symlink on the way, none at the end),
+//! checks what it opened through the descriptor, and the call executes that descriptor (see
+//! [`crate::driver`]), so a file swapped in after the check never runs.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{CWD, FileType, Mode, OFlags, ResolveFlags, openat, openat2};
+use rustix::io::Errno;
 
 use crate::error::{FlexError, Result};
 
@@ -119,6 +126,9 @@ pub fn verify_driver(plugin_dir: &Path, driver_dir: &Path, executable: &Path, ow
 /// out of it) and is written by `owner_uid` only. Returns its canonical path.
 pub fn verify_driver_dir(plugin_dir: &Path, driver_dir: &Path, owner_uid: u32) -> Result<PathBuf> {
     let root = canonical(plugin_dir)?;
+    check_directory(&facts(&root)?, owner_uid).map_err(|r| {
+        untrusted(driver_dir, format!("is in the plugin directory {}, which {r}", root.display()))
+    })?;
     let dir = canonical(driver_dir)?;
     check_contained(&dir, &root).map_err(|r| untrusted(driver_dir, r))?;
     check_directory(&facts(&dir)?, owner_uid).map_err(|r| untrusted(driver_dir, r))?;
@@ -142,6 +152,42 @@ pub fn verify_executable(
             .map_err(|r| untrusted(executable, format!("is held by {}, which {r}", holder.display())))?;
     }
     check_executable(&facts(&exe)?, owner_uid).map_err(|r| untrusted(executable, r))
+}
+
+/// Opens the executable at `executable` for one call: resolved to its real path, its holding
+/// directory opened with no symlink on the way (`openat2` with `RESOLVE_NO_SYMLINKS`) and
+/// checked through that descriptor, then the file opened with `O_PATH | O_NOFOLLOW` and
+/// checked through its descriptor. Executing the returned descriptor runs exactly the file
+/// checked.
+pub fn open_executable(executable: &Path, owner_uid: u32) -> Result<OwnedFd> {
+    let real = canonical(executable)?;
+    let (Some(holder), Some(name)) = (real.parent(), real.file_name()) else {
+        return Err(untrusted(executable, "names no file".to_string()));
+    };
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let dir = match openat2(CWD, holder, dir_flags, Mode::empty(), resolve) {
+        Err(Errno::NOSYS | Errno::PERM) => openat(CWD, holder, dir_flags, Mode::empty()),
+        other => other,
+    }
+    .map_err(|e| FlexError::io("open", holder, e.into()))?;
+    check_directory(&fd_facts(&dir, holder)?, owner_uid)
+        .map_err(|r| untrusted(executable, format!("is held by {}, which {r}", holder.display())))?;
+    let file = openat(&dir, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| FlexError::io("open", &real, e.into()))?;
+    check_executable(&fd_facts(&file, &real)?, owner_uid).map_err(|r| untrusted(executable, r))?;
+    Ok(file)
+}
+
+fn fd_facts(fd: &OwnedFd, path: &Path) -> Result<Facts> {
+    let st = rustix::fs::fstat(fd).map_err(|e| FlexError::io("inspect", path, e.into()))?;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => FileKind::Regular,
+        FileType::Directory => FileKind::Directory,
+        FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
+    };
+    Ok(Facts { kind, mode: st.st_mode & 0o7777, uid: st.st_uid })
 }
 
 fn untrusted(path: &Path, reason: String) -> FlexError {
@@ -283,7 +329,14 @@ mod tests {
 
         let (path, reason) = refusal(verify_driver(&root, &dir, &exe, me() + 1));
         assert_eq!(path, dir);
-        assert_eq!(reason, format!("is owned by uid {}, not {}", me(), me() + 1));
+        let plugin_dir = std::fs::canonicalize(&root).unwrap();
+        let in_plugin_dir = format!("is in the plugin directory {}, which ", plugin_dir.display());
+        assert_eq!(reason, format!("{in_plugin_dir}is owned by uid {}, not {}", me(), me() + 1));
+
+        chmod(&root, 0o777);
+        let (path, reason) = refusal(verify_driver(&root, &dir, &exe, me()));
+        assert_eq!((path, reason), (dir.clone(), format!("{in_plugin_dir}is world-writable (mode 0777)")));
+        chmod(&root, 0o755);
 
         chmod(&exe, 0o777);
         let (path, reason) = refusal(verify_driver(&root, &dir, &exe, me()));

@@ -24,7 +24,12 @@ fn limits(timeout_ms: u64, max_output: usize) -> CallLimits {
 }
 
 fn driver(executable: PathBuf) -> FlexDriver {
-    FlexDriver { name: "acme/lvm".to_string(), executable, limits: limits(20_000, 1 << 20) }
+    FlexDriver {
+        name: "acme/lvm".to_string(),
+        executable,
+        limits: limits(20_000, 1 << 20),
+        owner_uid: nix::unistd::geteuid().as_raw(),
+    }
 }
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -340,8 +345,9 @@ async fn drivers_that_cannot_start_are_spawn_errors() {
     fs::write(&plain, "#!/bin/sh\necho '{\"status\":\"Success\"}'\n").unwrap();
     fs::set_permissions(&plain, fs::Permissions::from_mode(0o644)).unwrap();
     let err = driver(plain).call(Command::Init, &[]).await.unwrap_err();
+    // Checked before it runs: not executable is a refusal that says so.
     match &err {
-        FlexError::Spawn { source, .. } => assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied),
+        FlexError::Untrusted { reason, .. } => assert_eq!(reason, "is not executable (mode 0644)"),
         other => panic!("{other:?}"),
     }
 }
@@ -355,4 +361,68 @@ async fn a_driver_killed_by_a_signal_fails_with_its_output_judged() {
         FlexError::SuccessWithFailedExit { exit, .. } => assert!(exit.contains("signal: 9"), "{exit}"),
         other => panic!("{other:?}"),
     }
+}
+
+const SAYS_A: &str = "echo '{\"status\":\"Success\",\"message\":\"checked A\"}'";
+const SAYS_B: &str = "echo '{\"status\":\"Success\",\"message\":\"swapped B\"}'";
+
+#[tokio::test]
+async fn a_file_swapped_in_after_the_check_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = script(dir.path(), "lvm", SAYS_A);
+    let uid = nix::unistd::geteuid().as_raw();
+    let checked = kvol_flex::trust::open_executable(&exe, uid).unwrap();
+    // Another file takes the executable's name between the check and the exec.
+    let other = script(dir.path(), "other", SAYS_B);
+    fs::rename(&other, &exe).unwrap();
+    let output =
+        std::process::Command::new(kvol_flex::driver::exec_path(&checked)).arg("init").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("checked A") && !stdout.contains("swapped B"), "{stdout}");
+    // A call opens and checks afresh: the swapped-in file is what runs now, and only because
+    // it passes the checks.
+    let status = driver(exe.clone()).call(Command::Init, &[]).await.unwrap();
+    assert_eq!(status.message, "swapped B");
+}
+
+#[tokio::test]
+async fn a_swapped_in_file_that_fails_the_checks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = script(dir.path(), "lvm", SAYS_A);
+    let d = driver(exe.clone());
+    assert_eq!(d.call(Command::Init, &[]).await.unwrap().message, "checked A");
+    let writable = script(dir.path(), "writable", SAYS_B);
+    fs::set_permissions(&writable, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::rename(&writable, &exe).unwrap();
+    let err = d.call(Command::Init, &[]).await.unwrap_err();
+    assert!(matches!(err, FlexError::Untrusted { .. }), "{err}");
+    assert!(err.to_string().contains("is world-writable (mode 0777)"), "{err}");
+    // A symlink at the executable's name is resolved; one leading to a file the checks refuse is refused.
+    fs::remove_file(&exe).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &exe).unwrap();
+    d.call(Command::Init, &[]).await.unwrap_err();
+}
+
+#[test]
+fn a_world_writable_plugin_directory_refuses_its_drivers() {
+    let plugins = tempfile::tempdir().unwrap();
+    let driver_dir = plugins.path().join("acme~lvm");
+    fs::create_dir(&driver_dir).unwrap();
+    script(&driver_dir, "lvm", SAYS_A);
+    let uid = nix::unistd::geteuid().as_raw();
+    kvol_flex::trust::verify_driver_dir(plugins.path(), &driver_dir, uid).unwrap();
+    fs::set_permissions(plugins.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let err = kvol_flex::trust::verify_driver_dir(plugins.path(), &driver_dir, uid).unwrap_err();
+    let plugin_dir = fs::canonicalize(plugins.path()).unwrap();
+    assert_eq!(
+        err.to_string(),
+        FlexError::Untrusted {
+            path: driver_dir.clone(),
+            reason: format!(
+                "is in the plugin directory {}, which is world-writable (mode 0777)",
+                plugin_dir.display()
+            ),
+        }
+        .to_string()
+    );
 }

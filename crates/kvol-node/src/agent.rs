@@ -71,6 +71,8 @@ pub struct AgentConfig {
     /// The deadline of every call to a CSI driver (kubelet's `csiTimeout`, two minutes); a
     /// call cut short by it leaves its volume uncertain.
     pub csi_call_timeout: Duration,
+    /// Where hostPath volumes may point (`--allowed-host-paths`); `None`: anywhere.
+    pub allowed_host_paths: Option<Vec<PathBuf>>,
 }
 
 impl AgentConfig {
@@ -92,13 +94,21 @@ impl AgentConfig {
             resync: Duration::from_secs(10),
             republish: Duration::from_secs(60),
             csi_call_timeout: kvol_csi::client::DEFAULT_CALL_TIMEOUT,
+            allowed_host_paths: None,
         }
     }
 }
 
 /// Secrets as the current objects hold them, for plugins.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct ObjectSecrets(RwLock<BTreeMap<String, Secret>>);
+
+impl std::fmt::Debug for ObjectSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secrets = self.0.read().unwrap_or_else(|e| e.into_inner());
+        f.debug_tuple("ObjectSecrets").field(&kvol_plugin::host::RedactedSecrets(&secrets)).finish()
+    }
+}
 
 impl SecretStore for ObjectSecrets {
     fn get(&self, namespace: &str, name: &str) -> Option<Secret> {
@@ -166,7 +176,8 @@ async fn run(
         NodeInfo::named(&config.node_name),
         Arc::clone(&mounter),
     )
-    .with_secrets(secrets.clone());
+    .with_secrets(secrets.clone())
+    .with_allowed_host_paths(config.allowed_host_paths.clone());
 
     // The journal, and the actual state rebuilt from it and the node.
     let store_path = config.root.join("state.redb");

@@ -31,8 +31,9 @@ impl fmt::Display for SourceProblem {
 }
 
 /// Everything a source holds at one moment: the objects volumes need, by namespace/name (or
-/// name for cluster-scoped kinds), and the problems found reading them.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// name for cluster-scoped kinds), and the problems found reading them. Its debug output
+/// shows Secrets' keys, never their values.
+#[derive(Clone, Default, PartialEq)]
 pub struct ObjectSet {
     /// Pods by `namespace/name`.
     pub pods: BTreeMap<String, Pod>,
@@ -47,6 +48,20 @@ pub struct ObjectSet {
     /// Secrets by `namespace/name`.
     pub secrets: BTreeMap<String, Secret>,
     pub problems: Vec<SourceProblem>,
+}
+
+impl fmt::Debug for ObjectSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectSet")
+            .field("pods", &self.pods)
+            .field("persistent_volumes", &self.persistent_volumes)
+            .field("claims", &self.claims)
+            .field("storage_classes", &self.storage_classes)
+            .field("csi_drivers", &self.csi_drivers)
+            .field("secrets", &kvol_plugin::host::RedactedSecrets(&self.secrets))
+            .field("problems", &self.problems)
+            .finish()
+    }
 }
 
 /// One volume of one pod: the unit of publishing.

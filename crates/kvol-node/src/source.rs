@@ -42,8 +42,8 @@ pub const QUIET: Duration = Duration::from_millis(50);
 /// changing is still read at least this often.
 pub const MAX_DELAY: Duration = Duration::from_millis(500);
 
-/// An object read from a manifest.
-#[derive(Clone, Debug, PartialEq)]
+/// An object read from a manifest. Its debug output shows a Secret's keys, never its values.
+#[derive(Clone, PartialEq)]
 pub enum Object {
     Pod(Box<Pod>),
     PersistentVolume(Box<PersistentVolume>),
@@ -82,6 +82,21 @@ impl Object {
             format!("{}/{name}", meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))
         } else {
             name.to_string()
+        }
+    }
+}
+
+impl fmt::Debug for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Object::Pod(o) => f.debug_tuple("Pod").field(o).finish(),
+            Object::PersistentVolume(o) => f.debug_tuple("PersistentVolume").field(o).finish(),
+            Object::PersistentVolumeClaim(o) => f.debug_tuple("PersistentVolumeClaim").field(o).finish(),
+            Object::StorageClass(o) => f.debug_tuple("StorageClass").field(o).finish(),
+            Object::CsiDriver(o) => f.debug_tuple("CsiDriver").field(o).finish(),
+            Object::Secret(o) => {
+                f.debug_tuple("Secret").field(&kvol_plugin::host::RedactedSecret(o)).finish()
+            }
         }
     }
 }
@@ -240,7 +255,26 @@ fn type_object(value: Value) -> Result<Object, String> {
         _ => Object::Secret(serde_json::from_value(value).map_err(invalid)?),
     };
     complete(&mut object);
+    validate(&object).map_err(|errors| format!("invalid {label}: {errors}"))?;
     Ok(object)
+}
+
+/// Checks the object as the API server would, plus kvol's rules for names that become paths
+/// ([`kvol_api::validation`]); the error lists every bad field.
+fn validate(object: &Object) -> Result<(), String> {
+    use kvol_api::validation as v;
+    let errors = match object {
+        Object::Pod(o) => v::validate_pod(o),
+        Object::PersistentVolume(o) => v::validate_persistent_volume(o),
+        Object::PersistentVolumeClaim(o) => v::validate_claim(o),
+        Object::StorageClass(o) => v::validate_storage_class(o),
+        Object::CsiDriver(o) => v::validate_csi_driver(o),
+        Object::Secret(o) => v::validate_secret(o),
+    };
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
 }
 
 /// Fills in what the API server would: the default namespace, a pod's uid, a Secret's data.
@@ -902,6 +936,53 @@ mod tests {
             "{}",
             problems[0].reason
         );
+    }
+
+    #[test]
+    fn objects_with_names_that_would_escape_are_problems_and_nothing_else_is_affected() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\n\
+                    spec: {volumes: [{name: cache, emptyDir: {}}]}\n---\n\
+                    apiVersion: v1\nkind: Pod\nmetadata: {name: evil}\n\
+                    spec: {volumes: [{name: a, emptyDir: {}}, {name: b, emptyDir: {}}, \
+                    {name: ../../../../../../../../srv/victim, emptyDir: {}}]}\n---\n\
+                    apiVersion: v1\nkind: Pod\nmetadata: {name: web, uid: ../../etc}\n---\n\
+                    apiVersion: v1\nkind: Pod\nmetadata: {name: Upper, namespace: \"a%2Fb\"}\n---\n\
+                    apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: pv}\n\
+                    spec: {hostPath: {path: /srv/../etc}}\n---\n\
+                    apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: \"..\"}\n";
+        let (objects, problems) = parse_manifests("dir/evil.yaml", text);
+        assert_eq!(objects.iter().map(Object::key).collect::<Vec<_>>(), ["default/ok"]);
+        let got: Vec<(Option<usize>, &str)> =
+            problems.iter().map(|p| (p.document, p.reason.as_str())).collect();
+        let want = [
+            (
+                Some(2),
+                "invalid Pod/evil: spec.volumes[2].name: \"../../../../../../../../srv/victim\" is not a DNS-1123 label: it contains '.'",
+            ),
+            (
+                Some(3),
+                "invalid Pod/web: metadata.uid: \"../../etc\" is not a uid kvol accepts: it contains '.'",
+            ),
+            (
+                Some(4),
+                "invalid Pod/Upper: metadata.name: \"Upper\" is not a DNS-1123 subdomain: it contains 'U'",
+            ),
+            (
+                Some(5),
+                "invalid PersistentVolume/pv: spec.hostPath.path: \"/srv/../etc\" is not a clean absolute path: it has a \"..\" component",
+            ),
+            (
+                Some(6),
+                "invalid CSIDriver/..: metadata.name: \"..\" is not a CSI driver name: it has an empty part between dots",
+            ),
+        ];
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+        for ((gd, g), (wd, w)) in got.iter().zip(want) {
+            assert_eq!(*gd, wd);
+            assert!(g.starts_with(w), "{g:?} vs {w:?}");
+        }
+        assert!(problems[2].reason.contains("metadata.namespace: \"a%2Fb\" is not a DNS-1123 label"));
+        assert!(problems.iter().all(|p| p.origin == "dir/evil.yaml"));
     }
 
     #[test]

@@ -23,6 +23,12 @@ impl NodePaths {
         &self.root
     }
 
+    /// The root, opened, to create and remove paths beneath it without following symlinks.
+    pub fn open_root(&self) -> crate::error::Result<crate::beneath::Root> {
+        crate::beneath::Root::open(&self.root)
+            .map_err(|e| crate::error::PluginError::io("open the root", &self.root, e))
+    }
+
     /// `<root>/pods/<uid>`.
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
         self.root.join("pods").join(pod_uid)
@@ -68,8 +74,48 @@ pub trait SecretStore: Send + Sync + std::fmt::Debug {
 }
 
 /// A fixed set of Secrets, by namespace and name (standalone mode, tests).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct SecretMap(pub BTreeMap<(String, String), Secret>);
+
+impl std::fmt::Debug for SecretMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SecretMap").field(&RedactedSecrets(&self.0)).finish()
+    }
+}
+
+/// A Secret as debug output may show it: namespace, name, type and the keys of its data,
+/// never a value.
+#[derive(Clone, Copy)]
+pub struct RedactedSecret<'a>(pub &'a Secret);
+
+impl std::fmt::Debug for RedactedSecret<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0;
+        let keys: Vec<&String> = s
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, _)| k)
+            .chain(s.string_data.iter().flatten().map(|(k, _)| k))
+            .collect();
+        f.debug_struct("Secret")
+            .field("namespace", &s.metadata.namespace)
+            .field("name", &s.metadata.name)
+            .field("type", &s.type_)
+            .field("keys", &keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Secrets by key as debug output may show them: see [`RedactedSecret`].
+#[derive(Clone, Copy)]
+pub struct RedactedSecrets<'a, K>(pub &'a BTreeMap<K, Secret>);
+
+impl<K: std::fmt::Debug> std::fmt::Debug for RedactedSecrets<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.0.iter().map(|(k, s)| (k, RedactedSecret(s)))).finish()
+    }
+}
 
 impl SecretMap {
     /// Adds a Secret under its own namespace and name.
@@ -93,12 +139,22 @@ pub struct PluginHost {
     pub node: NodeInfo,
     pub mounter: Arc<dyn Mounter>,
     pub secrets: Arc<dyn SecretStore>,
+    /// The host paths hostPath volumes may use (`kvol agent --allowed-host-paths`), matched
+    /// by whole components; `None`: any.
+    pub allowed_host_paths: Option<Arc<[PathBuf]>>,
 }
 
 impl PluginHost {
     /// A host with no Secrets.
     pub fn new(paths: NodePaths, node: NodeInfo, mounter: Arc<dyn Mounter>) -> PluginHost {
-        PluginHost { paths, node, mounter, secrets: Arc::new(SecretMap::default()) }
+        let secrets = Arc::new(SecretMap::default());
+        PluginHost { paths, node, mounter, secrets, allowed_host_paths: None }
+    }
+
+    /// The same host, allowing hostPath volumes under `prefixes` only (`None`: anywhere).
+    pub fn with_allowed_host_paths(mut self, prefixes: Option<Vec<PathBuf>>) -> PluginHost {
+        self.allowed_host_paths = prefixes.map(Arc::from);
+        self
     }
 
     /// The same host, reading Secrets from `secrets`.
@@ -111,6 +167,25 @@ impl PluginHost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_debug_shows_keys_never_values() {
+        use k8s_openapi::ByteString;
+        let mut secret = Secret { type_: Some("kvol/tmpfs".into()), ..Secret::default() };
+        secret.metadata.name = Some("creds".into());
+        secret.metadata.namespace = Some("ns".into());
+        secret.data = Some([("password".to_string(), ByteString(b"hunter2".to_vec()))].into());
+        secret.string_data = Some([("token".to_string(), "t0ps3cret".to_string())].into());
+        let mut map = SecretMap::default();
+        map.insert(secret);
+        let shown = format!("{map:?} {map:#?}");
+        assert!(!shown.contains("hunter2") && !shown.contains("t0ps3cret"), "{shown}");
+        assert!(!shown.contains("104, 117"), "no bytes either: {shown}");
+        assert!(
+            shown.contains("\"password\"") && shown.contains("\"token\"") && shown.contains("creds"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn paths_follow_kubelet_layout() {

@@ -228,6 +228,19 @@ pub struct PodInfo {
     pub uid: String,
     pub service_account: String,
     pub fs_group: Option<i64>,
+    /// The pod's `securityContext.fsGroupChangePolicy`.
+    #[serde(default)]
+    pub fs_group_change_policy: FsGroupChangePolicy,
+}
+
+/// When the `fsGroup` ownership walk runs (`securityContext.fsGroupChangePolicy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsGroupChangePolicy {
+    /// On every publish (upstream's default).
+    #[default]
+    Always,
+    /// Only when the volume root's group or mode does not already match.
+    OnRootMismatch,
 }
 
 /// Everything a publish needs.

@@ -97,6 +97,7 @@ static POD: PodInfo = PodInfo {
     uid: String::new(),
     service_account: String::new(),
     fs_group: None,
+    fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
 };
 
 fn publish_request<'a>(spec: &'a VolumeSpec, target: &'a Path, read_only: bool) -> PublishRequest<'a> {
@@ -183,6 +184,84 @@ async fn empty_dir_on_disk_is_world_writable_whatever_the_umask() {
     assert!(!dir.exists());
     plugin.unpublish(&unpublish_request(&dir)).await.unwrap();
     sandbox.assert_nothing_mounted();
+}
+
+/// A directory outside the root with a mode and a file that must survive.
+fn victim() -> (tempfile::TempDir, PathBuf) {
+    let outside = tempfile::tempdir().unwrap();
+    let victim = fs::canonicalize(outside.path()).unwrap().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("keep"), b"precious").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    (outside, victim)
+}
+
+fn assert_untouched(victim: &Path) {
+    assert_eq!(mode_of(victim), 0o700, "{} changed mode", victim.display());
+    assert_eq!(fs::read(victim.join("keep")).unwrap(), b"precious");
+    assert_eq!(fs::read_dir(victim).unwrap().count(), 1);
+}
+
+#[tokio::test]
+async fn empty_dir_named_to_climb_out_of_the_root_reaches_nothing() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let (_outside, victim) = victim();
+    let plugin = EmptyDirPlugin::new(sandbox.host.clone());
+    let climb = format!("{}{}", "../".repeat(12), victim.strip_prefix("/").unwrap().display());
+    // The plugin's directory exists, so the climbing path resolves to the victim.
+    fs::create_dir_all(sandbox.path("pods/uid-1/volumes/kubernetes.io~empty-dir")).unwrap();
+    for name in [climb.as_str(), victim.to_str().unwrap()] {
+        let dir = plugin.pod_volume_dir("uid-1", name);
+        let spec = empty_dir(None, None);
+        let err = plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap_err();
+        assert!(err.to_string().contains("refusing"), "{err}");
+        plugin.unpublish(&unpublish_request(&dir)).await.unwrap_err();
+        assert_untouched(&victim);
+    }
+    sandbox.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn empty_dir_under_a_planted_symlink_is_refused_and_its_teardown_removes_nothing_outside() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let (_outside, victim) = victim();
+    let plugin = EmptyDirPlugin::new(sandbox.host.clone());
+    let dir = plugin.pod_volume_dir("uid-1", "cache");
+    // The pod volume directory's parent is a link to the victim; the victim holds what the
+    // volume directory would be, with content.
+    let parent = dir.parent().unwrap();
+    fs::create_dir_all(parent.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&victim, parent).unwrap();
+    fs::create_dir(victim.join("cache")).unwrap();
+    fs::write(victim.join("cache/keep"), b"x").unwrap();
+    let before = mode_of(&victim.join("cache"));
+    let spec = empty_dir(None, None);
+    let err = plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap_err();
+    assert!(err.to_string().contains("kvol never follows one"), "{err}");
+    let err = plugin.unpublish(&unpublish_request(&dir)).await.unwrap_err();
+    assert!(err.to_string().contains("kvol never follows one"), "{err}");
+    assert_eq!(mode_of(&victim.join("cache")), before, "no chmod through the link");
+    assert!(victim.join("cache/keep").exists());
+    sandbox.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn recursive_removal_refuses_to_delete_through_a_mount() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let (_outside, victim) = victim();
+    let root = sandbox.host.paths.open_root().unwrap();
+    let dir = sandbox.path("pods/uid-1/volumes/kubernetes.io~empty-dir/cache");
+    fs::create_dir_all(dir.join("inner")).unwrap();
+    SystemMounter.bind(&victim, &dir.join("inner"), false).unwrap();
+    let err = root.remove_all(&dir).unwrap_err();
+    assert!(err.to_string().contains("refusing to delete through the mount at"), "{err}");
+    SystemMounter.unmount(&dir.join("inner")).unwrap();
+    assert_untouched(&victim);
+    root.remove_all(&dir).unwrap();
+    assert!(!dir.exists());
 }
 
 #[tokio::test]
@@ -619,5 +698,35 @@ fn mount_point_checks_agree_with_the_mount_table() {
         SystemMounter.unmount(target).unwrap();
         assert!(!SystemMounter.is_mount_point(target).unwrap(), "{} after unmount", target.display());
     }
+    sandbox.assert_nothing_mounted();
+}
+
+#[tokio::test]
+async fn host_paths_outside_the_allowed_prefixes_are_refused() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let outside = tempfile::tempdir().unwrap();
+    let base = fs::canonicalize(outside.path()).unwrap();
+    let (allowed, sibling) = (base.join("srv"), base.join("srv2"));
+    fs::create_dir_all(allowed.join("data")).unwrap();
+    fs::create_dir_all(&sibling).unwrap();
+    let host = sandbox.host.clone().with_allowed_host_paths(Some(vec![allowed.clone()]));
+    let plugin = HostPathPlugin::new(host);
+    let target = sandbox.path("pods/uid-1/volumes/kubernetes.io~host-path/host");
+    let inside = host_path(&allowed.join("data"), "Directory");
+    plugin.publish(&publish_request(&inside, &target, false)).await.unwrap();
+    assert_eq!(sandbox.mount_on(&target).fstype, sandbox.mounts_below(&target)[0].fstype);
+    plugin.unpublish(&unpublish_request(&target)).await.unwrap();
+    let refused = host_path(&sibling, "Directory");
+    let err = plugin.publish(&publish_request(&refused, &target, false)).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "inline volume \"host\": host path {} is outside the allowed host paths ({}) set by --allowed-host-paths",
+            sibling.display(),
+            allowed.display()
+        )
+    );
+    assert!(!target.exists(), "a refused volume leaves no target");
     sandbox.assert_nothing_mounted();
 }

@@ -46,6 +46,10 @@ pub struct AgentArgs {
     /// uncertain (torn down like a finished one, or tried again).
     #[arg(long, default_value = "120", value_name = "SECONDS")]
     pub csi_call_timeout_seconds: u64,
+    /// Allow hostPath volumes only at or under these absolute paths (comma-separated, matched
+    /// by whole components: `/srv` allows `/srv/a`, not `/srv2`). Unset: anywhere, as kubelet.
+    #[arg(long, value_delimiter = ',', value_name = "PREFIX,...")]
+    pub allowed_host_paths: Option<Vec<PathBuf>>,
     /// Exit once every volume has settled (published, failed with a reason, or pending with a
     /// reason) and print the status: a demonstration mode. Volumes stay mounted.
     #[arg(long)]
@@ -67,6 +71,12 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
+    if let Some(prefixes) = &args.allowed_host_paths {
+        if let Some(bad) = prefixes.iter().find(|p| !p.is_absolute()) {
+            anyhow::bail!("--allowed-host-paths: {} is not an absolute path", bad.display());
+        }
+        config.allowed_host_paths = Some(prefixes.clone());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

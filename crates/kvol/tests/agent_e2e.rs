@@ -21,6 +21,7 @@ fn enter_private_mount_namespace() {
 /// fails while `<KVOL_TEST_DIR>/fail-<command>` exists.
 const TEST_DRIVER: &str = r#"#!/bin/sh
 cmd="$1"; shift
+printf '%s\n' "$cmd $*" >> "$KVOL_TEST_DIR/args.log"
 log() { echo "$cmd $*" >> "$KVOL_TEST_DIR/driver.log"; }
 ok() { printf '{"status":"Success"%s}\n' "$1"; exit 0; }
 while [ -e "$KVOL_TEST_DIR/slow-$cmd" ]; do sleep 0.1; done
@@ -53,6 +54,10 @@ struct Node {
     log_before_start: String,
     manifests: PathBuf,
     child: Option<Child>,
+    /// `KVOL_LOG` for the agent.
+    log_level: &'static str,
+    /// Serve metrics here (`None`: `--no-metrics`).
+    metrics: Option<std::net::SocketAddr>,
     _dir: tempfile::TempDir,
 }
 
@@ -67,7 +72,15 @@ impl Node {
         let script = driver_dir.join("slow");
         std::fs::write(&script, TEST_DRIVER).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Node { root, manifests, child: None, _dir: dir, log_before_start: String::new() }
+        Node {
+            root,
+            manifests,
+            child: None,
+            log_level: "info",
+            metrics: None,
+            _dir: dir,
+            log_before_start: String::new(),
+        }
     }
 
     fn start(&mut self) {
@@ -78,12 +91,18 @@ impl Node {
         self.log_before_start = self.agent_log();
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.root.join("agent.log")).unwrap();
+        let metrics = match self.metrics {
+            Some(address) => vec!["--metrics-address".to_string(), address.to_string()],
+            None => vec!["--no-metrics".to_string()],
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_kvol"))
-            .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", "node-a", "--root"])
+            .arg("agent")
+            .args(metrics)
+            .args(["--resync-seconds", "1", "--node-name", "node-a", "--root"])
             .arg(&self.root)
             .args(extra)
             .env("KVOL_TEST_DIR", &self.root)
-            .env("KVOL_LOG", "info")
+            .env("KVOL_LOG", self.log_level)
             .env_remove("KVOL_CONFIG")
             .env_remove("KVOL_FEATURE_GATES")
             .stdin(Stdio::null())
@@ -305,16 +324,26 @@ fn pods_come_and_go_and_volumes_outlive_the_agent() {
 }
 
 impl Node {
-    /// The pids of the test-driver calls running (their script path is on the command line).
+    /// The pids of the test-driver calls running: the script runs through its checked
+    /// descriptor (`/bin/sh /proc/<agent>/fd/<n>`), so the call is known by the executable
+    /// path in its environment (`KVOL_FLEXVOLUME_DRIVER`); it leads its process group (its
+    /// children inherit the environment but not the lead).
     fn driver_call_pids(&self) -> Vec<u32> {
         let driver = self.root.join("flexvolume/test~slow/slow").display().to_string();
+        let marker = format!("KVOL_FLEXVOLUME_DRIVER={driver}\0");
         std::fs::read_dir("/proc")
             .unwrap()
             .flatten()
             .filter(|e| {
-                std::fs::read(e.path().join("cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(driver.as_str()))
-                    && std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| !s.contains(") Z "))
+                let Ok(environ) = std::fs::read(e.path().join("environ")) else { return false };
+                let environ = [environ.as_slice(), b"\0"].concat();
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
+                let fields: Vec<&str> =
+                    stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+                let leads = fields.get(2).is_some_and(|g| e.file_name().to_str() == Some(*g));
+                String::from_utf8_lossy(&environ).contains(marker.as_str())
+                    && leads
+                    && fields.first() != Some(&"Z")
             })
             .filter_map(|e| e.file_name().to_str()?.parse().ok())
             .collect()
@@ -518,4 +547,68 @@ fn a_driver_that_requires_republish_is_published_again() {
         node.wait("still published", |r| phase(r, "default/app", "scratch") == Some(Phase::Published));
     assert!(volume(&report, "default/app", "scratch").unwrap().last_error.is_none(), "{report:#?}");
     node.assert_no_double_mounts();
+}
+
+/// The `/metrics` text of an agent serving at `address`.
+fn metrics_text(address: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("the metrics endpoint answers");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: kvol\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.contains("kvol_"), "not the metrics: {text}");
+    text
+}
+
+/// A Secret's value reaches the Flexvolume driver through attach, stage and publish, a kill -9
+/// in the middle of the publish call and a restart, with the agent logging at debug level;
+/// neither the value nor its base64 appears in the agent's output, status.json or /metrics.
+#[test]
+fn secrets_never_reach_the_log_the_status_or_the_metrics() {
+    const VALUE: &str = "s3cr3t-Value-7f2a";
+    const BASE64: &str = "czNjcjN0LVZhbHVlLTdmMmE=";
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.log_level = "debug";
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = free.local_addr().unwrap();
+    drop(free);
+    node.metrics = Some(address);
+    node.write(
+        "00-secret.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: creds, namespace: default}}\ntype: test/slow\nstringData: {{password: {VALUE}}}\n"
+        ),
+    );
+    node.write(
+        "pod.yaml",
+        &pod("app", "  - {name: vol, flexVolume: {driver: test/slow, secretRef: {name: creds}}}\n"),
+    );
+    node.marker("slow-mount", true);
+    node.start();
+    node.wait("publish in flight", |r| phase(r, "default/app", "vol") == Some(Phase::Publishing));
+    node.wait_until_driver_call_runs("publish");
+    node.kill_9();
+    node.start();
+    node.wait_for_log("the leftover call killed", "killing a flexvolume driver call");
+    node.marker("slow-mount", false);
+    node.wait("published after the restart", |r| phase(r, "default/app", "vol") == Some(Phase::Published));
+    let metrics = metrics_text(address);
+
+    // Not vacuous: the volume went through attach and mountdevice, and the driver got the
+    // secret (base64, as Flexvolume passes it) in mount, before and after the kill (upstream
+    // passes secrets to mount only); the agent did log the calls' arguments, redacted.
+    let driver_args = std::fs::read_to_string(node.root.join("args.log")).unwrap();
+    let calls = |command: &str| driver_args.lines().filter(|l| l.starts_with(&format!("{command} "))).count();
+    assert!(calls("attach") == 1 && calls("mountdevice") == 1, "{driver_args}");
+    let with_secret = driver_args.lines().filter(|l| l.starts_with("mount ") && l.contains(BASE64)).count();
+    assert_eq!(with_secret, 2, "mount gets the secret, killed once: {driver_args}");
+    let log = node.agent_log();
+    assert!(log.contains("calling flexvolume driver") && log.contains("<redacted>"), "{log}");
+    let status = std::fs::read_to_string(node.root.join("status.json")).unwrap();
+    for (what, text) in [("the agent's output", &log), ("status.json", &status), ("/metrics", &metrics)] {
+        for secret in [VALUE, BASE64] {
+            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
+        }
+    }
 }

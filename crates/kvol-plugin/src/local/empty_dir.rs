@@ -2,18 +2,19 @@
 //!
 //! Teardown deletes the directory with its contents, so it first makes sure nothing but its
 //! own tmpfs is mounted at or below it: deleting through a foreign mount would destroy data
-//! that is not the volume's.
+//! that is not the volume's. Creation, chmod and removal go through [`crate::beneath`]: they
+//! never follow a symlink below the kubelet root, and removal never enters another mount.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
 
+use super::mount_table_path;
 use super::quantity;
-use super::{create_dir_all, mount_table_path};
+use crate::beneath::Root;
 use crate::error::{PluginError, Result};
 use crate::host::PluginHost;
 use crate::mount::{MountPoint, Mounter};
@@ -102,16 +103,18 @@ fn mounts_on(mounter: &dyn Mounter, path: &Path) -> Result<Vec<MountPoint>> {
     Ok(mounter.mounts_under(&table_path)?.into_iter().filter(|m| m.target == table_path).collect())
 }
 
-/// Makes the directory's permission bits 0777 when a umask narrowed them; like upstream's
-/// `setupDir`, it leaves a directory alone whose bits are already all set (a tmpfs root keeps
-/// its sticky bit on a repeated publish).
-fn make_world_writable(dir: &Path) -> Result<()> {
-    let mode = fs::metadata(dir).map_err(|e| PluginError::io("inspect", dir, e))?.permissions().mode();
+/// Creates the directory (and its parents) under the root without following symlinks and makes
+/// its permission bits 0777 when a umask narrowed them; like upstream's `setupDir`, it leaves a
+/// directory alone whose bits are already all set (a tmpfs root keeps its sticky bit on a
+/// repeated publish).
+fn make_world_writable(root: &Root, dir: &Path) -> Result<()> {
+    let fd = root.create_dir_all(dir, DIR_MODE).map_err(|e| PluginError::io("create directory", dir, e))?;
+    let mode = rustix::fs::fstat(&fd).map_err(|e| PluginError::io("inspect", dir, e.into()))?.st_mode;
     if mode & 0o777 == DIR_MODE {
         return Ok(());
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))
-        .map_err(|e| PluginError::io("chmod", dir, e))
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(DIR_MODE))
+        .map_err(|e| PluginError::io("chmod", dir, e.into()))
 }
 
 impl VolumePlugin for EmptyDirPlugin {
@@ -154,8 +157,8 @@ impl VolumeMounter for EmptyDirPlugin {
             .and_then(|v| v.empty_dir.as_ref())
             .ok_or_else(|| PluginError::invalid(spec, "it is not an emptyDir volume"))?;
         let medium = medium_of(source).map_err(|reason| PluginError::invalid(spec, reason))?;
-        create_dir_all(req.target, DIR_MODE)?;
-        make_world_writable(req.target)?;
+        let root = self.host.paths.open_root()?;
+        make_world_writable(&root, req.target)?;
         match medium {
             Medium::Disk => Ok(()),
             Medium::Memory { size_limit } => self.set_up_tmpfs(req.target, size_limit),
@@ -185,10 +188,8 @@ impl VolumeMounter for EmptyDirPlugin {
         for tmpfs in mounts.iter().rev() {
             self.mounter().unmount(&tmpfs.target)?;
         }
-        match fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(PluginError::io("remove", dir, e)),
-            _ => Ok(()),
-        }
+        let root = self.host.paths.open_root()?;
+        root.remove_all(dir).map_err(|e| PluginError::io("remove", dir, e))
     }
 }
 
@@ -196,6 +197,8 @@ impl VolumeMounter for EmptyDirPlugin {
 mod tests {
     use k8s_openapi::api::core::v1::Volume;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
     use crate::local::test_support::{block_on, publish_request, recording_host, unpublish_request};

@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::HostPathVolumeSource;
@@ -177,6 +177,20 @@ fn checked_source(spec: &VolumeSpec) -> Result<(&Path, HostPathType)> {
     Ok((path, path_type))
 }
 
+/// Whether `path` lies at or under one of `allowed`, component by component (`/srv` allows
+/// `/srv/a`, not `/srv2`); the reason naming the path and the prefixes if not. Pure.
+pub fn check_allowed(path: &Path, allowed: &[PathBuf]) -> std::result::Result<(), String> {
+    if allowed.iter().any(|prefix| path.starts_with(prefix)) {
+        return Ok(());
+    }
+    let prefixes: Vec<String> = allowed.iter().map(|p| p.display().to_string()).collect();
+    Err(format!(
+        "host path {} is outside the allowed host paths ({}) set by --allowed-host-paths",
+        path.display(),
+        prefixes.join(", ")
+    ))
+}
+
 impl VolumePlugin for HostPathPlugin {
     fn name(&self) -> &str {
         PLUGIN_NAME
@@ -218,6 +232,9 @@ impl VolumePlugin for HostPathPlugin {
 impl VolumeMounter for HostPathPlugin {
     async fn publish(&self, req: &PublishRequest<'_>) -> Result<()> {
         let (path, path_type) = checked_source(req.spec)?;
+        if let Some(allowed) = &self.host.allowed_host_paths {
+            check_allowed(path, allowed).map_err(|reason| PluginError::invalid(req.spec, reason))?;
+        }
         let kind = prepare_host_path(path, path_type)?;
         let read_only = req.read_only || req.spec.read_only;
         bind_to_target(self.host.mounter.as_ref(), path, req.target, kind == FileKind::Directory, read_only)
@@ -235,6 +252,35 @@ mod tests {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, Volume};
 
     use super::*;
+
+    #[test]
+    fn allowed_host_paths_match_whole_components() {
+        let allowed = [PathBuf::from("/srv"), PathBuf::from("/var/data/")];
+        let cases: &[(&str, bool)] = &[
+            ("/srv", true),
+            ("/srv/a/b", true),
+            ("/var/data", true),
+            ("/var/data/x", true),
+            ("/srv2", false),
+            ("/sr", false),
+            ("/var/database", false),
+            ("/", false),
+            ("/etc/shadow", false),
+        ];
+        for (path, ok) in cases {
+            let got = check_allowed(Path::new(path), &allowed);
+            assert_eq!(got.is_ok(), *ok, "{path}: {got:?}");
+            if let Err(reason) = got {
+                assert_eq!(
+                    reason,
+                    format!(
+                        "host path {path} is outside the allowed host paths (/srv, /var/data/) set by --allowed-host-paths"
+                    )
+                );
+            }
+        }
+        assert!(check_allowed(Path::new("/srv"), &[]).is_err(), "an empty list allows nothing");
+    }
     use crate::local::test_support::{block_on, publish_request, recording_host, unpublish_request};
     use crate::mount::MountCall;
 

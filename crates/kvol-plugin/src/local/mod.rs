@@ -202,6 +202,7 @@ pub(crate) mod test_support {
         uid: String::new(),
         service_account: String::new(),
         fs_group: None,
+        fs_group_change_policy: crate::plugin::FsGroupChangePolicy::Always,
     };
 
     /// A host rooted in a fresh temporary directory, on node `node-a`, with a recording mounter.
