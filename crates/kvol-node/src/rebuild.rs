@@ -282,36 +282,27 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                 }
             }
             Operation::Stage { unique_name, plugin, spec, device_path, staging_path } => {
-                let staging_path = staging_path.clone();
-                if mounted(&staging_path) {
-                    notes.push(format!(
-                        "interrupted stage of {unique_name} (journal entry {id}): {} is mounted, recorded staged",
-                        staging_path.display()
-                    ));
-                    let volume = StagedVolume {
-                        unique_name: unique_name.clone(),
-                        plugin: plugin.clone(),
-                        spec: spec.clone(),
-                        staging_path,
-                        device_path: device_path.clone(),
-                        uncertain: false,
-                    };
-                    actual.staged.insert(unique_name.clone(), volume);
-                } else {
-                    notes.push(format!(
+                let uncertain = !mounted(staging_path);
+                notes.push(if uncertain {
+                    format!(
                         "interrupted stage of {unique_name} (journal entry {id}): nothing is mounted at {} yet, recorded uncertain",
                         staging_path.display()
-                    ));
-                    let volume = StagedVolume {
-                        unique_name: unique_name.clone(),
-                        plugin: plugin.clone(),
-                        spec: spec.clone(),
-                        staging_path,
-                        device_path: device_path.clone(),
-                        uncertain: true,
-                    };
-                    actual.staged.insert(unique_name.clone(), volume);
-                }
+                    )
+                } else {
+                    format!(
+                        "interrupted stage of {unique_name} (journal entry {id}): {} is mounted, recorded staged",
+                        staging_path.display()
+                    )
+                });
+                let volume = StagedVolume {
+                    unique_name: unique_name.clone(),
+                    plugin: plugin.clone(),
+                    spec: spec.clone(),
+                    staging_path: staging_path.clone(),
+                    device_path: device_path.clone(),
+                    uncertain,
+                };
+                actual.staged.insert(unique_name.clone(), volume);
             }
             Operation::Unstage { volume } => {
                 let name = &volume.unique_name;
