@@ -13,6 +13,24 @@ pub struct KvolConfig {
     /// Feature gates by name, as in `--feature-gates`; the command line overrides them.
     #[serde(default)]
     pub feature_gates: BTreeMap<String, bool>,
+    /// Which storage components run (the CSI driver and the optional ones), as written; what
+    /// the names mean is decided by `kvol-components`, which knows the component definitions.
+    #[serde(default)]
+    pub storage: StorageSection,
+}
+
+/// The `storage` section as written: names are kept verbatim (an unknown name is a problem
+/// the component selection reports, together with every other, rather than a parse error).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StorageSection {
+    /// `none`, a driver component's name, or unset/empty for the node's default driver.
+    #[serde(default)]
+    pub driver: Option<String>,
+    /// Optional components by name; `[none]` turns them all off. Unset, `null`, `[]` and `[""]`
+    /// all mean the default set (a `null` item reads as `""`).
+    #[serde(default)]
+    pub optional_csi_components: Option<Vec<Option<String>>>,
 }
 
 impl KvolConfig {
@@ -56,5 +74,20 @@ mod tests {
             serde_saphyr::from_str::<KvolConfig>("featureGate:\n  CSIMigrationRBD: true\n").unwrap_err();
         assert!(err.to_string().contains("featureGate"), "{err}");
         assert_eq!(serde_saphyr::from_str::<KvolConfig>("{}\n").unwrap(), KvolConfig::default());
+    }
+
+    #[test]
+    fn storage_section_keeps_names_verbatim() {
+        let cfg: KvolConfig = serde_saphyr::from_str(
+            "storage:\n  driver: lvm\n  optionalCsiComponents: [\"\", snapshot-controller, ~]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.storage.driver.as_deref(), Some("lvm"));
+        assert_eq!(
+            cfg.storage.optional_csi_components,
+            Some(vec![Some(String::new()), Some("snapshot-controller".into()), None])
+        );
+        let err = serde_saphyr::from_str::<KvolConfig>("storage:\n  drivers: lvm\n").unwrap_err();
+        assert!(err.to_string().contains("drivers"), "{err}");
     }
 }

@@ -8,6 +8,6 @@ pub mod plugin;
 pub mod validation;
 
 pub use backoff::Backoff;
-pub use config::KvolConfig;
+pub use config::{KvolConfig, StorageSection};
 pub use gates::{FeatureGates, Gate, GateError};
 pub use plugin::MigratablePlugin;
