@@ -291,7 +291,7 @@ mod tests {
                 "{sockt} is not a placeholder",
             ),
             (
-                "name: snap\nrole: optional\nstandalone: {process: {command: [x], registrar: [r, \"--a={socket\"]}}}\n",
+                "name: snap\nrole: optional\nstandalone: {process: {command: [x], registrar: [r, \"--a={socket\"]}}\n",
                 "standalone.process.registrar[1]",
                 "without its '}'",
             ),

@@ -1,6 +1,7 @@
 //! The kvol command line: argument parsing and the commands, over the kvol libraries.
 
 pub mod agent_cmd;
+pub mod components_cmd;
 pub mod csi_driver_cmd;
 pub mod documents;
 pub mod flex_cmd;
@@ -15,7 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use kvol_api::{FeatureGates, KvolConfig};
+use kvol_api::KvolConfig;
 
 use crate::documents::Format;
 use crate::translate_cmd::Direction;
@@ -52,6 +53,10 @@ pub enum Command {
     Agent(agent_cmd::AgentArgs),
     /// Show what the node agent last reported: its volumes, their phases and last errors.
     Status(status_cmd::StatusArgs),
+    /// Storage components (CSI drivers and optional pieces such as snapshots): what kvol
+    /// knows and what the config's `storage` section decides for this node.
+    #[command(subcommand)]
+    Components(components_cmd::ComponentsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,9 +139,10 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-/// Loads the configuration and validates the feature gates; every command starts here.
-pub fn load_gates(cli: &Cli) -> anyhow::Result<FeatureGates> {
-    let config = match &cli.config {
+/// Reads and parses the configuration file (`--config`); none given is the default config.
+/// Every command starts here, and with the feature gates it validates.
+pub fn load_config(cli: &Cli) -> anyhow::Result<KvolConfig> {
+    Ok(match &cli.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read config file {}", path.display()))?;
@@ -144,8 +150,7 @@ pub fn load_gates(cli: &Cli) -> anyhow::Result<FeatureGates> {
                 .map_err(|e| anyhow::anyhow!("invalid config file {}: {e}", path.display()))?
         }
         None => KvolConfig::default(),
-    };
-    Ok(config.feature_gates(cli.feature_gates.as_deref())?)
+    })
 }
 
 /// An error and its causes on one line, `a: b: c`, leaving out a cause whose text the line
@@ -167,8 +172,12 @@ pub fn render_error(error: &anyhow::Error) -> String {
 
 /// Runs the command line; returns the process exit code (0 ok, 1 failed, 2 bad usage or config).
 pub fn run(cli: Cli) -> ExitCode {
-    let gates = match load_gates(&cli) {
-        Ok(g) => g,
+    let loaded = load_config(&cli).and_then(|config| {
+        let gates = config.feature_gates(cli.feature_gates.as_deref())?;
+        Ok((config, gates))
+    });
+    let (config, gates) = match loaded {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("kvol: {}", render_error(&e));
             return ExitCode::from(2);
@@ -198,6 +207,10 @@ pub fn run(cli: Cli) -> ExitCode {
             csi_driver_cmd::run(args, &node)
         }
         Command::Status(args) => status_cmd::run(args),
+        Command::Components(components_cmd::ComponentsCommand::List(args)) => components_cmd::run_list(args),
+        Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
+            components_cmd::run_plan(args, &config.storage)
+        }
     };
     match result {
         Ok(code) => code,

@@ -290,3 +290,50 @@ fn tempfile_dir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn components_list_shows_user_definitions_and_plan_checks_the_storage_section() {
+    let dir = tempfile_dir("components");
+    let defs = dir.join("components");
+    std::fs::create_dir_all(&defs).unwrap();
+    std::fs::write(defs.join("nfs.yaml"), "name: nfs\nrole: driver\nprovides: {csiDriver: nfs.csi.k8s.io}\n")
+        .unwrap();
+    std::fs::write(defs.join("bad.yaml"), "name: Bad\nrole: optional\n").unwrap();
+    let defs_arg = defs.to_str().unwrap();
+    let out = kvol(&["components", "list", "--definitions-dir", defs_arg, "-o", "json"], None);
+    assert_eq!(out.status.code(), Some(1), "a definition was left out");
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = listed.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["hostpath", "lvm", "nfs", "snapshot-controller"]);
+    assert_eq!(listed[2]["source"], defs.join("nfs.yaml").to_str().unwrap());
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.yaml: component \"Bad\": name: \"Bad\" is not a DNS-1123 label"), "{err}");
+
+    let cfg = dir.join("kvol.yaml");
+    let plan = |config: &str| {
+        std::fs::write(&cfg, config).unwrap();
+        let args = ["--config", cfg.to_str().unwrap(), "components", "plan", "--definitions-dir", defs_arg];
+        kvol(&[&args[..], &["--volume-group", "true"]].concat(), None)
+    };
+    let out = plan("storage:\n  driver: none\n  optionalCsiComponents: [none, snapshot-controler]\n");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let err = text(&out.stderr);
+    for words in [
+        "kvol: invalid config: storage.optionalCsiComponents: none stands alone, but the list also has snapshot-controler",
+        "kvol: invalid config: storage.optionalCsiComponents: unknown component \"snapshot-controler\"",
+    ] {
+        assert!(err.contains(words), "{err}");
+    }
+    let out = plan("storage:\n  optionalCsiComponents: [\"\"]\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout)
+            .lines()
+            .map(|l| l.split(": ").take(2).collect::<Vec<_>>().join(": "))
+            .collect::<Vec<_>>(),
+        ["hostpath: off", "lvm: run", "nfs: off", "snapshot-controller: run"]
+    );
+    assert!(text(&out.stderr).contains("write [none] to run none"), "{}", text(&out.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

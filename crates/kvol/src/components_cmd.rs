@@ -1,0 +1,199 @@
+//! `kvol components`: the storage components kvol knows, and what the config decides for this node.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use kvol_api::StorageSection;
+use kvol_components::definition::Standalone;
+use kvol_components::{Catalogue, NodeFacts, NodeFeature, Role, decide};
+use serde::Serialize;
+
+/// Where a user drops component definitions.
+pub const DEFAULT_DEFINITIONS_DIR: &str = "/etc/kvol/components";
+
+/// How long `vgs` may take to say whether the node has a volume group.
+const VGS_DEADLINE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ComponentsCommand {
+    /// List the component definitions: built in, and those in the definitions directory.
+    List(ListArgs),
+    /// Check the config's storage section and show, for every component, whether it should
+    /// run here and why; exit 2 with every problem listed when the section is invalid.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Directory of user component definitions (*.yaml).
+    #[arg(long, default_value = DEFAULT_DEFINITIONS_DIR)]
+    pub definitions_dir: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Format,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// Directory of user component definitions (*.yaml).
+    #[arg(long, default_value = DEFAULT_DEFINITIONS_DIR)]
+    pub definitions_dir: PathBuf,
+    /// Whether the node has an LVM volume group; by default `vgs` is asked.
+    #[arg(long, value_name = "BOOL")]
+    pub volume_group: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Serialize)]
+struct Listed<'a> {
+    name: &'a str,
+    role: &'static str,
+    csi_driver: Option<&'a str>,
+    snapshots: bool,
+    needs: Vec<&'static str>,
+    default: String,
+    standalone: &'static str,
+    source: String,
+}
+
+/// Runs `kvol components list`.
+pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
+    let (catalogue, problems) = Catalogue::load(&args.definitions_dir);
+    let rows: Vec<Listed> = catalogue.entries().iter().map(listed).collect();
+    match args.output {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        Format::Table => print!("{}", table(&rows)),
+    }
+    for problem in &problems {
+        eprintln!("kvol: component definition left out: {problem}");
+    }
+    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn listed(entry: &kvol_components::catalogue::Entry) -> Listed<'_> {
+    let d = &entry.definition;
+    let default = match (d.role, d.default_rank, d.on_by_default) {
+        (Role::Driver, Some(rank), _) => format!("rank {rank}"),
+        (Role::Optional, _, true) => "on".to_string(),
+        _ => "-".to_string(),
+    };
+    Listed {
+        name: &d.name,
+        role: match d.role {
+            Role::Driver => "driver",
+            Role::Optional => "optional",
+        },
+        csi_driver: d.provides.csi_driver.as_deref(),
+        snapshots: d.provides.snapshots,
+        needs: d.needs.iter().map(|n| need_name(*n)).collect(),
+        default,
+        standalone: match &d.standalone {
+            Some(Standalone::Process(_)) => "process",
+            Some(Standalone::InAgent(_)) => "in-agent",
+            None => "-",
+        },
+        source: entry.origin.to_string(),
+    }
+}
+
+fn need_name(need: NodeFeature) -> &'static str {
+    match need {
+        NodeFeature::LvmVolumeGroup => "lvm-volume-group",
+    }
+}
+
+fn table(rows: &[Listed]) -> String {
+    let lines: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.to_string(),
+                r.role.to_string(),
+                r.csi_driver.unwrap_or("-").to_string(),
+                if r.needs.is_empty() { "-".into() } else { r.needs.join(",") },
+                r.default.clone(),
+                r.standalone.to_string(),
+                r.source.clone(),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "ROLE", "CSI DRIVER", "NEEDS", "DEFAULT", "STANDALONE", "SOURCE"].map(String::from);
+    let mut widths = [0usize; 7];
+    for line in std::iter::once(&header).chain(&lines) {
+        for (w, cell) in widths.iter_mut().zip(line) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for line in std::iter::once(&header).chain(&lines) {
+        let cells: Vec<String> = line.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Runs `kvol components plan` for the config's storage section.
+pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
+    let (catalogue, problems) = Catalogue::load(&args.definitions_dir);
+    for problem in &problems {
+        eprintln!("kvol: component definition left out: {problem}");
+    }
+    let has_volume_group = match args.volume_group {
+        Some(known) => known,
+        None => volume_group_present(),
+    };
+    let facts = NodeFacts {
+        features: if has_volume_group { [NodeFeature::LvmVolumeGroup].into() } else { Default::default() },
+    };
+    match decide(storage, &catalogue, &facts) {
+        Ok(decision) => {
+            for warning in &decision.warnings {
+                eprintln!("kvol: warning: {warning}");
+            }
+            print!("{decision}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(problems) => {
+            for problem in &problems {
+                eprintln!("kvol: invalid config: {problem}");
+            }
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+/// Whether `vgs` lists at least one volume group; no lvm2 tools, an error or no answer within
+/// the deadline all count as none.
+fn volume_group_present() -> bool {
+    let Ok(mut child) = std::process::Command::new("vgs")
+        .args(["--noheadings", "-o", "vg_name"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let started = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(None) if started.elapsed() < VGS_DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+    let mut out = String::new();
+    let read = child.stdout.take().map(|mut s| std::io::Read::read_to_string(&mut s, &mut out));
+    matches!(read, Some(Ok(_))) && out.lines().any(|l| !l.trim().is_empty())
+}
