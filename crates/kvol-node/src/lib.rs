@@ -12,6 +12,7 @@ pub mod reconstruct;
 pub mod source;
 pub mod status;
 pub mod store;
+pub mod supervisor;
 
 pub use model::{
     ActualState, AttachedVolume, DesiredState, DesiredVolume, ObjectSet, Operation, PodVolumeKey,

@@ -1,0 +1,268 @@
+//! Component processes the agent runs: started, health-checked through CSI `Probe`, restarted with backoff, stopped on request.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use kvol_api::Backoff;
+use kvol_csi::client::{CsiClient, Timeouts};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// One supervised process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// The component's name, for logs and status.
+    pub name: String,
+    /// Program and arguments, placeholders already filled.
+    pub command: Vec<String>,
+    /// The CSI socket `Probe` is asked on; none: the process is only kept running.
+    pub csi_socket: Option<PathBuf>,
+    /// Standard output and error are appended here, a header line per start.
+    pub log_file: PathBuf,
+}
+
+/// How supervision is paced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SupervisorSettings {
+    /// The wait before restart, growing with each start that did not last.
+    pub backoff: Backoff,
+    /// A run this long resets the backoff.
+    pub stable_after: Duration,
+    /// How often `Probe` is asked, and its deadline.
+    pub probe_every: Duration,
+    /// Failed probes are not counted for this long after a start (the process binds its socket).
+    pub startup_grace: Duration,
+    /// Consecutive failed probes (after the grace) that get the process killed and restarted.
+    pub failed_probes_to_restart: u32,
+    /// Between SIGTERM and SIGKILL when stopping.
+    pub stop_grace: Duration,
+}
+
+impl Default for SupervisorSettings {
+    /// Kubelet's liveness-probe habits: every 10 s, 3 failures restart, after a grace.
+    fn default() -> Self {
+        SupervisorSettings {
+            backoff: Backoff::default(),
+            stable_after: Duration::from_secs(60),
+            probe_every: Duration::from_secs(10),
+            startup_grace: Duration::from_secs(30),
+            failed_probes_to_restart: 3,
+            stop_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What is known about a supervised process now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessState {
+    /// The running process, if any.
+    pub pid: Option<u32>,
+    /// How many times it was started.
+    pub starts: u32,
+    /// Why the last run ended (exit status, failed probes, or a start that failed).
+    pub last_exit: Option<String>,
+    /// The last probe's answer: `None` before the first answer of this run.
+    pub healthy: Option<bool>,
+    /// The last failed probe's error.
+    pub probe_error: Option<String>,
+}
+
+/// A process under supervision; `stop` stops it and waits, dropping the handle stops it too.
+#[derive(Debug)]
+pub struct Supervised {
+    name: String,
+    state: Arc<Mutex<ProcessState>>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Supervised {
+    /// Starts `spec` and keeps it running until [`Supervised::stop`]. Must be called inside a
+    /// tokio runtime.
+    pub fn start(spec: ProcessSpec, settings: SupervisorSettings) -> Supervised {
+        let state = Arc::new(Mutex::new(ProcessState::default()));
+        let (stop, stop_rx) = watch::channel(false);
+        let name = spec.name.clone();
+        let task = tokio::spawn(supervise(spec, settings, Arc::clone(&state), stop_rx));
+        Supervised { name, state, stop, task }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn state(&self) -> ProcessState {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Stops the process (SIGTERM, then SIGKILL after the grace) and supervision.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// How one run of the process ended.
+enum RunEnd {
+    Exited(String),
+    Unhealthy(String),
+    Stopped,
+}
+
+async fn supervise(
+    spec: ProcessSpec,
+    settings: SupervisorSettings,
+    state: Arc<Mutex<ProcessState>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut failures = 0;
+    loop {
+        let started = Instant::now();
+        let end = match spawn(&spec) {
+            Ok(child) => run_once(&spec, &settings, &state, child, &mut stop).await,
+            Err(e) => RunEnd::Exited(e),
+        };
+        let reason = match end {
+            RunEnd::Stopped => return update(&state, |s| s.pid = None),
+            RunEnd::Exited(reason) | RunEnd::Unhealthy(reason) => reason,
+        };
+        tracing::warn!(component = %spec.name, reason = %reason, "component process ended; restarting");
+        update(&state, |s| {
+            s.pid = None;
+            s.last_exit = Some(reason);
+        });
+        failures = if started.elapsed() >= settings.stable_after { 1 } else { failures + 1 };
+        tokio::select! {
+            _ = tokio::time::sleep(settings.backoff.delay(failures)) => {}
+            () = stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Starts the process with its output appended to the log file.
+fn spawn(spec: &ProcessSpec) -> Result<Child, String> {
+    let (program, args) = spec.command.split_first().ok_or("the command line is empty")?;
+    let mut log = open_log(&spec.log_file)?;
+    let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let _ =
+        writeln!(log, "--- kvol: starting {} at unix time {stamp}: {}", spec.name, spec.command.join(" "));
+    let stderr = log.try_clone().map_err(|e| format!("cannot share log {}: {e}", spec.log_file.display()))?;
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))
+}
+
+fn open_log(path: &Path) -> Result<File, String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create log directory {}: {e}", dir.display()))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open log {}: {e}", path.display()))
+}
+
+async fn run_once(
+    spec: &ProcessSpec,
+    settings: &SupervisorSettings,
+    state: &Mutex<ProcessState>,
+    mut child: Child,
+    stop: &mut watch::Receiver<bool>,
+) -> RunEnd {
+    update(state, |s| {
+        s.pid = child.id();
+        s.starts += 1;
+        s.healthy = None;
+        s.probe_error = None;
+    });
+    tracing::info!(component = %spec.name, pid = ?child.id(), "component process started");
+    tokio::select! {
+        status = child.wait() => RunEnd::Exited(describe_exit(status)),
+        reason = watch_health(spec, settings, state) => {
+            let _ = child.kill().await;
+            RunEnd::Unhealthy(reason)
+        }
+        () = stopped(stop) => {
+            terminate(&mut child, settings.stop_grace).await;
+            RunEnd::Stopped
+        }
+    }
+}
+
+fn describe_exit(status: std::io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(status) => format!("the process {status}"),
+        Err(e) => format!("cannot wait for the process: {e}"),
+    }
+}
+
+/// Probes until too many consecutive probes fail; never returns for a process without a socket.
+async fn watch_health(
+    spec: &ProcessSpec,
+    settings: &SupervisorSettings,
+    state: &Mutex<ProcessState>,
+) -> String {
+    let Some(socket) = &spec.csi_socket else { return std::future::pending().await };
+    let started = Instant::now();
+    let timeouts = Timeouts { call: settings.probe_every, connect: settings.probe_every };
+    let mut failed = 0;
+    loop {
+        tokio::time::sleep(settings.probe_every).await;
+        let answer = match CsiClient::new(spec.name.clone(), socket, timeouts) {
+            Ok(client) => client.probe().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let error = match answer {
+            Ok(true) => None,
+            Ok(false) => Some("probe answered not ready".to_string()),
+            Err(e) => Some(e),
+        };
+        update(state, |s| {
+            s.healthy = Some(error.is_none());
+            if let Some(e) = &error {
+                s.probe_error = Some(e.clone());
+            }
+        });
+        match error {
+            None => failed = 0,
+            Some(_) if started.elapsed() < settings.startup_grace => {}
+            Some(e) => {
+                failed += 1;
+                if failed >= settings.failed_probes_to_restart {
+                    return format!("{failed} probes in a row failed, the last: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL if the process outlives `grace`.
+async fn terminate(child: &mut Child, grace: Duration) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    }
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+/// Resolves once a stop is asked for (or the supervisor handle is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+fn update(state: &Mutex<ProcessState>, change: impl FnOnce(&mut ProcessState)) {
+    change(&mut state.lock().unwrap_or_else(|p| p.into_inner()));
+}
