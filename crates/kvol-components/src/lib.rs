@@ -13,6 +13,7 @@
 pub mod catalogue;
 pub mod definition;
 pub mod selection;
+pub mod uninstall;
 
 pub use catalogue::{Catalogue, CatalogueProblem};
 pub use definition::{ComponentDefinition, DefinitionError, NodeFeature, Role};

@@ -232,6 +232,12 @@ pub fn in_tree_plugin_from_spec(spec: VolumeSpecRef<'_>) -> Result<MigratablePlu
     translator(plugin).map(|_| plugin)
 }
 
+/// The migratable in-tree plugin a PV's source belongs to, whether or not this build carries
+/// its translation (an inventory of data must not depend on build features).
+pub fn pv_in_tree_plugin(pv: &PersistentVolume) -> Result<MigratablePlugin> {
+    pv_plugin(pv)
+}
+
 /// Whether a PV has an in-tree source this build can translate.
 pub fn is_pv_migratable(pv: &PersistentVolume) -> bool {
     pv_plugin(pv).is_ok_and(is_compiled_in)
