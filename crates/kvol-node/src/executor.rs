@@ -170,7 +170,9 @@ impl Executor {
             Err(e) => Err((format!("cannot journal {}: {e}", op.name()), ActualChange::Nothing)),
         };
         let ok = outcome.is_ok();
-        self.metrics.observe_operation(op.name(), op.plugin(), ok, migrated, started.elapsed());
+        let spec = spec_of(&op);
+        let label = crate::metrics::volume_plugin_label(op.plugin(), migrated || spec.csi_driver().is_some());
+        self.metrics.observe_operation(op.name(), &label, ok, migrated, started.elapsed());
         {
             let mut state = self.lock();
             state.running.remove(&key);

@@ -143,6 +143,16 @@ impl kvol_csi::client::RpcObserver for Metrics {
     }
 }
 
+/// The plugin CSI volumes are filed under, as kubelet names it in `volume_plugin`.
+const CSI_PLUGIN: &str = "kubernetes.io/csi";
+
+/// kubelet's `volume_plugin` label: `kubernetes.io/csi:<driver>` for a CSI volume (also one
+/// migrated to its CSI driver, whose plugin is that driver), the plugin's name otherwise
+/// (`kubernetes.io/empty-dir`, a Flexvolume driver's `vendor/driver`).
+pub fn volume_plugin_label(plugin: &str, served_by_csi: bool) -> String {
+    if served_by_csi { format!("{CSI_PLUGIN}:{plugin}") } else { plugin.to_string() }
+}
+
 /// A boolean label as Go's `strconv.FormatBool` writes it.
 fn bool_label(value: bool) -> &'static str {
     if value { "true" } else { "false" }
@@ -193,6 +203,20 @@ pub async fn serve_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_plugin_labels_are_kubelets() {
+        let table = [
+            ("hostpath.csi.kvol.io", true, "kubernetes.io/csi:hostpath.csi.kvol.io"),
+            ("pd.csi.storage.gke.io", true, "kubernetes.io/csi:pd.csi.storage.gke.io"),
+            ("kubernetes.io/empty-dir", false, "kubernetes.io/empty-dir"),
+            ("kubernetes.io/local-volume", false, "kubernetes.io/local-volume"),
+            ("kvol/tmpfs", false, "kvol/tmpfs"),
+        ];
+        for (plugin, csi, want) in table {
+            assert_eq!(volume_plugin_label(plugin, csi), want, "{plugin}");
+        }
+    }
     use kvol_csi::client::RpcObserver;
 
     /// The sample lines of `text` whose name is `name` (buckets, sum, count or the value).
