@@ -257,7 +257,7 @@ async fn run(
         )
         .with_observer(metrics.clone()),
     );
-    let watcher = RegistrationWatcher::start(WatcherConfig::new(&config.registration_dir()), handler.clone())
+    let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let driver_task = config.bundled_driver.then(|| {
