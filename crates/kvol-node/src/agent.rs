@@ -553,6 +553,11 @@ impl Loop<'_> {
         report.csi_node = self.objects.csi_node(&self.config.node_name);
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
         self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));
+        self.metrics.set_total_volumes(&crate::metrics::total_volumes(
+            desired,
+            resolutions,
+            &exec.actual.published,
+        ));
         let mut comparable = report.clone();
         comparable.updated_unix_ms = 0;
         let due = self.last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {

@@ -170,8 +170,7 @@ impl Executor {
             Err(e) => Err((format!("cannot journal {}: {e}", op.name()), ActualChange::Nothing)),
         };
         let ok = outcome.is_ok();
-        let spec = spec_of(&op);
-        let label = crate::metrics::volume_plugin_label(op.plugin(), migrated || spec.csi_driver().is_some());
+        let label = crate::metrics::spec_plugin_label(op.plugin(), spec_of(&op));
         self.metrics.observe_operation(op.name(), &label, ok, migrated, started.elapsed());
         {
             let mut state = self.lock();

@@ -145,6 +145,31 @@ fn scrape(address: &str) -> String {
     body.to_string()
 }
 
+/// Every metric the example dashboard queries is one this agent serves (and kubelet serves:
+/// the dashboard uses kubelet's names only).
+fn assert_dashboard_metrics_are_served(metrics: &str) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/node-volumes.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut names = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("storage_")
+                    || word.starts_with("csi_")
+                    || word.starts_with("volume_manager_")
+                {
+                    names.push(word.trim_end_matches("_bucket").trim_end_matches("_count").to_string());
+                }
+            }
+        }
+    }
+    assert!(names.len() >= 3, "the dashboard queries {names:?}");
+    for name in names {
+        assert!(metrics.lines().any(|l| l.starts_with(&format!("# TYPE {name} "))), "{name} is not served");
+    }
+}
+
 fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -182,9 +207,15 @@ fn the_bundled_driver_registers_in_kubelets_registry_and_publishes_into_kubelets
             "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"volume_mount\",status=\"success\",volume_plugin=\"{plugin}\"}} 1"
         );
         assert!(metrics.lines().any(|l| l == line), "no line {line} in\n{metrics}");
+        for state in ["desired_state_of_world", "actual_state_of_world"] {
+            let line =
+                format!("volume_manager_total_volumes{{plugin_name=\"{plugin}\",state=\"{state}\"}} 1");
+            assert!(metrics.lines().any(|l| l == line), "no line {line} in\n{metrics}");
+        }
     }
     // kubelet's root holds kubelet's directories only; kvol's own files are in the state dir.
     assert_eq!(entries(&node.root_dir()), ["plugins", "plugins_registry", "pods"]);
+    assert_dashboard_metrics_are_served(&metrics);
     let state = entries(&node.state_dir());
     for wanted in ["csi-hostpath", "state.redb", "status.json"] {
         assert!(state.iter().any(|n| n == wanted), "{wanted} missing from the state dir: {state:?}");
