@@ -45,21 +45,24 @@ const EXAMPLE_FLEX_DRIVERS: [(&str, &[u8]); 2] = [
     ("kvol~loop", include_bytes!("../../../examples/flexvolume/kvol~loop/loop")),
 ];
 
-/// How the agent runs. [`AgentConfig::embedded`] is the standalone default under one root.
+/// How the agent runs: [`AgentConfig::kubelet_layout`] takes kubelet's directories,
+/// [`AgentConfig::embedded`] puts everything under one scratch root.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    pub root: PathBuf,
+    /// kvol's own files: the journal (`state.redb`), `status.json`, the bundled driver's
+    /// volumes (`csi-hostpath/`), provisioned records (`provisioned/`).
+    pub state_dir: PathBuf,
     pub node_name: String,
     pub gates: FeatureGates,
     /// Pods and the objects their volumes need.
     pub manifests_dir: PathBuf,
-    /// Kubelet's root directory layout (pods/, plugins/) lives here.
-    pub kubelet_dir: PathBuf,
-    pub flex_dir: PathBuf,
-    pub registration_dir: PathBuf,
+    /// Kubelet's `--root-dir`: `pods/`, `plugins/` and `plugins_registry/` directly below it.
+    pub root_dir: PathBuf,
+    /// Kubelet's `--volume-plugin-dir`: the Flexvolume drivers.
+    pub volume_plugin_dir: PathBuf,
     /// Run the bundled CSI driver in the agent (it registers like any driver).
     pub bundled_driver: bool,
-    /// Install the example Flexvolume drivers into `flex_dir` at start.
+    /// Install the example Flexvolume drivers into `volume_plugin_dir` at start.
     pub example_flex_drivers: bool,
     /// Serve Prometheus metrics here (`None`: no endpoint).
     pub metrics_address: Option<SocketAddr>,
@@ -76,16 +79,20 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// Everything under `root`: `manifests/`, `kubelet/`, `flexvolume/`, `plugins_registry/`,
-    /// `csi-hostpath/`, `state.redb`, `status.json`; the bundled driver and example drivers on.
-    pub fn embedded(root: impl Into<PathBuf>, node_name: impl Into<String>) -> AgentConfig {
-        let root = root.into();
+    /// Kubelet's directories (`--root-dir`, `--volume-plugin-dir`) and kvol's own state
+    /// directory; manifests in `<state dir>/manifests`; the bundled driver and example drivers on.
+    pub fn kubelet_layout(
+        root_dir: impl Into<PathBuf>,
+        volume_plugin_dir: impl Into<PathBuf>,
+        state_dir: impl Into<PathBuf>,
+        node_name: impl Into<String>,
+    ) -> AgentConfig {
+        let state_dir = state_dir.into();
         AgentConfig {
-            manifests_dir: root.join("manifests"),
-            kubelet_dir: root.join("kubelet"),
-            flex_dir: root.join("flexvolume"),
-            registration_dir: root.join("plugins_registry"),
-            root,
+            manifests_dir: state_dir.join("manifests"),
+            root_dir: root_dir.into(),
+            volume_plugin_dir: volume_plugin_dir.into(),
+            state_dir,
             node_name: node_name.into(),
             gates: FeatureGates::default(),
             bundled_driver: true,
@@ -96,6 +103,18 @@ impl AgentConfig {
             csi_call_timeout: kvol_csi::client::DEFAULT_CALL_TIMEOUT,
             allowed_host_paths: None,
         }
+    }
+
+    /// Everything under one scratch `root` (`kvol agent --root`): kvol's state in `root`,
+    /// kubelet's tree in `root/kubelet`, Flexvolume drivers in `root/flexvolume`.
+    pub fn embedded(root: impl Into<PathBuf>, node_name: impl Into<String>) -> AgentConfig {
+        let root = root.into();
+        AgentConfig::kubelet_layout(root.join("kubelet"), root.join("flexvolume"), root, node_name)
+    }
+
+    /// `<root dir>/plugins_registry`: where CSI drivers register (kubelet's plugin watcher).
+    pub fn registration_dir(&self) -> PathBuf {
+        NodePaths::new(&self.root_dir).registration_dir()
     }
 }
 
@@ -160,19 +179,19 @@ async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), String> {
     let started = SystemTime::now();
-    for dir in [&config.root, &config.kubelet_dir, &config.flex_dir, &config.registration_dir] {
+    let registration_dir = config.registration_dir();
+    for dir in [&config.state_dir, &config.root_dir, &config.volume_plugin_dir, &registration_dir] {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     // The mount table holds resolved paths: keep one spelling of every path under the root.
     let mut config = config;
-    for dir in [&mut config.root, &mut config.kubelet_dir, &mut config.flex_dir, &mut config.registration_dir]
-    {
+    for dir in [&mut config.state_dir, &mut config.root_dir, &mut config.volume_plugin_dir] {
         *dir = std::fs::canonicalize(&*dir).map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
     }
     let mounter: Arc<dyn Mounter> = Arc::new(SystemMounter);
     let secrets = Arc::new(ObjectSecrets::default());
     let host = PluginHost::new(
-        NodePaths::new(&config.kubelet_dir),
+        NodePaths::new(&config.root_dir),
         NodeInfo::named(&config.node_name),
         Arc::clone(&mounter),
     )
@@ -180,12 +199,12 @@ async fn run(
     .with_allowed_host_paths(config.allowed_host_paths.clone());
 
     // The journal, and the actual state rebuilt from it and the node.
-    let store_path = config.root.join("state.redb");
+    let store_path = config.state_dir.join("state.redb");
     let store = Arc::new(open_store(&store_path).await?);
     let loaded = store.load().map_err(|e| e.to_string())?;
     // Driver calls the previous agent left running are stopped first, so the mount table read
     // next is final and no call of the old agent races one of this agent on a volume.
-    let leftovers = kvol_flex::leftovers::find(&config.flex_dir);
+    let leftovers = kvol_flex::leftovers::find(&config.volume_plugin_dir);
     for call in &leftovers {
         tracing::warn!(pid = call.pid, command = %call.command_line, "killing a flexvolume driver call the previous agent left running");
     }
@@ -204,14 +223,15 @@ async fn run(
     if config.example_flex_drivers {
         install_example_flex_drivers(&config)?;
     }
-    let prober = FlexProber::start(ProberConfig::new(&config.flex_dir), host.clone(), Arc::clone(&registry))
-        .map_err(|e| e.to_string())?;
+    let prober =
+        FlexProber::start(ProberConfig::new(&config.volume_plugin_dir), host.clone(), Arc::clone(&registry))
+            .map_err(|e| e.to_string())?;
     // The drivers already on disk load before the first plan, so the first plan does not see
     // their volumes as unresolved. Bounded: a driver's `init` has its own deadline.
     let mut flex_progress = prober.progress();
     let first_probe = flex_progress.wait_for(|p| p.rescans >= 1 && !p.busy);
     if tokio::time::timeout(FIRST_PROBE_WAIT, first_probe).await.is_err() {
-        tracing::warn!(dir = %config.flex_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them");
+        tracing::warn!(dir = %config.volume_plugin_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them");
     }
     // Reconstruction, once the plugins on disk are known: what the node has and no record
     // accounts for becomes an uncertain record, torn down (or published again) through its
@@ -237,14 +257,14 @@ async fn run(
         )
         .with_observer(metrics.clone()),
     );
-    let watcher = RegistrationWatcher::start(WatcherConfig::new(&config.registration_dir), handler.clone())
+    let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let driver_task = config.bundled_driver.then(|| {
         let driver_config = HostpathConfig {
-            state_dir: config.root.join("csi-hostpath"),
-            csi_socket: config.kubelet_dir.join("plugins").join(BUNDLED_DRIVER).join("csi.sock"),
-            registration_dir: Some(config.registration_dir.clone()),
+            state_dir: config.state_dir.join("csi-hostpath"),
+            csi_socket: host.paths.plugin_dir(BUNDLED_DRIVER).join("csi.sock"),
+            registration_dir: Some(config.registration_dir()),
             ..HostpathConfig::new(BUNDLED_DRIVER, &config.node_name)
         };
         tokio::spawn(supervise_bundled_driver(driver_config, Arc::clone(&mounter), stop_rx.clone()))
@@ -288,7 +308,7 @@ async fn run(
         Arc::clone(&wake),
     );
 
-    let provisioned_dir = config.root.join("provisioned");
+    let provisioned_dir = config.state_dir.join("provisioned");
     let (records, problems) = crate::provision::load(&provisioned_dir);
     for problem in problems {
         tracing::warn!(%problem, "provisioned volumes");
@@ -533,13 +553,18 @@ impl Loop<'_> {
         report.csi_node = self.objects.csi_node(&self.config.node_name);
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
         self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));
+        self.metrics.set_total_volumes(&crate::metrics::total_volumes(
+            desired,
+            resolutions,
+            &exec.actual.published,
+        ));
         let mut comparable = report.clone();
         comparable.updated_unix_ms = 0;
         let due = self.last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
             *previous != comparable || at.elapsed() >= Duration::from_secs(5)
         });
         if due {
-            match write_status(&self.config.root, &report) {
+            match write_status(&self.config.state_dir, &report) {
                 Ok(()) => self.last_status = Some((comparable, Instant::now())),
                 Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
             }
@@ -653,14 +678,15 @@ async fn provision_one(
 /// Copies the example drivers' scripts into the Flexvolume directory with the atomic
 /// installer (unchanged ones are left alone).
 fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
-    let scratch = config.root.join(".flex-install");
+    let scratch = config.state_dir.join(".flex-install");
     std::fs::create_dir_all(&scratch).map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
     for (dir_name, script) in EXAMPLE_FLEX_DRIVERS {
         let source = scratch.join(dir_name);
         std::fs::write(&source, script).map_err(|e| format!("cannot write {}: {e}", source.display()))?;
         std::fs::set_permissions(&source, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .map_err(|e| format!("cannot chmod {}: {e}", source.display()))?;
-        kvol_flex::install::install(&source, &config.flex_dir, dir_name).map_err(|e| e.to_string())?;
+        kvol_flex::install::install(&source, &config.volume_plugin_dir, dir_name)
+            .map_err(|e| e.to_string())?;
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
@@ -1021,5 +1047,5 @@ fn describe_failure(f: &crate::executor::Failure) -> String {
 
 /// Where the bundled driver keeps its volumes: for tests and the benchmark.
 pub fn bundled_volume_dir(config: &AgentConfig, volume_id: &str) -> PathBuf {
-    config.root.join("csi-hostpath").join("volumes").join(volume_id)
+    config.state_dir.join("csi-hostpath").join("volumes").join(volume_id)
 }

@@ -170,7 +170,8 @@ impl Executor {
             Err(e) => Err((format!("cannot journal {}: {e}", op.name()), ActualChange::Nothing)),
         };
         let ok = outcome.is_ok();
-        self.metrics.observe_operation(op.name(), op.plugin(), ok, migrated, started.elapsed());
+        let label = crate::metrics::spec_plugin_label(op.plugin(), spec_of(&op));
+        self.metrics.observe_operation(op.name(), &label, ok, migrated, started.elapsed());
         {
             let mut state = self.lock();
             state.running.remove(&key);

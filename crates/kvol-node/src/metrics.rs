@@ -4,11 +4,13 @@
 //! |---|---|---|
 //! | `storage_operation_duration_seconds` (histogram) | `migrated`, `operation_name`, `status`, `volume_plugin` | kubelet `pkg/volume/util/metrics.go`; `status` is `success` or `fail-unknown` |
 //! | `csi_operations_seconds` (histogram) | `driver_name`, `grpc_status_code`, `method_name`, `migrated` | the same file, fed by kubelet's gRPC interceptor (`pkg/volume/csi/csi_metrics.go`): the full gRPC method and grpc-go's name of the code |
+//! | `volume_manager_total_volumes` (gauge) | `plugin_name`, `state` (`desired_state_of_world`, `actual_state_of_world`) | kubelet `pkg/kubelet/volumemanager/metrics/metrics.go`: volumes to mount (plugin `N/A` when none resolves) and volumes mounted |
 //! | `kvol_volumes` (gauge) | `state` (`published`, `pending`, `failing`) | kvol's own |
 //!
 //! Both histograms have kubelet's buckets. Labels are declared in the order kubelet's Go
 //! client prints them (by name); only a bucket's `le` comes first rather than last.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use kvol_plugin::VolumeSpec;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
@@ -24,6 +27,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tonic::Code;
+
+use crate::model::{DesiredState, PodVolumeKey, PublishedVolume};
+use crate::reconciler::Resolutions;
 
 /// kubelet's buckets of both operation histograms, in seconds.
 pub const BUCKETS: [f64; 13] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];
@@ -52,6 +58,19 @@ struct CsiLabels {
     migrated: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct TotalVolumesLabels {
+    plugin_name: String,
+    state: &'static str,
+}
+
+/// kubelet's `state` of volumes the pods want mounted.
+pub const DESIRED_STATE: &str = "desired_state_of_world";
+/// kubelet's `state` of volumes mounted.
+pub const ACTUAL_STATE: &str = "actual_state_of_world";
+/// kubelet's `plugin_name` of a wanted volume no plugin serves.
+pub const PLUGIN_NOT_AVAILABLE: &str = "N/A";
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VolumeLabels {
     state: &'static str,
@@ -70,6 +89,9 @@ pub struct Metrics {
     operations: HistogramFamily<OperationLabels>,
     csi: HistogramFamily<CsiLabels>,
     volumes: Family<VolumeLabels, Gauge>,
+    total_volumes: Family<TotalVolumesLabels, Gauge>,
+    /// The `total_volumes` series last set, so those gone are removed.
+    total_keys: std::sync::Mutex<std::collections::BTreeSet<TotalVolumesLabels>>,
 }
 
 impl Metrics {
@@ -90,7 +112,20 @@ impl Metrics {
             csi.clone(),
         );
         registry.register("kvol_volumes", "Pod volumes of this node by state", volumes.clone());
-        Arc::new(Metrics { registry, operations, csi, volumes })
+        let total_volumes = Family::<TotalVolumesLabels, Gauge>::default();
+        registry.register(
+            "volume_manager_total_volumes",
+            "Number of volumes in Volume Manager",
+            total_volumes.clone(),
+        );
+        Arc::new(Metrics {
+            registry,
+            operations,
+            csi,
+            volumes,
+            total_volumes,
+            total_keys: Default::default(),
+        })
     }
 
     /// One finished volume operation: `operation` is kubelet's name (`volume_attach`,
@@ -121,6 +156,24 @@ impl Metrics {
         }
     }
 
+    /// `volume_manager_total_volumes`: `(state, plugin_name)` → volumes, as [`total_volumes`]
+    /// counts them; series no longer counted are removed.
+    pub fn set_total_volumes(&self, counts: &BTreeMap<(&'static str, String), i64>) {
+        let mut keys = self.total_keys.lock().unwrap_or_else(|e| e.into_inner());
+        let now: std::collections::BTreeSet<TotalVolumesLabels> = counts
+            .iter()
+            .map(|((state, plugin), count)| {
+                let labels = TotalVolumesLabels { plugin_name: plugin.clone(), state };
+                self.total_volumes.get_or_create(&labels).set(*count);
+                labels
+            })
+            .collect();
+        for gone in keys.difference(&now) {
+            self.total_volumes.remove(gone);
+        }
+        *keys = now;
+    }
+
     /// Every metric in the OpenMetrics text format, ending in `# EOF`.
     pub fn encode(&self) -> String {
         let mut text = String::new();
@@ -141,6 +194,46 @@ impl kvol_csi::client::RpcObserver for Metrics {
         };
         self.csi.get_or_create(&labels).observe(elapsed.as_secs_f64());
     }
+}
+
+/// The plugin CSI volumes are filed under, as kubelet names it in `volume_plugin`.
+const CSI_PLUGIN: &str = "kubernetes.io/csi";
+
+/// kubelet's `volume_plugin` label: `kubernetes.io/csi:<driver>` for a CSI volume (also one
+/// migrated to its CSI driver, whose plugin is that driver), the plugin's name otherwise
+/// (`kubernetes.io/empty-dir`, a Flexvolume driver's `vendor/driver`).
+pub fn volume_plugin_label(plugin: &str, served_by_csi: bool) -> String {
+    if served_by_csi { format!("{CSI_PLUGIN}:{plugin}") } else { plugin.to_string() }
+}
+
+/// [`volume_plugin_label`] of a volume `plugin` serves with `spec` (CSI when the spec has a
+/// CSI source or was migrated to one).
+pub fn spec_plugin_label(plugin: &str, spec: &VolumeSpec) -> String {
+    volume_plugin_label(plugin, spec.csi_driver().is_some() || spec.migrated.is_some())
+}
+
+/// kubelet's volume manager counts: every wanted volume with a spec (`desired_state_of_world`,
+/// under its resolved plugin or `N/A`) and every published one (`actual_state_of_world`).
+pub fn total_volumes(
+    desired: &DesiredState,
+    resolutions: &Resolutions,
+    published: &BTreeMap<PodVolumeKey, PublishedVolume>,
+) -> BTreeMap<(&'static str, String), i64> {
+    let mut counts = BTreeMap::new();
+    for (key, wanted) in &desired.volumes {
+        if wanted.spec.is_none() {
+            continue;
+        }
+        let plugin = match resolutions.get(key) {
+            Some(Ok(r)) => spec_plugin_label(&r.plugin, &r.spec),
+            _ => PLUGIN_NOT_AVAILABLE.to_string(),
+        };
+        *counts.entry((DESIRED_STATE, plugin)).or_insert(0) += 1;
+    }
+    for p in published.values() {
+        *counts.entry((ACTUAL_STATE, spec_plugin_label(&p.plugin, &p.spec))).or_insert(0) += 1;
+    }
+    counts
 }
 
 /// A boolean label as Go's `strconv.FormatBool` writes it.
@@ -193,6 +286,20 @@ pub async fn serve_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_plugin_labels_are_kubelets() {
+        let table = [
+            ("hostpath.csi.kvol.io", true, "kubernetes.io/csi:hostpath.csi.kvol.io"),
+            ("pd.csi.storage.gke.io", true, "kubernetes.io/csi:pd.csi.storage.gke.io"),
+            ("kubernetes.io/empty-dir", false, "kubernetes.io/empty-dir"),
+            ("kubernetes.io/local-volume", false, "kubernetes.io/local-volume"),
+            ("kvol/tmpfs", false, "kvol/tmpfs"),
+        ];
+        for (plugin, csi, want) in table {
+            assert_eq!(volume_plugin_label(plugin, csi), want, "{plugin}");
+        }
+    }
     use kvol_csi::client::RpcObserver;
 
     /// The sample lines of `text` whose name is `name` (buckets, sum, count or the value).

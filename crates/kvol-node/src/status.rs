@@ -149,7 +149,7 @@ pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
     written
 }
 
-/// The report in `<root>/status.json`; the message says what is wrong when there is none or
+/// The report in `<state dir>/status.json`; the message says what is wrong when there is none or
 /// it cannot be read.
 pub fn read_status(root: &Path) -> Result<StatusReport, String> {
     let path = status_path(root);
@@ -157,7 +157,7 @@ pub fn read_status(root: &Path) -> Result<StatusReport, String> {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(format!(
-                "no status at {}: is the agent running with --root {}?",
+                "no status at {}: is the agent running with --state-dir {}?",
                 path.display(),
                 root.display()
             ));
@@ -614,7 +614,7 @@ vol-2   acme/disk  failed                                          -            
         assert_eq!(
             err,
             format!(
-                "no status at {}/status.json: is the agent running with --root {}?",
+                "no status at {}/status.json: is the agent running with --state-dir {}?",
                 root.display(),
                 root.display()
             )

@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::Secret;
 
 use crate::mount::Mounter;
 
-/// The node's directory layout under one root (kubelet's `/var/lib/kubelet` by default).
+/// The node's directory layout under one root, kubelet's `--root-dir` (`/var/lib/kubelet` by
+/// default): `pods/`, `plugins/` and `plugins_registry/` directly below it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodePaths {
     root: PathBuf,
@@ -43,7 +44,19 @@ impl NodePaths {
     pub fn plugin_dir(&self, plugin_name: &str) -> PathBuf {
         self.root.join("plugins").join(plugin_name)
     }
+
+    /// `<root>/plugins_registry`: where CSI drivers (and their registrars) put registration
+    /// sockets for the plugin watcher.
+    pub fn registration_dir(&self) -> PathBuf {
+        self.root.join(REGISTRATION_DIR)
+    }
 }
+
+/// The registration directory's name below the root (kubelet's `plugins_registry`).
+pub const REGISTRATION_DIR: &str = "plugins_registry";
+
+/// The root kubelet uses unless told otherwise (`--root-dir`).
+pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 
 /// A plugin name as one path component: `kubernetes.io/empty-dir` → `kubernetes.io~empty-dir`
 /// (upstream's `EscapeQualifiedName`).

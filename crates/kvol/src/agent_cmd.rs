@@ -1,4 +1,4 @@
-//! `kvol agent`: the node agent, on its embedded default under one root directory.
+//! `kvol agent`: the node agent, on kubelet's directories (or one scratch root) and its manifests.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,12 +13,22 @@ use kvol_node::status::{Phase, read_status, render_table};
 /// Arguments of `kvol agent`.
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The agent's root: journal, status, kubelet layout (`kubelet/`), Flexvolume drivers
-    /// (`flexvolume/`), registration sockets (`plugins_registry/`), the bundled driver's volumes.
-    #[arg(long, default_value = "/var/lib/kvol")]
-    pub root: PathBuf,
+    /// Kubelet's root directory, laid out as kubelet lays it out: `pods/`, `plugins/`,
+    /// `plugins_registry/` (where CSI drivers register).
+    #[arg(long, default_value = kvol_plugin::host::DEFAULT_ROOT_DIR)]
+    pub root_dir: PathBuf,
+    /// The Flexvolume driver directory (kubelet's `--volume-plugin-dir`).
+    #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
+    pub volume_plugin_dir: PathBuf,
+    /// kvol's own files: journal (`state.redb`), `status.json`, the bundled driver's volumes.
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// One scratch root for everything (demos, tests): the same as `--state-dir <root>
+    /// --root-dir <root>/kubelet --volume-plugin-dir <root>/flexvolume`.
+    #[arg(long, conflicts_with_all = ["root_dir", "volume_plugin_dir", "state_dir"])]
+    pub root: Option<PathBuf>,
     /// The manifests directory (Pods, PersistentVolumes, claims, StorageClasses, CSIDrivers,
-    /// Secrets); defaults to `<root>/manifests`. Watched: changes apply at once.
+    /// Secrets); defaults to `<state-dir>/manifests`. Watched: changes apply at once.
     #[arg(long)]
     pub manifests: Option<PathBuf>,
     /// The node's name; defaults to the host name.
@@ -59,8 +69,21 @@ pub struct AgentArgs {
     pub settle_timeout_seconds: u64,
 }
 
+/// kvol's state directory unless told otherwise (`--state-dir`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/kvol";
+
+/// The agent's directories from the flags: `--root` alone, or the kubelet-style three.
+pub fn base_config(args: &AgentArgs, node_name: String) -> AgentConfig {
+    match &args.root {
+        Some(root) => AgentConfig::embedded(root, node_name),
+        None => {
+            AgentConfig::kubelet_layout(&args.root_dir, &args.volume_plugin_dir, &args.state_dir, node_name)
+        }
+    }
+}
+
 pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow::Result<ExitCode> {
-    let mut config = AgentConfig::embedded(&args.root, node_name);
+    let mut config = base_config(args, node_name);
     config.gates = gates.clone();
     if let Some(dir) = &args.manifests {
         config.manifests_dir = dir.clone();
@@ -81,7 +104,7 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let root = args.root.clone();
+    let root = config.state_dir.clone();
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
     runtime.block_on(async move {
         let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<bool>();

@@ -73,8 +73,8 @@ pub struct FlexInstallArgs {
     /// The driver directory name, vendor~driver (or driver).
     #[arg(long)]
     pub name: String,
-    /// The Flexvolume plugin directory.
-    #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
+    /// The Flexvolume plugin directory (kubelet's and `kvol agent`'s `--volume-plugin-dir`).
+    #[arg(long, visible_alias = "volume-plugin-dir", default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
     pub dir: PathBuf,
 }
 
@@ -113,18 +113,20 @@ pub struct PluginsArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: plugins_cmd::PluginsFormat,
-    /// The node's state directory (kubelet's root directory; pod volumes live below it).
-    #[arg(long, default_value = "/var/lib/kvol")]
-    pub root: PathBuf,
+    /// Kubelet's root directory (`kvol agent --root-dir`; pod volumes live below it).
+    #[arg(long, default_value = kvol_plugin::host::DEFAULT_ROOT_DIR)]
+    pub root_dir: PathBuf,
     /// The node's name (its `kubernetes.io/hostname` label); defaults to the host name.
     #[arg(long, env = "KVOL_NODE_NAME")]
     pub node_name: Option<String>,
-    /// The Flexvolume plugin directory; each driver in it is checked and its `init` run.
-    #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
-    pub flex_dir: PathBuf,
+    /// The Flexvolume plugin directory (`kvol agent --volume-plugin-dir`); each driver in it is
+    /// checked and its `init` run.
+    #[arg(long, visible_alias = "flex-dir", default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
+    pub volume_plugin_dir: PathBuf,
     /// The plugin-registration directory; each CSI driver registered there is asked who it is.
-    #[arg(long, default_value = kvol_csi::registration::DEFAULT_REGISTRY_DIR)]
-    pub registration_dir: PathBuf,
+    /// Defaults to `<root-dir>/plugins_registry`.
+    #[arg(long)]
+    pub registration_dir: Option<PathBuf>,
     /// Files or directories with CSIDriver objects whose settings apply to the CSI drivers found.
     #[arg(long = "manifests", value_name = "PATH")]
     pub manifests: Vec<PathBuf>,
@@ -188,12 +190,16 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Gates(args) => gates_cmd::run(&gates, args.output),
         Command::Plugins(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
+            let registration_dir = args
+                .registration_dir
+                .clone()
+                .unwrap_or_else(|| kvol_plugin::NodePaths::new(&args.root_dir).registration_dir());
             let sources = plugins_cmd::Sources {
-                flex_dir: &args.flex_dir,
-                registration_dir: &args.registration_dir,
+                flex_dir: &args.volume_plugin_dir,
+                registration_dir: &registration_dir,
                 manifests: &args.manifests,
             };
-            plugins_cmd::run(&gates, args.output, args.root.clone(), &node, &sources)
+            plugins_cmd::run(&gates, args.output, args.root_dir.clone(), &node, &sources)
         }
         Command::Flex(FlexCommand::Install(args)) => {
             flex_cmd::run_install(&args.driver_file, &args.name, &args.dir)

@@ -1,4 +1,4 @@
-//! `kvol status`: what the node agent last reported, from `<root>/status.json`, as a table or JSON.
+//! `kvol status`: what the node agent last reported, from `<state-dir>/status.json`, as a table or JSON.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,9 +15,10 @@ pub enum StatusFormat {
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
-    /// The agent's root directory (its `--root`); the status is `<root>/status.json`.
-    #[arg(long, default_value = "/var/lib/kvol")]
-    pub root: PathBuf,
+    /// The agent's state directory (its `--state-dir`, or its `--root`); the status is
+    /// `<state-dir>/status.json`.
+    #[arg(long, visible_alias = "root", default_value = crate::agent_cmd::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: StatusFormat,
@@ -25,7 +26,7 @@ pub struct StatusArgs {
 
 /// Prints the report; an error (exit 1) when there is none or it cannot be read.
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let report = read_status(&args.root).map_err(anyhow::Error::msg)?;
+    let report = read_status(&args.state_dir).map_err(anyhow::Error::msg)?;
     match args.output {
         StatusFormat::Table => {
             let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

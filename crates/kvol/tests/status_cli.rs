@@ -184,7 +184,7 @@ fn no_status_or_a_corrupt_one_fails_with_the_reason() {
     assert_eq!(
         text(&out.stderr),
         format!(
-            "kvol: no status at {}: is the agent running with --root {}?\n",
+            "kvol: no status at {}: is the agent running with --state-dir {}?\n",
             status_path(&root).display(),
             root.display()
         )

@@ -84,7 +84,7 @@ impl Node {
     }
 
     pub fn registration_dir(&self) -> PathBuf {
-        self.root.join("plugins_registry")
+        self.root.join("kubelet/plugins_registry")
     }
 
     pub fn agent_log_path(&self) -> PathBuf {

@@ -1,0 +1,260 @@
+//! The real `kvol agent` on a root laid out exactly as kubelet lays it out (`--root-dir`, `--volume-plugin-dir`, `--state-dir` under a scratch `/`): drivers register through `<root-dir>/plugins_registry` (the bundled driver's own registrar, and the upstream node-driver-registrar when `KVOL_NODE_DRIVER_REGISTRAR` names it) and volumes land in kubelet's tree.
+
+// Only the process and path helpers are used here; the churn parts serve other tests.
+#[allow(dead_code)]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use kvol_node::status::{Phase, StatusReport};
+use kvol_plugin::{Mounter, SystemMounter};
+use support::{Daemon, enter_private_mount_namespace, wait_for_path};
+
+const BUNDLED: &str = "hostpath.csi.kvol.io";
+const OTHER: &str = "registrar.csi.kvol.test";
+
+/// A scratch `/` with kubelet's and kvol's default directories below it.
+struct KubeletNode {
+    top: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl KubeletNode {
+    fn new() -> KubeletNode {
+        let dir = tempfile::tempdir().unwrap();
+        let top = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(top.join("manifests")).unwrap();
+        KubeletNode { top, _dir: dir }
+    }
+
+    /// `path` (absolute, as on a real node) below the scratch `/`.
+    fn host(&self, path: &str) -> PathBuf {
+        self.top.join(path.trim_start_matches('/'))
+    }
+
+    fn root_dir(&self) -> PathBuf {
+        self.host("/var/lib/kubelet")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.host("/var/lib/kvol")
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        let tmp = self.top.join("manifests").join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.top.join("manifests").join(name)).unwrap();
+    }
+
+    /// `kvol agent` with kubelet's three directories given as flags, as a DaemonSet would.
+    fn start_agent(&self, extra: &[&str]) -> Daemon {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
+        command
+            .args(["agent", "--node-name", "node-a"])
+            .args(extra)
+            .arg("--root-dir")
+            .arg(self.root_dir())
+            .arg("--volume-plugin-dir")
+            .arg(self.host("/usr/libexec/kubernetes/kubelet-plugins/volume/exec"))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--manifests")
+            .arg(self.top.join("manifests"))
+            .env("KVOL_LOG", "info")
+            .env_remove("KVOL_CONFIG")
+            .env_remove("KVOL_FEATURE_GATES");
+        Daemon::spawn("kvol agent", command, &self.top.join("agent.log"))
+    }
+
+    fn wait_published(&self, agent: &mut Daemon, pod: &str, volume: &str) -> StatusReport {
+        let start = std::time::Instant::now();
+        loop {
+            agent.assert_running();
+            if let Ok(report) = kvol_node::status::read_status(&self.state_dir())
+                && report
+                    .volumes
+                    .iter()
+                    .any(|v| v.pod == pod && v.volume == volume && v.phase == Phase::Published)
+            {
+                return report;
+            }
+            let log = std::fs::read_to_string(self.top.join("agent.log")).unwrap_or_default();
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{pod}/{volume} never published; agent log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Checks that `pod`'s CSI volume `volume` is mounted at kubelet's publish path.
+    fn assert_in_kubelets_tree(&self, report: &StatusReport, pod: &str, volume: &str) {
+        let v = report.volumes.iter().find(|v| v.pod == pod && v.volume == volume).unwrap();
+        let expected =
+            self.root_dir().join("pods").join(&v.pod_uid).join("volumes/kubernetes.io~csi").join(volume);
+        assert_eq!(v.target.as_deref(), Some(expected.as_path()), "{pod}/{volume}: the pod volume directory");
+        let mounted = SystemMounter.mounts_under(&self.root_dir()).unwrap();
+        let publish = expected.join("mount");
+        assert!(
+            mounted.iter().any(|m| m.target == publish),
+            "{} is not mounted: {mounted:#?}",
+            publish.display()
+        );
+    }
+}
+
+impl Drop for KubeletNode {
+    fn drop(&mut self) {
+        let mut left = SystemMounter.mounts_under(&self.top).unwrap_or_default();
+        left.sort_by_key(|m| std::cmp::Reverse(m.target.components().count()));
+        for m in left {
+            let _ = nix::mount::umount2(&m.target, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+fn csi_pod(name: &str, driver: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n  - {{name: scratch, csi: {{driver: {driver}}}}}\n---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Ephemeral]}}\n"
+    )
+}
+
+/// A pod with an emptyDir and a Flexvolume (the example driver kvol/tmpfs) volume.
+const OTHER_PLUGINS: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: others, namespace: default}\nspec:\n  containers: [{name: app, image: busybox}]\n  volumes:\n  - {name: cache, emptyDir: {}}\n  - {name: fast, flexVolume: {driver: kvol/tmpfs, options: {size: 8Mi}}}\n";
+
+/// The address the agent serves metrics on, from its log (it was told port 0).
+fn metrics_address(node: &KubeletNode) -> String {
+    let log = std::fs::read_to_string(node.top.join("agent.log")).unwrap();
+    let line =
+        log.lines().find(|l| l.contains("serving metrics")).expect("the agent logs its metrics address");
+    let start = line.find("address=").expect("an address field") + "address=".len();
+    line[start..].split_whitespace().next().unwrap().to_string()
+}
+
+/// `GET /metrics` over a plain socket; the body.
+fn scrape(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: kvol\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an http response");
+    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// Every metric the example dashboard queries is one this agent serves (and kubelet serves:
+/// the dashboard uses kubelet's names only).
+fn assert_dashboard_metrics_are_served(metrics: &str) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/node-volumes.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut names = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("storage_")
+                    || word.starts_with("csi_")
+                    || word.starts_with("volume_manager_")
+                {
+                    names.push(word.trim_end_matches("_bucket").trim_end_matches("_count").to_string());
+                }
+            }
+        }
+    }
+    assert!(names.len() >= 3, "the dashboard queries {names:?}");
+    for name in names {
+        assert!(metrics.lines().any(|l| l.starts_with(&format!("# TYPE {name} "))), "{name} is not served");
+    }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_bundled_driver_registers_in_kubelets_registry_and_publishes_into_kubelets_tree() {
+    enter_private_mount_namespace();
+    let node = KubeletNode::new();
+    let mut agent = node.start_agent(&["--metrics-address", "127.0.0.1:0"]);
+    // The bundled driver's registrar serves where kubelet's plugin watcher looks, and its CSI
+    // socket is where a DaemonSet's `--kubelet-registration-path` would point.
+    let registration = node.root_dir().join("plugins_registry").join(format!("{BUNDLED}-reg.sock"));
+    wait_for_path(&registration, "the bundled driver's registration socket", Duration::from_secs(30));
+    wait_for_path(
+        &node.root_dir().join("plugins").join(BUNDLED).join("csi.sock"),
+        "the bundled driver's csi socket",
+        Duration::from_secs(30),
+    );
+    node.write("app.yaml", &csi_pod("app", BUNDLED));
+    node.write("other.yaml", OTHER_PLUGINS);
+    let report = node.wait_published(&mut agent, "default/app", "scratch");
+    node.assert_in_kubelets_tree(&report, "default/app", "scratch");
+    for volume in ["cache", "fast"] {
+        node.wait_published(&mut agent, "default/others", volume);
+    }
+    // kubelet's `volume_plugin` label for each kind of plugin, read from the real endpoint.
+    let metrics = scrape(&metrics_address(&node));
+    for plugin in ["kubernetes.io/csi:hostpath.csi.kvol.io", "kubernetes.io/empty-dir", "kvol/tmpfs"] {
+        let line = format!(
+            "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"volume_mount\",status=\"success\",volume_plugin=\"{plugin}\"}} 1"
+        );
+        assert!(metrics.lines().any(|l| l == line), "no line {line} in\n{metrics}");
+        for state in ["desired_state_of_world", "actual_state_of_world"] {
+            let line =
+                format!("volume_manager_total_volumes{{plugin_name=\"{plugin}\",state=\"{state}\"}} 1");
+            assert!(metrics.lines().any(|l| l == line), "no line {line} in\n{metrics}");
+        }
+    }
+    // kubelet's root holds kubelet's directories only; kvol's own files are in the state dir.
+    assert_eq!(entries(&node.root_dir()), ["plugins", "plugins_registry", "pods"]);
+    assert_dashboard_metrics_are_served(&metrics);
+    let state = entries(&node.state_dir());
+    for wanted in ["csi-hostpath", "state.redb", "status.json"] {
+        assert!(state.iter().any(|n| n == wanted), "{wanted} missing from the state dir: {state:?}");
+    }
+    assert!(
+        node.host("/usr/libexec/kubernetes/kubelet-plugins/volume/exec").is_dir(),
+        "the volume plugin dir is created"
+    );
+}
+
+/// The upstream node-driver-registrar, started with kubelet's default paths (relative to the
+/// scratch `/`), registers a second `kvol csi-driver` with the agent.
+#[test]
+fn the_upstream_registrar_with_kubelets_paths_registers_a_driver_with_the_agent() {
+    let Some(registrar) = std::env::var_os("KVOL_NODE_DRIVER_REGISTRAR") else {
+        eprintln!("skipped: KVOL_NODE_DRIVER_REGISTRAR does not name a node-driver-registrar binary");
+        return;
+    };
+    enter_private_mount_namespace();
+    let node = KubeletNode::new();
+    let socket = node.host(&format!("/var/lib/kubelet/plugins/{OTHER}/csi.sock"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
+    command
+        .args(["csi-driver", "--name", OTHER, "--node-name", "node-a", "--no-register", "--state-dir"])
+        .arg(node.host("/var/lib/kvol-other"))
+        .arg("--csi-socket")
+        .arg(&socket);
+    let mut driver = Daemon::spawn("kvol csi-driver", command, &node.top.join("driver.log"));
+    wait_for_path(&socket, "the driver's csi socket", Duration::from_secs(30));
+    let mut agent = node.start_agent(&["--no-metrics", "--no-example-flex-drivers"]);
+    let mut command = Command::new(registrar);
+    command
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubelet-registration-path={}", socket.display()))
+        .arg(format!("--plugin-registration-path={}", node.root_dir().join("plugins_registry").display()));
+    let mut registrar = Daemon::spawn("node-driver-registrar", command, &node.top.join("registrar.log"));
+    node.write("app.yaml", &csi_pod("app", OTHER));
+    let report = node.wait_published(&mut agent, "default/app", "scratch");
+    node.assert_in_kubelets_tree(&report, "default/app", "scratch");
+    driver.assert_running();
+    registrar.assert_running();
+}
