@@ -153,7 +153,7 @@ async fn run() {
     let rounds = 200;
     let (mut via_kvol, mut direct) = (Vec::new(), Vec::new());
     for i in 0..rounds {
-        let target = host.paths.pod_volume_dir(&pod.uid, "kubernetes.io/csi", &format!("v{i}"));
+        let target = host.paths.pod_volume_dir(&pod.uid, "kubernetes.io/csi", &format!("v{i}")).unwrap();
         let request = PublishRequest {
             spec: &spec,
             pod: &pod,

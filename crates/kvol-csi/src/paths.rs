@@ -56,7 +56,7 @@ pub fn stage_path(paths: &NodePaths, driver: &str, volume_handle: &str) -> PathB
 
 /// `<root>/pods/<uid>/volumes/kubernetes.io~csi/<volume name>`: a pod's directory for a CSI
 /// volume (the volume name is the PV's name, or the pod's name for an inline volume).
-pub fn pod_volume_dir(paths: &NodePaths, pod_uid: &str, volume_name: &str) -> PathBuf {
+pub fn pod_volume_dir(paths: &NodePaths, pod_uid: &str, volume_name: &str) -> kvol_plugin::Result<PathBuf> {
     paths.pod_volume_dir(pod_uid, CSI_PLUGIN_NAME, &escape_plugin_name(volume_name))
 }
 
@@ -262,11 +262,11 @@ mod tests {
                 format!("/var/lib/kubelet/plugins/kubernetes.io/csi/hostpath.csi.k8s.io/{hash}"),
             ),
             (
-                pod_volume_dir(&paths, "uid-1", "pv-1"),
+                pod_volume_dir(&paths, "uid-1", "pv-1").unwrap(),
                 "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pv-1".to_string(),
             ),
             (
-                publish_path(&pod_volume_dir(&paths, "uid-1", "pv-1")),
+                publish_path(&pod_volume_dir(&paths, "uid-1", "pv-1").unwrap()),
                 "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pv-1/mount".to_string(),
             ),
         ];

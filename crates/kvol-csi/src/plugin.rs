@@ -191,7 +191,7 @@ impl CsiPlugin {
     }
 
     /// Upstream's pod directory for a CSI volume: the `target` to publish to.
-    pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> PathBuf {
+    pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> PluginResult<PathBuf> {
         paths::pod_volume_dir(&self.host.paths, pod_uid, volume_name)
     }
 
@@ -303,7 +303,8 @@ impl CsiPlugin {
     /// Takes down a directory the driver was given (stage or publish target) once its RPC
     /// returned: refused while something is mounted there or it is not empty.
     fn remove_driver_dir(&self, path: &Path, rpc: &str) -> PluginResult<()> {
-        if fs::symlink_metadata(path).is_err() {
+        let root = self.host.paths.open_root()?;
+        if fs::symlink_metadata(path).is_err() || !self.reach(&root, path)? {
             return Ok(());
         }
         if is_mounted(self.host.mounter.as_ref(), path)? {
@@ -313,9 +314,8 @@ impl CsiPlugin {
             }
             .into());
         }
-        match fs::remove_dir(path) {
+        match root.remove_if_empty(path) {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => Err(CsiError::Driver {
                 driver: self.driver.clone(),
                 reason: format!(
@@ -326,6 +326,13 @@ impl CsiPlugin {
             .into()),
             Err(e) => Err(PluginError::io("remove", path, e)),
         }
+    }
+
+    /// Whether `path`'s directory is reached from the kubelet root without a symlink: `false`
+    /// when it does not exist, an error naming the path when a symlink (or another escape) is
+    /// on the way. Records are read and directories removed only after this check.
+    fn reach(&self, root: &beneath::Root, path: &Path) -> PluginResult<bool> {
+        root.parent_exists(path).map_err(|e| PluginError::io("reach", path, e))
     }
 
     /// Undoes what a stage or publish set up before its RPC failed for good: the driver's
@@ -420,7 +427,7 @@ impl CsiPlugin {
 
         let dir = req.target;
         let target = paths::publish_path(dir);
-        create_dir_all(dir, DIR_MODE)?;
+        create_dir_all(&self.host.paths.open_root()?, dir, DIR_MODE)?;
         let node = &self.host.node.name;
         let record = VolData {
             driver_name: self.driver.clone(),
@@ -465,6 +472,10 @@ impl CsiPlugin {
     async fn unpublish_volume(&self, req: &UnpublishRequest<'_>) -> PluginResult<()> {
         let dir = req.target;
         let target = paths::publish_path(dir);
+        if !self.reach(&self.host.paths.open_root()?, &target)? {
+            tracing::debug!(driver = %self.driver, dir = %dir.display(), "nothing to unpublish");
+            return Ok(());
+        }
         let Some(record) = local(load_vol_data(dir))? else {
             if fs::symlink_metadata(&target).is_ok() {
                 return Err(CsiError::Driver {
@@ -757,7 +768,7 @@ impl Attacher for CsiPlugin {
         );
         let context = self.client.controller_publish(request).await?;
         let dir = paths::volume_dir(&self.host.paths, &self.driver, &csi.volume_handle);
-        create_dir_all(&dir, DIR_MODE)?;
+        create_dir_all(&self.host.paths.open_root()?, &dir, DIR_MODE)?;
         let record = AttachmentRecord {
             driver_name: self.driver.clone(),
             volume_handle: csi.volume_handle.clone(),
@@ -818,7 +829,8 @@ impl Attacher for CsiPlugin {
         }
         self.own_node(node, "detach from")?;
         let dir = paths::volume_dir(&self.host.paths, &self.driver, handle);
-        let record = local(load_attachment(&dir))?;
+        let reached = self.reach(&self.host.paths.open_root()?, &dir.join(paths::ATTACHMENT_FILE))?;
+        let record = if reached { local(load_attachment(&dir))? } else { None };
         if self.capabilities.controller.publish_unpublish {
             let secrets = match record.as_ref().and_then(|r| r.controller_publish_secret_ref.as_ref()) {
                 Some(name) => self.secret("controllerPublishSecretRef", &name.namespace, &name.name)?,
@@ -830,8 +842,10 @@ impl Attacher for CsiPlugin {
             );
             self.client.controller_unpublish(handle, &self.node_id, secrets).await?;
         }
-        local(remove_attachment(&dir))?;
-        local(remove_dir_if_empty(&dir))?;
+        if reached {
+            local(remove_attachment(&dir))?;
+            local(remove_dir_if_empty(&dir))?;
+        }
         Ok(())
     }
 }
@@ -865,7 +879,7 @@ impl DeviceMounter for CsiPlugin {
         let dir = staging_path.parent().ok_or_else(|| {
             PluginError::invalid(spec, format!("its staging path {} has no parent", staging_path.display()))
         })?;
-        create_dir_all(staging_path, DIR_MODE)?;
+        create_dir_all(&self.host.paths.open_root()?, staging_path, DIR_MODE)?;
         let record = VolData {
             driver_name: self.driver.clone(),
             volume_handle: csi.volume_handle.clone(),
@@ -898,6 +912,10 @@ impl DeviceMounter for CsiPlugin {
     /// was staged here (upstream skips too).
     async fn unstage(&self, staging_path: &Path) -> PluginResult<()> {
         let Some(dir) = staging_path.parent() else { return Ok(()) };
+        if !self.reach(&self.host.paths.open_root()?, staging_path)? {
+            tracing::debug!(driver = %self.driver, path = %staging_path.display(), "nothing to unstage");
+            return Ok(());
+        }
         let Some(record) = local(load_vol_data(dir))? else {
             tracing::debug!(
                 driver = %self.driver, path = %staging_path.display(),

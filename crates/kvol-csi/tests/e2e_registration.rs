@@ -179,7 +179,7 @@ async fn publish_write_and_tear_down(
         }
         None => None,
     };
-    let target = node.host.paths.pod_volume_dir(&pod.uid, "kubernetes.io/csi", name);
+    let target = node.host.paths.pod_volume_dir(&pod.uid, "kubernetes.io/csi", name).unwrap();
     let request = PublishRequest {
         spec,
         pod: &pod,
@@ -306,5 +306,98 @@ async fn a_migrated_in_tree_pv_is_published_through_the_bundled_driver() {
     assert_eq!(resolved.spec.migrated.as_ref().unwrap().from, kvol_api::MigratablePlugin::AwsEbs);
     publish_write_and_tear_down(&node, resolved.plugin.as_ref(), &resolved.spec, "ebs").await;
     assert_eq!(std::fs::read_to_string(node.volume_dir(&id).join("hello")).unwrap(), "ebs");
+    node.stop().await;
+}
+
+/// A directory outside the kubelet root (mode 0700, one file) holding `below` as an empty
+/// directory: what stage or publish would create, and teardown remove, if it followed a link.
+fn victim(below: &str) -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let outside = tempfile::tempdir().unwrap();
+    let victim = std::fs::canonicalize(outside.path()).unwrap().join("victim");
+    std::fs::create_dir_all(victim.join(below)).unwrap();
+    std::fs::write(victim.join("keep"), b"precious").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    (outside, victim)
+}
+
+fn assert_untouched(victim: &std::path::Path, below: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(victim).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "{} changed mode", victim.display());
+    assert_eq!(std::fs::read(victim.join("keep")).unwrap(), b"precious");
+    assert!(victim.join(below).is_dir(), "{} was removed", victim.join(below).display());
+    let entries = |d: &std::path::Path| std::fs::read_dir(d).unwrap().count();
+    assert_eq!(entries(victim), 2, "nothing was added to {}", victim.display());
+    assert_eq!(entries(&victim.join(below)), 0, "nothing was created in {}", victim.join(below).display());
+    assert!(SystemMounter.mounts_under(victim).unwrap().is_empty(), "nothing is mounted in the victim");
+}
+
+fn plant_link(node: &Node, link: &str, victim: &std::path::Path) {
+    let link = node.root.join(link);
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(victim, &link).unwrap();
+}
+
+#[tokio::test]
+async fn csi_paths_under_a_planted_symlink_are_refused_and_teardown_removes_nothing_outside() {
+    enter_private_mount_namespace();
+    let csidriver = json!({
+        "metadata": {"name": "hostpath.csi.kvol.io"},
+        "spec": {"attachRequired": false, "volumeLifecycleModes": ["Persistent"]}
+    });
+    let (node, _) = Node::start("hostpath.csi.kvol.io", Some(csidriver)).await;
+    let id = node.create_volume("pv-data").await;
+    let spec = csi_pv("pv-data", "hostpath.csi.kvol.io", &id);
+    let snapshot = node.registry.snapshot();
+    let plugin = snapshot.find_by_spec(&spec).unwrap();
+    let stager = plugin.device_mounter().unwrap();
+    let mounter = plugin.mounter().unwrap();
+    let staging = stager.device_mount_path(&spec).unwrap();
+    let refused = |e: kvol_plugin::PluginError| {
+        let message = e.to_string();
+        assert!(message.contains("kvol never follows one"), "{message}");
+    };
+
+    // The CSI plugin directory is a link: staging refuses, unstaging removes nothing.
+    let below_plugin = staging.strip_prefix(node.root.join("kubelet/plugins/kubernetes.io/csi")).unwrap();
+    let below_plugin = below_plugin.to_str().unwrap().to_string();
+    let (_outside, plugin_victim) = victim(&below_plugin);
+    plant_link(&node, "kubelet/plugins/kubernetes.io/csi", &plugin_victim);
+    refused(stager.stage(&spec, None, &staging).await.unwrap_err());
+    refused(stager.unstage(&staging).await.unwrap_err());
+    assert_untouched(&plugin_victim, &below_plugin);
+    std::fs::remove_file(node.root.join("kubelet/plugins/kubernetes.io/csi")).unwrap();
+
+    // The pod's volumes directory is a link: publishing refuses, unpublishing removes nothing.
+    stager.stage(&spec, None, &staging).await.unwrap();
+    let pod = pod();
+    let target = node.host.paths.pod_volume_dir(&pod.uid, "kubernetes.io/csi", "data").unwrap();
+    let (_outside, pod_victim) = victim("kubernetes.io~csi/data/mount");
+    // A record that, if read through the link, would send the victim to NodeUnpublishVolume.
+    let record = format!(r#"{{"driverName":"hostpath.csi.kvol.io","volumeHandle":"{id}"}}"#);
+    let outside_record = pod_victim.join("kubernetes.io~csi/data/vol_data.json");
+    std::fs::write(&outside_record, &record).unwrap();
+    plant_link(&node, "kubelet/pods/uid-1/volumes", &pod_victim);
+    let request = PublishRequest {
+        spec: &spec,
+        pod: &pod,
+        pod_volume_name: "data",
+        target: &target,
+        staging_path: Some(&staging),
+        device_path: None,
+        read_only: false,
+        mount_options: &[],
+    };
+    refused(mounter.publish(&request).await.unwrap_err());
+    let unpublish = UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "data", target: &target };
+    refused(mounter.unpublish(&unpublish).await.unwrap_err());
+    assert_untouched(&pod_victim, "kubernetes.io~csi/data/mount");
+    assert_eq!(std::fs::read_to_string(&outside_record).unwrap(), record);
+    std::fs::remove_file(node.root.join("kubelet/pods/uid-1/volumes")).unwrap();
+    stager.unstage(&staging).await.unwrap();
+
+    // Without the links the same volume stages, publishes and tears down.
+    publish_write_and_tear_down(&node, plugin.as_ref(), &spec, "data").await;
     node.stop().await;
 }

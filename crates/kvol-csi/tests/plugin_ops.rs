@@ -434,7 +434,7 @@ impl Fixture {
     }
 
     fn target(&self, volume: &str) -> PathBuf {
-        self.plugin.pod_volume_dir("uid-1", volume)
+        self.plugin.pod_volume_dir("uid-1", volume).unwrap()
     }
 
     fn set_csidriver(&self, spec: Option<CSIDriverSpec>) {

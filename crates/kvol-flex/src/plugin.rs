@@ -29,6 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use kvol_plugin::beneath::Root;
 use kvol_plugin::local::{create_dir_all, is_mounted, remove_empty, unmount_and_remove_target};
 use kvol_plugin::plugin::{
     Attacher, ControllerExpander, DeviceMounter, NodeExpander, PodInfo, PublishRequest, UnpublishRequest,
@@ -399,13 +400,15 @@ impl DeviceMounter for FlexVolumePlugin {
         device_path: Option<&str>,
         staging_path: &Path,
     ) -> PluginResult<()> {
+        let root = self.host.paths.open_root()?;
+        create_parent(&root, staging_path)?;
         if is_mounted(self.host.mounter.as_ref(), staging_path)? {
             return Ok(());
         }
-        create_dir_all(staging_path, DIR_MODE)?;
+        create_dir_all(&root, staging_path, DIR_MODE)?;
         let staged = self.mount_device(spec, device_path.unwrap_or_default(), staging_path).await;
         if staged.is_err() {
-            let _ = remove_empty(staging_path);
+            let _ = remove_empty(&root, staging_path);
         }
         staged
     }
@@ -413,7 +416,8 @@ impl DeviceMounter for FlexVolumePlugin {
     /// `unmountdevice <deviceMountPath>` when something is mounted there, then removes the
     /// directory if the driver left it. A missing path is already done.
     async fn unstage(&self, staging_path: &Path) -> PluginResult<()> {
-        if !exists(staging_path)? {
+        let root = self.host.paths.open_root()?;
+        if !reached(&root, staging_path)? || !exists(staging_path)? {
             let path = staging_path.display();
             tracing::debug!(driver = %self.driver.name, %path, "nothing to unstage: the path is gone");
             return Ok(());
@@ -422,14 +426,28 @@ impl DeviceMounter for FlexVolumePlugin {
         if is_mounted(mounter, staging_path)? {
             let args = vec![path_arg(staging_path)?];
             if self.run(Command::UnmountDevice, &args).await?.is_none() {
-                unmount_and_remove_target(mounter, staging_path)?;
+                unmount_and_remove_target(mounter, &root, staging_path)?;
             }
         } else {
             let path = staging_path.display();
             tracing::warn!(driver = %self.driver.name, %path, "staging path already unmounted");
         }
-        remove_empty(staging_path)
+        remove_empty(&root, staging_path)
     }
+}
+
+/// Creates the directories holding `path` under the kubelet root, never through a symlink.
+fn create_parent(root: &Root, path: &Path) -> PluginResult<()> {
+    match path.parent() {
+        Some(parent) => create_dir_all(root, parent, DIR_MODE),
+        None => Ok(()),
+    }
+}
+
+/// Whether the directory holding `path` exists, reached from the root without a symlink (a
+/// symlink on the way is an error naming the path: the driver is never called through one).
+fn reached(root: &Root, path: &Path) -> PluginResult<bool> {
+    root.parent_exists(path).map_err(|e| PluginError::io("reach", path, e))
 }
 
 #[async_trait]
@@ -437,13 +455,15 @@ impl VolumeMounter for FlexVolumePlugin {
     /// Mounts once: an already mounted target is left alone; a missing one is created (0750)
     /// and removed again if the mount fails (a missing Secret included).
     async fn publish(&self, req: &PublishRequest<'_>) -> PluginResult<()> {
+        let root = self.host.paths.open_root()?;
+        create_parent(&root, req.target)?;
         if is_mounted(self.host.mounter.as_ref(), req.target)? {
             return Ok(());
         }
-        create_dir_all(req.target, DIR_MODE)?;
+        create_dir_all(&root, req.target, DIR_MODE)?;
         let mounted = self.mount(req).await;
         if mounted.is_err() {
-            let _ = remove_empty(req.target);
+            let _ = remove_empty(&root, req.target);
         }
         mounted
     }
@@ -451,14 +471,15 @@ impl VolumeMounter for FlexVolumePlugin {
     /// `unmount <target>`, then removes the target if the driver left it. A missing target is
     /// already done.
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> PluginResult<()> {
-        if !exists(req.target)? {
+        let root = self.host.paths.open_root()?;
+        if !reached(&root, req.target)? || !exists(req.target)? {
             return Ok(());
         }
         let args = vec![path_arg(req.target)?];
         if self.run(Command::Unmount, &args).await?.is_none() {
-            unmount_and_remove_target(self.host.mounter.as_ref(), req.target)?;
+            unmount_and_remove_target(self.host.mounter.as_ref(), &root, req.target)?;
         }
-        remove_empty(req.target)
+        remove_empty(&root, req.target)
     }
 }
 

@@ -104,7 +104,7 @@ async fn the_tmpfs_driver_publishes_a_sized_tmpfs_into_the_pod() {
     assert!(plugin.attacher().is_none(), "tmpfs says attach: false in init");
 
     let pod = pod();
-    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), "scratch");
+    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), "scratch").unwrap();
     let request = PublishRequest {
         spec: &resolved.spec,
         pod: &pod,
@@ -176,7 +176,7 @@ async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
     assert_eq!((staged.fstype.as_str(), staged.source.as_str()), ("ext4", device.as_str()));
 
     let pod = pod();
-    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), &volume);
+    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), &volume).unwrap();
     let request = PublishRequest {
         spec,
         pod: &pod,

@@ -787,7 +787,9 @@ fn resolve_one(
         attach,
         republish: plugin.requires_remount(&spec),
         staging_path,
-        target: paths.pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume),
+        target: paths
+            .pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume)
+            .map_err(|e| e.to_string())?,
         spec,
     })
 }

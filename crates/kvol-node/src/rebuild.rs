@@ -404,7 +404,7 @@ mod tests {
     const ROOT: &str = "/k";
 
     fn target(pod: &str, plugin: &str, volume: &str) -> PathBuf {
-        NodePaths::new(ROOT).pod_volume_dir(pod, plugin, volume)
+        NodePaths::new(ROOT).pod_volume_dir(pod, plugin, volume).unwrap()
     }
 
     fn staging(unique: &str) -> PathBuf {

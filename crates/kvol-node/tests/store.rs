@@ -49,7 +49,7 @@ fn published_at(paths: &NodePaths, pod: &str, plugin: &str, volume: &str) -> Pub
         unique_name: volume.into(),
         plugin: plugin.into(),
         spec,
-        target: paths.pod_volume_dir(pod, plugin, volume),
+        target: paths.pod_volume_dir(pod, plugin, volume).unwrap(),
         staging_path: None,
         device_path: None,
         uncertain: false,
@@ -521,20 +521,20 @@ fn observe_sees_the_real_mount_table_and_pod_volume_directories() {
     assert!(empty.pod_volume_dirs.is_empty());
     assert!(!empty.mount_points.iter().any(|m| m.starts_with(&root)));
 
-    let csi_data = paths.pod_volume_dir("u1", CSI, "data");
-    let csi_gone = paths.pod_volume_dir("u1", CSI, "gone");
-    let cache = paths.pod_volume_dir("u1", EMPTY_DIR, "cache");
-    let stray = paths.pod_volume_dir("u2", CSI, "stray");
+    let csi_data = paths.pod_volume_dir("u1", CSI, "data").unwrap();
+    let csi_gone = paths.pod_volume_dir("u1", CSI, "gone").unwrap();
+    let cache = paths.pod_volume_dir("u1", EMPTY_DIR, "cache").unwrap();
+    let stray = paths.pod_volume_dir("u2", CSI, "stray").unwrap();
     for dir in [csi_data.join("mount"), csi_gone.clone(), cache.clone(), stray.clone()] {
         fs::create_dir_all(dir).unwrap();
     }
-    fs::create_dir_all(paths.pod_dir("u3")).unwrap(); // a pod without volumes
-    fs::create_dir_all(paths.pod_dir("u5").join("volumes")).unwrap(); // no plugins yet
+    fs::create_dir_all(paths.pod_dir("u3").unwrap()).unwrap(); // a pod without volumes
+    fs::create_dir_all(paths.pod_dir("u5").unwrap().join("volumes")).unwrap(); // no plugins yet
     fs::write(paths.root().join("pods/not-a-pod"), b"").unwrap();
     // A link is not followed out of the tree.
     let elsewhere = root.join("elsewhere/volumes/kubernetes.io~csi/secret");
     fs::create_dir_all(&elsewhere).unwrap();
-    std::os::unix::fs::symlink(root.join("elsewhere"), paths.pod_dir("u4")).unwrap();
+    std::os::unix::fs::symlink(root.join("elsewhere"), paths.pod_dir("u4").unwrap()).unwrap();
     let source = root.join("disk");
     fs::create_dir(&source).unwrap();
     SystemMounter.bind(&source, &csi_data.join("mount"), false).unwrap();
@@ -607,9 +607,9 @@ fn only_empty_unmounted_orphans_are_cleared() {
     let root = fs::canonicalize(tmp.path()).unwrap();
     let _guard = UnmountBelow(root.clone());
     let paths = NodePaths::new(root.join("kubelet"));
-    let empty = paths.pod_volume_dir("u1", CSI, "empty");
-    let with_data = paths.pod_volume_dir("u2", EMPTY_DIR, "cache");
-    let mounted = paths.pod_volume_dir("u3", CSI, "busy");
+    let empty = paths.pod_volume_dir("u1", CSI, "empty").unwrap();
+    let with_data = paths.pod_volume_dir("u2", EMPTY_DIR, "cache").unwrap();
+    let mounted = paths.pod_volume_dir("u3", CSI, "busy").unwrap();
     for dir in [&empty, &with_data, &mounted.join("mount")] {
         fs::create_dir_all(dir).unwrap();
     }
@@ -633,7 +633,7 @@ fn only_empty_unmounted_orphans_are_cleared() {
             other => panic!("unexpected orphan {other}"),
         }
     }
-    assert!(!paths.pod_dir("u1").exists(), "the empty orphan and its empty parents are gone");
+    assert!(!paths.pod_dir("u1").unwrap().exists(), "the empty orphan and its empty parents are gone");
     assert_eq!(fs::read(with_data.join("kept")).unwrap(), b"data");
     assert!(SystemMounter.is_mount_point(&mounted.join("mount")).unwrap());
     SystemMounter.unmount(&mounted.join("mount")).unwrap();

@@ -183,6 +183,57 @@ impl Root {
         }
     }
 
+    /// Removes `path` if it is an empty directory or an empty regular file, and nothing else
+    /// (a symlink, a file with content or a directory with entries is kept, with an error);
+    /// already gone is success.
+    pub fn remove_if_empty(&self, path: &Path) -> io::Result<()> {
+        let (parent, name) = match self.parent_of(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
+        };
+        let result = match statx(&parent, name, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS) {
+            Ok(st) if file_type(&st) == FileType::Directory => unlinkat(&parent, name, AtFlags::REMOVEDIR),
+            Ok(st) if file_type(&st) == FileType::RegularFile && st.stx_size == 0 => {
+                unlinkat(&parent, name, AtFlags::empty())
+            }
+            Ok(_) => {
+                return Err(io::Error::other(
+                    "it is not the empty directory or empty file kvol created, so it is kept",
+                ));
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    /// Creates (or opens) the regular file at `path`, its missing parents as
+    /// [`Root::create_dir_all`] does, never following a symlink, not even at `path` itself.
+    pub fn create_file(&self, path: &Path, mode: u32) -> io::Result<OwnedFd> {
+        let parts = self.components(path)?;
+        let Some((last, parents)) = parts.split_last() else {
+            return Err(io::Error::other(format!(
+                "refusing to create the root {} as a file",
+                self.path.display()
+            )));
+        };
+        let parent = self.walk(path, parents, Some(0o750))?;
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        openat(&parent, *last, flags, Mode::from_raw_mode(mode)).map_err(|e| refused(path, e))
+    }
+
+    /// Checks that the directory holding `path` is reached from the root without a symlink;
+    /// `Ok(false)` when it does not exist.
+    pub fn parent_exists(&self, path: &Path) -> io::Result<bool> {
+        match self.parent_of(path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes `path` and everything below it, never following a symlink (the link is
     /// removed, not its target) and refusing to enter another mount; already gone is success.
     pub fn remove_all(&self, path: &Path) -> io::Result<()> {

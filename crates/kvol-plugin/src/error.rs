@@ -104,6 +104,8 @@ pub enum PluginError {
         #[source]
         source: std::io::Error,
     },
+    #[error("refusing {what} {value:?}: {reason}")]
+    PathSegment { what: &'static str, value: String, reason: String },
     #[error("{spec}: {reason}")]
     InvalidSpec { spec: String, reason: String },
     #[error("{spec} cannot be used on node {node:?}: {reason}")]

@@ -30,17 +30,30 @@ impl NodePaths {
             .map_err(|e| crate::error::PluginError::io("open the root", &self.root, e))
     }
 
-    /// `<root>/pods/<uid>`.
-    pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
-        self.root.join("pods").join(pod_uid)
+    /// `<root>/pods/<uid>`; a uid that is not one plain path segment is refused.
+    pub fn pod_dir(&self, pod_uid: &str) -> crate::error::Result<PathBuf> {
+        segment("pod uid", pod_uid)?;
+        Ok(self.root.join("pods").join(pod_uid))
     }
 
-    /// `<root>/pods/<uid>/volumes/<plugin with / as ~>/<volume>`: where a pod's volume is published.
-    pub fn pod_volume_dir(&self, pod_uid: &str, plugin_name: &str, volume_name: &str) -> PathBuf {
-        self.pod_dir(pod_uid).join("volumes").join(escape_plugin_name(plugin_name)).join(volume_name)
+    /// `<root>/pods/<uid>/volumes/<plugin with / as ~>/<volume>`: where a pod's volume is
+    /// published. Each of the three must make one plain path segment (not empty, `.` or `..`,
+    /// no NUL, no `/` once the plugin's are escaped): a validation bug upstream of here cannot
+    /// turn into a path outside the pod's directory.
+    pub fn pod_volume_dir(
+        &self,
+        pod_uid: &str,
+        plugin_name: &str,
+        volume_name: &str,
+    ) -> crate::error::Result<PathBuf> {
+        let plugin = escape_plugin_name(plugin_name);
+        segment("plugin name", &plugin)?;
+        segment("volume name", volume_name)?;
+        Ok(self.pod_dir(pod_uid)?.join("volumes").join(plugin).join(volume_name))
     }
 
     /// `<root>/plugins/<plugin>`: a plugin's node-global directory (stage paths live below it).
+    /// `plugin_name` is always one of the compiled-in plugin names, never a manifest's.
     pub fn plugin_dir(&self, plugin_name: &str) -> PathBuf {
         self.root.join("plugins").join(plugin_name)
     }
@@ -57,6 +70,15 @@ pub const REGISTRATION_DIR: &str = "plugins_registry";
 
 /// The root kubelet uses unless told otherwise (`--root-dir`).
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
+
+/// Refuses `value` (the `what` of a path) unless it is one plain path segment.
+fn segment(what: &'static str, value: &str) -> crate::error::Result<()> {
+    crate::beneath::check_segment(value).map_err(|reason| crate::error::PluginError::PathSegment {
+        what,
+        value: value.to_string(),
+        reason,
+    })
+}
 
 /// A plugin name as one path component: `kubernetes.io/empty-dir` → `kubernetes.io~empty-dir`
 /// (upstream's `EscapeQualifiedName`).
@@ -201,14 +223,44 @@ mod tests {
     }
 
     #[test]
+    fn segments_that_would_leave_the_pod_directory_are_refused() {
+        let p = NodePaths::new("/var/lib/kubelet");
+        let cases: &[(&str, &str, &str, &str)] = &[
+            ("..", "kubernetes.io/empty-dir", "v", "refusing pod uid \"..\": \"..\" is not a path segment"),
+            ("", "kubernetes.io/empty-dir", "v", "refusing pod uid \"\": a path segment must not be empty"),
+            ("u", "kubernetes.io/empty-dir", ".", "refusing volume name \".\": \".\" is not a path segment"),
+            (
+                "u",
+                "kubernetes.io/empty-dir",
+                "../../x",
+                "refusing volume name \"../../x\": \"../../x\" contains \"/\"",
+            ),
+            (
+                "u",
+                "kubernetes.io/empty-dir",
+                "/etc",
+                "refusing volume name \"/etc\": \"/etc\" contains \"/\"",
+            ),
+            ("u", "kubernetes.io/empty-dir", "v\0", "refusing volume name \"v\\0\": \"v\\0\" contains NUL"),
+            ("a/b", "kubernetes.io/empty-dir", "v", "refusing pod uid \"a/b\": \"a/b\" contains \"/\""),
+            ("u", "..", "v", "refusing plugin name \"..\": \"..\" is not a path segment"),
+        ];
+        for (uid, plugin, volume, want) in cases {
+            let err = p.pod_volume_dir(uid, plugin, volume).unwrap_err();
+            assert_eq!(err.to_string(), *want, "{uid:?} {plugin:?} {volume:?}");
+        }
+        assert!(p.pod_dir("..").is_err());
+    }
+
+    #[test]
     fn paths_follow_kubelet_layout() {
         let p = NodePaths::new("/var/lib/kubelet");
         assert_eq!(
-            p.pod_volume_dir("uid-1", "kubernetes.io/empty-dir", "cache"),
+            p.pod_volume_dir("uid-1", "kubernetes.io/empty-dir", "cache").unwrap(),
             Path::new("/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/cache")
         );
         assert_eq!(
-            p.pod_volume_dir("u", "example.com/lvm", "v"),
+            p.pod_volume_dir("u", "example.com/lvm", "v").unwrap(),
             Path::new("/var/lib/kubelet/pods/u/volumes/example.com~lvm/v")
         );
         assert_eq!(

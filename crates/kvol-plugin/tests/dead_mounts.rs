@@ -81,7 +81,7 @@ impl FuseVolume {
             },
             "ns",
         );
-        let target = host.paths.pod_volume_dir("uid-1", "kubernetes.io/host-path", "fuse");
+        let target = host.paths.pod_volume_dir("uid-1", "kubernetes.io/host-path", "fuse").unwrap();
         let pod = PodInfo::default();
         let request = PublishRequest {
             spec: &spec,

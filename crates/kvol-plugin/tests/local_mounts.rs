@@ -171,7 +171,7 @@ async fn empty_dir_on_disk_is_world_writable_whatever_the_umask() {
     set_umask(0o077);
     let sandbox = Sandbox::new();
     let plugin = EmptyDirPlugin::new(sandbox.host.clone());
-    let dir = plugin.pod_volume_dir("uid-1", "cache");
+    let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
     let spec = empty_dir(None, None);
     plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap();
     assert_eq!(mode_of(&dir), 0o777);
@@ -212,7 +212,10 @@ async fn empty_dir_named_to_climb_out_of_the_root_reaches_nothing() {
     // The plugin's directory exists, so the climbing path resolves to the victim.
     fs::create_dir_all(sandbox.path("pods/uid-1/volumes/kubernetes.io~empty-dir")).unwrap();
     for name in [climb.as_str(), victim.to_str().unwrap()] {
-        let dir = plugin.pod_volume_dir("uid-1", name);
+        let err = plugin.pod_volume_dir("uid-1", name).unwrap_err();
+        assert!(err.to_string().starts_with(&format!("refusing volume name {name:?}: ")), "{err}");
+        // Past a validation bug the path is built anyway: the plugin still refuses it.
+        let dir = sandbox.path("pods/uid-1/volumes/kubernetes.io~empty-dir").join(name);
         let spec = empty_dir(None, None);
         let err = plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap_err();
         assert!(err.to_string().contains("refusing"), "{err}");
@@ -228,7 +231,7 @@ async fn empty_dir_under_a_planted_symlink_is_refused_and_its_teardown_removes_n
     let sandbox = Sandbox::new();
     let (_outside, victim) = victim();
     let plugin = EmptyDirPlugin::new(sandbox.host.clone());
-    let dir = plugin.pod_volume_dir("uid-1", "cache");
+    let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
     // The pod volume directory's parent is a link to the victim; the victim holds what the
     // volume directory would be, with content.
     let parent = dir.parent().unwrap();
@@ -269,7 +272,7 @@ async fn empty_dir_in_memory_is_a_sized_tmpfs_that_unpublish_removes() {
     enter_private_mount_namespace();
     let sandbox = Sandbox::new();
     let plugin = EmptyDirPlugin::new(sandbox.host.clone());
-    let dir = plugin.pod_volume_dir("uid-1", "cache");
+    let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
     let spec = empty_dir(Some("Memory"), Some("64Mi"));
     plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap();
     plugin.publish(&publish_request(&spec, &dir, false)).await.unwrap();
@@ -291,7 +294,7 @@ async fn empty_dir_teardown_refuses_while_a_foreign_mount_lies_below() {
     enter_private_mount_namespace();
     let sandbox = Sandbox::new();
     let plugin = EmptyDirPlugin::new(sandbox.host.clone());
-    let dir = plugin.pod_volume_dir("uid-1", "cache");
+    let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
     plugin.publish(&publish_request(&empty_dir(Some("Memory"), None), &dir, false)).await.unwrap();
     let foreign = dir.join("foreign");
     fs::create_dir(&foreign).unwrap();
@@ -311,6 +314,61 @@ async fn empty_dir_teardown_refuses_while_a_foreign_mount_lies_below() {
     plugin.unpublish(&unpublish_request(&dir)).await.unwrap();
     assert!(!dir.exists());
     sandbox.assert_nothing_mounted();
+}
+
+/// A victim directory holding an empty `data` directory, the name a plugin's teardown would
+/// remove if it followed a link into the victim.
+fn victim_with_empty(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let (outside, victim) = victim();
+    fs::create_dir(victim.join(name)).unwrap();
+    (outside, victim)
+}
+
+fn assert_untouched_with(victim: &Path, name: &str) {
+    assert_eq!(mode_of(victim), 0o700, "{} changed mode", victim.display());
+    assert_eq!(fs::read(victim.join("keep")).unwrap(), b"precious");
+    assert!(victim.join(name).is_dir(), "{} was removed", victim.join(name).display());
+    assert_eq!(fs::read_dir(victim).unwrap().count(), 2);
+}
+
+#[tokio::test]
+async fn host_path_under_a_planted_symlink_is_refused_and_its_teardown_removes_nothing_outside() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let plugin = HostPathPlugin::new(sandbox.host.clone());
+    let source = sandbox.path("host-src");
+    fs::create_dir(&source).unwrap();
+    let spec = host_path(&source, "Directory");
+    // A link at the pod's volumes directory, then at the plugin's directory below it.
+    for link in ["pods/uid-1/volumes", "pods/uid-1/volumes/kubernetes.io~host-path"] {
+        let (_outside, victim) = victim_with_empty("data");
+        let target = sandbox.host.paths.pod_volume_dir("uid-1", "kubernetes.io/host-path", "data").unwrap();
+        let link = sandbox.path(link);
+        fs::create_dir_all(link.parent().unwrap()).unwrap();
+        // The victim mirrors what lies below the link: `kubernetes.io~host-path/data` or `data`.
+        let below = target.strip_prefix(&link).unwrap();
+        if below.components().count() == 2 {
+            let plugin_dir = victim.join(below.parent().unwrap());
+            fs::rename(victim.join("data"), victim.join("tmp")).unwrap();
+            fs::create_dir(&plugin_dir).unwrap();
+            fs::rename(victim.join("tmp"), plugin_dir.join("data")).unwrap();
+        }
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let name = below.components().next().unwrap().as_os_str().to_str().unwrap().to_string();
+
+        let err = plugin.publish(&publish_request(&spec, &target, false)).await.unwrap_err();
+        assert!(err.to_string().contains("kvol never follows one"), "{}: {err}", link.display());
+        assert!(err.to_string().contains(&target.parent().unwrap().display().to_string()), "{err}");
+        let err = plugin.unpublish(&unpublish_request(&target)).await.unwrap_err();
+        assert!(err.to_string().contains("kvol never follows one"), "{}: {err}", link.display());
+        assert_untouched_with(&victim, &name);
+        assert!(victim.join(below).is_dir(), "{} was removed", victim.join(below).display());
+        assert!(sandbox.mounts_below(&victim).is_empty(), "nothing is mounted in the victim");
+        sandbox.assert_nothing_mounted();
+        fs::remove_file(&link).unwrap();
+    }
+    // Without the link the same volume publishes and tears down.
+    publish_and_tear_down(&sandbox, &plugin, &spec, "data").await;
 }
 
 /// Publishes, checks the target is a mount point of the kind the source is, and tears down.
@@ -631,7 +689,7 @@ async fn specs_resolve_through_the_registry_to_real_mounts() {
     let spec = host_path(&data, "Directory");
     let resolved = resolve(&snapshot, &gates, &spec, NodeStatus::Known(&own_node)).unwrap();
     assert_eq!((resolved.plugin.name(), resolved.route), ("kubernetes.io/host-path", Route::Native));
-    let target = sandbox.host.paths.pod_volume_dir("uid-1", resolved.plugin.name(), "host");
+    let target = sandbox.host.paths.pod_volume_dir("uid-1", resolved.plugin.name(), "host").unwrap();
     let mounter = resolved.plugin.mounter().expect("hostPath publishes");
     mounter.publish(&publish_request(&resolved.spec, &target, false)).await.unwrap();
     assert_eq!(fs::read(target.join("hello")).unwrap(), b"from the host");

@@ -72,7 +72,7 @@ impl EmptyDirPlugin {
     }
 
     /// Where a pod's emptyDir volume lives: `<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
-    pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> PathBuf {
+    pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> Result<PathBuf> {
         self.host.paths.pod_volume_dir(pod_uid, PLUGIN_NAME, volume_name)
     }
 
@@ -260,7 +260,7 @@ mod tests {
     fn disk_medium_is_a_world_writable_directory_without_mounts() {
         let (_root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         assert!(dir.ends_with("pods/uid-1/volumes/kubernetes.io~empty-dir/cache"));
         let disk = spec(None, None);
         block_on(plugin.publish(&publish_request(&disk, &dir, false))).unwrap();
@@ -274,7 +274,7 @@ mod tests {
     fn memory_medium_mounts_one_sized_tmpfs() {
         let (_root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         let memory = spec(Some("Memory"), Some("64Mi"));
         block_on(plugin.publish(&publish_request(&memory, &dir, true))).unwrap();
         block_on(plugin.publish(&publish_request(&memory, &dir, true))).unwrap();
@@ -292,7 +292,7 @@ mod tests {
     fn memory_medium_without_limit_takes_the_kernel_default() {
         let (_root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         block_on(plugin.publish(&publish_request(&spec(Some("Memory"), None), &dir, false))).unwrap();
         assert!(matches!(&mounter.calls()[..], [MountCall::Mount { data, .. }] if data.is_empty()));
     }
@@ -301,7 +301,7 @@ mod tests {
     fn a_foreign_mount_on_the_directory_is_not_covered() {
         let (_root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         fs::create_dir_all(&dir).unwrap();
         mounter.bind(Path::new("/srv"), &dir, false).unwrap();
         let err =
@@ -316,7 +316,7 @@ mod tests {
     fn bad_specs_are_refused_naming_the_volume_and_value() {
         let (_root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         let cases = [
             (
                 spec(Some("Memory"), Some("lots")),
@@ -342,7 +342,7 @@ mod tests {
     fn unpublish_unmounts_the_tmpfs_deletes_the_directory_and_is_idempotent() {
         let (_root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         block_on(plugin.publish(&publish_request(&spec(Some("Memory"), None), &dir, false))).unwrap();
         fs::write(dir.join("file"), b"x").unwrap();
         block_on(plugin.unpublish(&unpublish_request(&dir))).unwrap();
@@ -356,7 +356,7 @@ mod tests {
     fn unpublish_refuses_while_foreign_mounts_lie_below() {
         let (root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
-        let dir = plugin.pod_volume_dir("uid-1", "cache");
+        let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
         block_on(plugin.publish(&publish_request(&spec(None, None), &dir, false))).unwrap();
         let inner = dir.join("inner");
         fs::create_dir(&inner).unwrap();

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::HostPathVolumeSource;
 
-use super::{FileKind, bind_to_target, create_dir_all, file_kind, has_backsteps, unmount_and_remove_target};
+use super::{FileKind, bind_to_target, file_kind, has_backsteps, unmount_and_remove_target};
 use crate::error::{PluginError, Result};
 use crate::host::PluginHost;
 use crate::plugin::{AccessMode, PluginKind, PublishRequest, UnpublishRequest, VolumeMounter, VolumePlugin};
@@ -119,7 +119,14 @@ pub fn prepare_host_path(path: &Path, path_type: HostPathType) -> Result<FileKin
     let found = file_kind(path).map_err(|e| PluginError::io("inspect", path, e))?;
     match decide(path_type, found) {
         TypeDecision::Use(kind) => Ok(kind),
-        TypeDecision::CreateDirectory => create_dir_all(path, 0o755).map(|()| FileKind::Directory),
+        // The host path is outside the kubelet root and is the manifest's own (validated,
+        // within --allowed-host-paths): it is created as given, as upstream does.
+        TypeDecision::CreateDirectory => {
+            std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o755)
+                .create(path)
+                .map(|()| FileKind::Directory)
+                .map_err(|e| PluginError::io("create directory", path, e))
+        }
         TypeDecision::CreateFile => {
             // Like upstream, the file's directory is not created.
             let created =
@@ -237,11 +244,20 @@ impl VolumeMounter for HostPathPlugin {
         }
         let kind = prepare_host_path(path, path_type)?;
         let read_only = req.read_only || req.spec.read_only;
-        bind_to_target(self.host.mounter.as_ref(), path, req.target, kind == FileKind::Directory, read_only)
+        let root = self.host.paths.open_root()?;
+        bind_to_target(
+            self.host.mounter.as_ref(),
+            &root,
+            path,
+            req.target,
+            kind == FileKind::Directory,
+            read_only,
+        )
     }
 
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()> {
-        unmount_and_remove_target(self.host.mounter.as_ref(), req.target)
+        let root = self.host.paths.open_root()?;
+        unmount_and_remove_target(self.host.mounter.as_ref(), &root, req.target)
     }
 }
 

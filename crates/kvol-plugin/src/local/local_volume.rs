@@ -193,9 +193,10 @@ impl DeviceMounter for LocalVolumePlugin {
         if is_mounted(mounter, staging_path)? {
             return Ok(());
         }
-        create_dir_all(staging_path, 0o750)?;
+        let root = self.host.paths.open_root()?;
+        create_dir_all(&root, staging_path, 0o750)?;
         if let Err(e) = mounter.mount(source.path, staging_path, source.fs_type, spec.read_only, &[]) {
-            let _ = remove_empty(staging_path);
+            let _ = remove_empty(&root, staging_path);
             return Err(PluginError::DeviceMount {
                 device: PathBuf::from(source.path),
                 fstype: source.fs_type.to_string(),
@@ -209,7 +210,8 @@ impl DeviceMounter for LocalVolumePlugin {
     /// Unmounts the staging path and removes it; nothing there is success.
     async fn unstage(&self, staging_path: &Path) -> Result<()> {
         self.check_staging_path(staging_path)?;
-        unmount_and_remove_target(self.host.mounter.as_ref(), staging_path)
+        let root = self.host.paths.open_root()?;
+        unmount_and_remove_target(self.host.mounter.as_ref(), &root, staging_path)
     }
 }
 
@@ -241,11 +243,13 @@ impl VolumeMounter for LocalVolumePlugin {
             }
             _ => PathBuf::from(source.path),
         };
-        bind_to_target(mounter, &bind_source, req.target, true, req.read_only || spec.read_only)
+        let root = self.host.paths.open_root()?;
+        bind_to_target(mounter, &root, &bind_source, req.target, true, req.read_only || spec.read_only)
     }
 
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()> {
-        unmount_and_remove_target(self.host.mounter.as_ref(), req.target)
+        let root = self.host.paths.open_root()?;
+        unmount_and_remove_target(self.host.mounter.as_ref(), &root, req.target)
     }
 }
 

@@ -19,6 +19,7 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
 
+use crate::beneath::Root;
 use crate::error::{PluginError, Result};
 use crate::mount::{MountPoint, Mounter};
 
@@ -110,75 +111,62 @@ pub fn is_mounted(mounter: &dyn Mounter, path: &Path) -> Result<bool> {
 /// empty directory or empty file publish created. Never deletes anything else: a target that
 /// is not empty after unmounting is an error. A target already gone is success.
 ///
-/// The mounts come from the mount table and go before the target is looked at, so a mount
-/// whose filesystem does not answer (a stopped FUSE daemon) is unmounted without being touched.
-pub fn unmount_and_remove_target(mounter: &dyn Mounter, target: &Path) -> Result<()> {
+/// The target's directory is first reached from `root` without a symlink: a pod directory
+/// swapped for a link to elsewhere is refused before any unmount, so nothing outside the root
+/// is unmounted or removed. The mounts come from the mount table and go before the target is
+/// looked at, so a mount whose filesystem does not answer (a stopped FUSE daemon) is unmounted
+/// without being touched.
+pub fn unmount_and_remove_target(mounter: &dyn Mounter, root: &Root, target: &Path) -> Result<()> {
+    if !root.parent_exists(target).map_err(|e| PluginError::io("reach", target, e))? {
+        return Ok(());
+    }
     for mount in mounts_at_or_below(mounter, target)? {
         mounter.unmount(&mount.target)?;
     }
-    match fs::symlink_metadata(target) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(PluginError::io("inspect", target, e)),
-        Ok(_) => {}
-    }
-    remove_empty(target)
+    remove_empty(root, target)
 }
 
-/// Removes an empty directory or an empty regular file, and nothing else.
-pub fn remove_empty(path: &Path) -> Result<()> {
-    let metadata = match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(PluginError::io("inspect", path, e)),
-        Ok(metadata) => metadata,
-    };
-    let removed = if metadata.is_dir() {
-        // remove_dir, not remove_dir_all: a directory with anything in it is kept.
-        fs::remove_dir(path)
-    } else if metadata.is_file() && metadata.len() == 0 {
-        fs::remove_file(path)
-    } else {
-        Err(io::Error::other("it is not the empty directory or empty file kvol created, so it is kept"))
-    };
-    match removed {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other.map_err(|e| PluginError::io("remove", path, e)),
-    }
+/// Removes an empty directory or an empty regular file under `root`, and nothing else,
+/// through its opened parent (never through a symlink).
+pub fn remove_empty(root: &Root, path: &Path) -> Result<()> {
+    root.remove_if_empty(path).map_err(|e| PluginError::io("remove", path, e))
 }
 
-/// Creates the directory and its parents, each new one with `mode` (less the umask).
-pub fn create_dir_all(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(|e| PluginError::io("create directory", path, e))
+/// Creates the directory under `root` and its parents, each new one with `mode` (less the
+/// umask), never following a symlink.
+pub fn create_dir_all(root: &Root, path: &Path, mode: u32) -> Result<()> {
+    root.create_dir_all(path, mode).map(drop).map_err(|e| PluginError::io("create directory", path, e))
 }
 
-/// Publishes `source` at `target` by a bind mount, creating the target as a directory or,
-/// when the source is not one, as an empty file. Already published: nothing to do. A failed
-/// bind leaves no target behind.
+/// Publishes `source` at `target` (under `root`) by a bind mount, creating the target as a
+/// directory or, when the source is not one, as an empty file. Already published: nothing to
+/// do. A failed bind leaves no target behind.
+///
+/// The target and its parents are created through [`Root`], so none of them is a symlink when
+/// the bind runs; the bind is then given that verified path (the mount seam takes paths). Only
+/// root can write the directories on the way (`pods/<uid>/volumes/<plugin>`), so nothing can
+/// swap them between the walk and the mount.
 pub fn bind_to_target(
     mounter: &dyn Mounter,
+    root: &Root,
     source: &Path,
     target: &Path,
     source_is_dir: bool,
     read_only: bool,
 ) -> Result<()> {
+    if let Some(parent) = target.parent() {
+        create_dir_all(root, parent, 0o750)?;
+    }
     if is_mounted(mounter, target)? {
         return Ok(());
     }
     if source_is_dir {
-        create_dir_all(target, 0o750)?;
+        create_dir_all(root, target, 0o750)?;
     } else {
-        if let Some(parent) = target.parent() {
-            create_dir_all(parent, 0o750)?;
-        }
-        let created = fs::OpenOptions::new().write(true).create(true).truncate(false).open(target);
-        created.map_err(|e| PluginError::io("create file", target, e))?;
+        root.create_file(target, 0o640).map_err(|e| PluginError::io("create file", target, e))?;
     }
     if let Err(e) = mounter.bind(source, target, read_only) {
-        let _ = remove_empty(target);
+        let _ = remove_empty(root, target);
         return Err(e.into());
     }
     Ok(())
@@ -294,9 +282,10 @@ mod tests {
         let target = dir.path().join("target");
         fs::create_dir(&target).unwrap();
         let mounter = RecordingMounter::new();
+        let root = Root::open(dir.path()).unwrap();
         mounter.bind(Path::new("/src"), &target, false).unwrap();
         mounter.mount("tmpfs", &target.join("inner"), "tmpfs", false, &[]).unwrap();
-        unmount_and_remove_target(&mounter, &target).unwrap();
+        unmount_and_remove_target(&mounter, &root, &target).unwrap();
         let unmounted: Vec<_> = mounter
             .calls()
             .into_iter()
@@ -308,23 +297,24 @@ mod tests {
         assert_eq!(unmounted, [target.join("inner"), target.clone()]);
         assert!(!target.exists());
         // Gone already: success, and no calls.
-        unmount_and_remove_target(&mounter, &target).unwrap();
+        unmount_and_remove_target(&mounter, &root, &target).unwrap();
         assert_eq!(mounter.calls().len(), 4);
     }
 
     #[test]
     fn targets_with_content_are_kept() {
         let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
         let full_dir = dir.path().join("full");
         fs::create_dir(&full_dir).unwrap();
         fs::write(full_dir.join("data"), b"keep").unwrap();
-        let err = unmount_and_remove_target(&RecordingMounter::new(), &full_dir).unwrap_err();
+        let err = unmount_and_remove_target(&RecordingMounter::new(), &root, &full_dir).unwrap_err();
         assert!(err.to_string().starts_with(&format!("cannot remove {}", full_dir.display())), "{err}");
         assert!(full_dir.join("data").exists());
 
         let full_file = dir.path().join("file");
         fs::write(&full_file, b"keep").unwrap();
-        let err = remove_empty(&full_file).unwrap_err();
+        let err = remove_empty(&root, &full_file).unwrap_err();
         assert!(
             err.to_string().contains("it is not the empty directory or empty file kvol created"),
             "{err}"
@@ -333,7 +323,7 @@ mod tests {
 
         let empty_file = dir.path().join("empty");
         fs::write(&empty_file, b"").unwrap();
-        remove_empty(&empty_file).unwrap();
+        remove_empty(&root, &empty_file).unwrap();
         assert!(!empty_file.exists());
     }
 
@@ -342,8 +332,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mounter = RecordingMounter::new();
         mounter.fail_next(io::ErrorKind::PermissionDenied);
+        let root = Root::open(dir.path()).unwrap();
         let target = dir.path().join("pod").join("target");
-        let err = bind_to_target(&mounter, Path::new("/dev/null"), &target, false, true).unwrap_err();
+        let err = bind_to_target(&mounter, &root, Path::new("/dev/null"), &target, false, true).unwrap_err();
         assert!(err.to_string().contains("permission denied"), "{err}");
         assert!(!target.exists());
         assert!(dir.path().join("pod").is_dir(), "parents may stay: they are kvol's pod directories");
