@@ -5,8 +5,10 @@
 //! - [`vgs`]: the node's volume groups from `vgs --reportformat json` output (pure).
 //! - [`generate`]: the file kvol writes when there is none, and how a generated file is told from
 //!   a user's (pure).
+//! - [`command`]: lvm2's tools run with a deadline, killed when it passes, udev-free.
 //! - [`config_file`]: reading the file, or generating it when absent, never replacing a user's.
 
+pub mod command;
 pub mod config_file;
 pub mod generate;
 pub mod lvmd;
