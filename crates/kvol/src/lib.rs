@@ -6,6 +6,7 @@ pub mod csi_driver_cmd;
 pub mod documents;
 pub mod flex_cmd;
 pub mod gates_cmd;
+pub mod lvm_driver_cmd;
 pub mod plugins_cmd;
 pub mod status_cmd;
 pub mod translate_cmd;
@@ -48,6 +49,9 @@ pub enum Command {
     Flex(FlexCommand),
     /// Run the bundled hostpath CSI driver and its registrar until SIGTERM or SIGINT.
     CsiDriver(csi_driver_cmd::CsiDriverArgs),
+    /// The LVM CSI driver's TopoLVM-compatible lvmd.yaml: --check validates a file, --prepare
+    /// generates it from the node's volume groups unless the user wrote it.
+    LvmDriver(lvm_driver_cmd::LvmDriverArgs),
     /// Run the node agent: pods in the manifests directory get their volumes attached, staged
     /// and published; state survives a crash. SIGTERM stops it without unmounting anything.
     Agent(agent_cmd::AgentArgs),
@@ -212,6 +216,7 @@ pub fn run(cli: Cli) -> ExitCode {
             let node = args.node_name.clone().unwrap_or_else(host_name);
             csi_driver_cmd::run(args, &node)
         }
+        Command::LvmDriver(args) => lvm_driver_cmd::run(args),
         Command::Status(args) => status_cmd::run(args),
         Command::Components(components_cmd::ComponentsCommand::List(args)) => components_cmd::run_list(args),
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
