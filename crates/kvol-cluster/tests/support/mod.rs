@@ -56,8 +56,8 @@ impl ApiServer {
             .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
             .args(["--initial-cluster", &format!("kvol=http://127.0.0.1:{peer}"), "--log-level", "warn"])
             .stdin(Stdio::null())
-            .stdout(fs::File::create(d.join("etcd.log")).expect("etcd log"))
-            .stderr(Stdio::inherit())
+            .stdout(fs::File::create(d.join("etcd.out")).expect("etcd log"))
+            .stderr(fs::File::create(d.join("etcd.log")).expect("etcd log"))
             .spawn()
             .expect("etcd starts");
         fs::create_dir_all(d.join("pki")).expect("pki dir");
