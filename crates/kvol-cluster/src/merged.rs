@@ -107,7 +107,8 @@ mod tests {
 
     #[test]
     fn the_primary_wins_a_key_both_have_and_both_add_the_rest() {
-        let cases: &[(&[(&str, &str)], &[(&str, &str)], &[(&str, &str)])] = &[
+        type Pods<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Pods, Pods, Pods)] = &[
             (&[], &[], &[]),
             (&[("a", "1")], &[], &[("a", "1")]),
             (&[], &[("s", "9")], &[("s", "9")]),

@@ -161,8 +161,8 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
         let found = csinodes.get_opt("n1").await.expect("csinode read");
         let seen = nodes.get("n1").await.expect("node read");
         let in_use = seen.status.as_ref().and_then(|s| s.volumes_in_use.clone()).unwrap_or_default();
-        if found.is_some() && !in_use.is_empty() {
-            break (found.expect("csinode"), seen);
+        if let Some(found) = found.filter(|_| !in_use.is_empty()) {
+            break (found, seen);
         }
         assert!(Instant::now() < deadline, "the node's storage objects never appeared");
         tokio::time::sleep(Duration::from_millis(200)).await;
