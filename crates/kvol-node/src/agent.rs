@@ -76,6 +76,12 @@ pub struct AgentConfig {
     pub csi_call_timeout: Duration,
     /// Where hostPath volumes may point (`--allowed-host-paths`); `None`: anywhere.
     pub allowed_host_paths: Option<Vec<PathBuf>>,
+    /// Provision claims whose StorageClass names a driver on this node (standalone only: in a
+    /// cluster the external provisioner does it).
+    pub provision_claims: bool,
+    /// Told the node's storage (CSINode, node-ID annotation, volumes in use) after every pass:
+    /// the API writer in cluster mode; `None` in standalone mode.
+    pub node_storage: Option<Arc<dyn crate::node_storage::NodeStorageSink>>,
 }
 
 impl AgentConfig {
@@ -102,6 +108,8 @@ impl AgentConfig {
             republish: Duration::from_secs(60),
             csi_call_timeout: kvol_csi::client::DEFAULT_CALL_TIMEOUT,
             allowed_host_paths: None,
+            provision_claims: true,
+            node_storage: None,
         }
     }
 
@@ -420,15 +428,17 @@ impl Loop<'_> {
     fn pass(&mut self) {
         let pass_started = Instant::now();
         let view = self.objects_view();
-        start_provisioning(
-            self.config,
-            &view.objects,
-            self.handler,
-            &self.provisioning.done,
-            &self.provisioning.running,
-            &self.provisioning.dir,
-            self.wake,
-        );
+        if self.config.provision_claims {
+            start_provisioning(
+                self.config,
+                &view.objects,
+                self.handler,
+                &self.provisioning.done,
+                &self.provisioning.running,
+                &self.provisioning.dir,
+                self.wake,
+            );
+        }
         let snapshot = self.registry.snapshot();
         let resolutions = self.resolve(&snapshot, &view.desired);
         if self.last_resync.elapsed() >= self.config.resync {
@@ -551,6 +561,13 @@ impl Loop<'_> {
             snapshot,
         );
         report.csi_node = self.objects.csi_node(&self.config.node_name);
+        if let Some(sink) = &self.config.node_storage {
+            sink.report(&crate::node_storage::NodeStorage {
+                csi_node: report.csi_node.clone(),
+                node_ids: self.handler.node_id_annotation(),
+                volumes_in_use: crate::node_storage::volumes_in_use(resolutions, &exec.actual),
+            });
+        }
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
         self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));
         self.metrics.set_total_volumes(&crate::metrics::total_volumes(

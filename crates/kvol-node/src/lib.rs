@@ -5,6 +5,7 @@ pub mod desired;
 pub mod executor;
 pub mod metrics;
 pub mod model;
+pub mod node_storage;
 pub mod provision;
 pub mod rebuild;
 pub mod reconciler;

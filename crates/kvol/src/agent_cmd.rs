@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvol_api::FeatureGates;
-use kvol_node::agent::{AgentConfig, run_agent};
+use kvol_node::agent::{AgentConfig, run_agent, run_agent_with_source};
+use kvol_node::source::{ManifestsSource, ObjectSource};
 use kvol_node::status::{Phase, read_status, render_table};
 
 /// Arguments of `kvol agent`.
@@ -31,6 +32,15 @@ pub struct AgentArgs {
     /// Secrets); defaults to `<state-dir>/manifests`. Watched: changes apply at once.
     #[arg(long)]
     pub manifests: Option<PathBuf>,
+    /// Cluster mode: the API server this kubeconfig names is the source of pods (those bound
+    /// to this node) and of the objects they reference, and receives the node's CSINode,
+    /// node-ID annotation and volumes in use. `--manifests`, when given, adds static pods.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Cluster mode with the configuration kube-rs infers: `KUBECONFIG`, `~/.kube/config`,
+    /// or the pod's service account when run in a pod.
+    #[arg(long)]
+    pub cluster: bool,
     /// The node's name; defaults to the host name.
     #[arg(long, env = "KVOL_NODE_NAME")]
     pub node_name: Option<String>,
@@ -105,6 +115,8 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
         .build()
         .context("cannot start the async runtime")?;
     let root = config.state_dir.clone();
+    let cluster = (args.cluster || args.kubeconfig.is_some())
+        .then(|| ClusterMode { kubeconfig: args.kubeconfig.clone(), static_pods: args.manifests.clone() });
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
     runtime.block_on(async move {
         let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<bool>();
@@ -126,7 +138,13 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
                 outcome = settled_rx, if settle.is_some() => settled = outcome.ok(),
             }
         };
-        run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?;
+        match cluster {
+            Some(mode) => {
+                let source = mode.start(&mut config).await?;
+                run_agent_with_source(config, source, shutdown).await.map_err(anyhow::Error::msg)?;
+            }
+            None => run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?,
+        }
         match settled {
             Some(ok) => {
                 let report = read_status(&root).map_err(anyhow::Error::msg)?;
@@ -136,6 +154,37 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
             None => Ok(ExitCode::SUCCESS),
         }
     })
+}
+
+/// How cluster mode was asked for.
+struct ClusterMode {
+    kubeconfig: Option<PathBuf>,
+    /// A manifests directory beside the API, for static pods.
+    static_pods: Option<PathBuf>,
+}
+
+impl ClusterMode {
+    /// Connects to the API, waits for the node's pods, and sets `config` for cluster mode:
+    /// no claim provisioning (the cluster's provisioner does it), the node's storage objects
+    /// written to the API.
+    async fn start(self, config: &mut AgentConfig) -> anyhow::Result<Box<dyn ObjectSource>> {
+        let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
+        let node = config.node_name.clone();
+        tracing::info!(node, "cluster mode: waiting for the node's pods from the api server");
+        let api = kvol_cluster::source::ApiSource::start(client.clone(), &node).await;
+        config.provision_claims = false;
+        let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));
+        config.node_storage =
+            Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node, objects)));
+        Ok(match self.static_pods {
+            Some(dir) => {
+                let manifests = ManifestsSource::start(dir.clone())
+                    .with_context(|| format!("cannot watch the static pods in {}", dir.display()))?;
+                Box::new(kvol_cluster::merged::MergedSource::start(Box::new(api), Box::new(manifests)))
+            }
+            None => Box::new(api),
+        })
+    }
 }
 
 fn now_ms() -> u64 {

@@ -1,0 +1,13 @@
+//! Cluster mode: the Kubernetes API server as the agent's object source.
+//!
+//! [`source::ApiSource`] is an [`kvol_node::source::ObjectSource`] fed by the API: the pods
+//! bound to this node (one watch, field selector `spec.nodeName`), every CSIDriver (few; one
+//! watch), and only the claims, PersistentVolumes, StorageClasses and Secrets those pods
+//! reference ([`refs`], read by name), so a node's load on the API grows with its own pods, not
+//! with the cluster. The agent's loop, planner and executor are the same in both modes.
+
+pub mod client;
+pub mod merged;
+pub mod node_objects;
+pub mod refs;
+pub mod source;

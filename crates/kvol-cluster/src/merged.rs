@@ -1,0 +1,141 @@
+//! Two sources as one: the API's objects with a manifests directory's static pods (and the objects they need) beside them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kvol_node::model::ObjectSet;
+use kvol_node::source::ObjectSource;
+use tokio::sync::watch;
+
+/// `primary`'s objects, with `secondary`'s added where `primary` has no object of that kind and
+/// key; the problems of both.
+pub fn merge(primary: &ObjectSet, secondary: &ObjectSet) -> ObjectSet {
+    fn add<V: Clone>(into: &mut BTreeMap<String, V>, from: &BTreeMap<String, V>) {
+        for (key, value) in from {
+            into.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    let mut set = primary.clone();
+    add(&mut set.pods, &secondary.pods);
+    add(&mut set.persistent_volumes, &secondary.persistent_volumes);
+    add(&mut set.claims, &secondary.claims);
+    add(&mut set.storage_classes, &secondary.storage_classes);
+    add(&mut set.csi_drivers, &secondary.csi_drivers);
+    add(&mut set.secrets, &secondary.secrets);
+    set.problems.extend(secondary.problems.iter().cloned());
+    set
+}
+
+/// An [`ObjectSource`] whose sets are [`merge`] of two sources' current sets.
+pub struct MergedSource {
+    sets: Arc<watch::Sender<Arc<ObjectSet>>>,
+    task: tokio::task::JoinHandle<()>,
+    parts: Vec<Box<dyn ObjectSource>>,
+}
+
+impl std::fmt::Debug for MergedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MergedSource").field("current", &self.sets.borrow()).finish_non_exhaustive()
+    }
+}
+
+impl MergedSource {
+    /// Merges `primary` and `secondary` now and whenever either changes.
+    pub fn start(primary: Box<dyn ObjectSource>, secondary: Box<dyn ObjectSource>) -> MergedSource {
+        let mut a = primary.subscribe();
+        let mut b = secondary.subscribe();
+        let first = merge(&a.borrow_and_update(), &b.borrow_and_update());
+        let sets = Arc::new(watch::channel(Arc::new(first)).0);
+        let out = Arc::clone(&sets);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = a.changed() => if changed.is_err() { break },
+                    changed = b.changed() => if changed.is_err() { break },
+                }
+                let set = merge(&a.borrow_and_update(), &b.borrow_and_update());
+                out.send_replace(Arc::new(set));
+            }
+        });
+        MergedSource { sets, task, parts: vec![primary, secondary] }
+    }
+}
+
+impl ObjectSource for MergedSource {
+    fn current(&self) -> Arc<ObjectSet> {
+        Arc::clone(&self.sets.borrow())
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<ObjectSet>> {
+        self.sets.subscribe()
+    }
+
+    fn shutdown(self: Box<Self>) {
+        self.task.abort();
+        for part in self.parts {
+            part.shutdown();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use kvol_node::model::SourceProblem;
+    use kvol_node::source::ChannelSource;
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name, "namespace": "default", "uid": uid}}),
+        )
+        .unwrap()
+    }
+
+    fn set(pods: &[(&str, &str)], problem: Option<&str>) -> ObjectSet {
+        let mut set = ObjectSet::default();
+        for (name, uid) in pods {
+            set.pods.insert(format!("default/{name}"), pod(name, uid));
+        }
+        set.problems.extend(problem.map(|p| SourceProblem {
+            origin: p.into(),
+            document: None,
+            reason: "bad".into(),
+        }));
+        set
+    }
+
+    #[test]
+    fn the_primary_wins_a_key_both_have_and_both_add_the_rest() {
+        type Pods<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Pods, Pods, Pods)] = &[
+            (&[], &[], &[]),
+            (&[("a", "1")], &[], &[("a", "1")]),
+            (&[], &[("s", "9")], &[("s", "9")]),
+            (&[("a", "1")], &[("a", "2"), ("s", "9")], &[("a", "1"), ("s", "9")]),
+        ];
+        for (primary, secondary, want) in cases {
+            let merged = merge(&set(primary, None), &set(secondary, None));
+            assert_eq!(merged.pods, set(want, None).pods, "{primary:?} + {secondary:?}");
+        }
+        let merged = merge(&set(&[], Some("api")), &set(&[], Some("a.yaml")));
+        let origins: Vec<&str> = merged.problems.iter().map(|p| p.origin.as_str()).collect();
+        assert_eq!(origins, ["api", "a.yaml"]);
+    }
+
+    #[tokio::test]
+    async fn a_change_in_either_source_is_merged_and_sent() {
+        let api = ChannelSource::new(set(&[("a", "1")], None));
+        let dir = ChannelSource::new(ObjectSet::default());
+        let merged = MergedSource::start(Box::new(api.clone()), Box::new(dir.clone()));
+        let mut rx = merged.subscribe();
+        assert_eq!(merged.current().pods.len(), 1);
+        dir.send(set(&[("static", "s")], None));
+        rx.changed().await.unwrap();
+        assert_eq!(rx.borrow_and_update().pods.keys().collect::<Vec<_>>(), ["default/a", "default/static"]);
+        api.send(ObjectSet::default());
+        rx.changed().await.unwrap();
+        assert_eq!(rx.borrow_and_update().pods.keys().collect::<Vec<_>>(), ["default/static"]);
+        Box::new(merged).shutdown();
+    }
+}

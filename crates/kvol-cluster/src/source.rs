@@ -1,0 +1,245 @@
+//! The API source: an `ObjectSource` fed by watches of this node's pods and of CSIDrivers, and by reads of only the objects those pods reference.
+//!
+//! kube-runtime's watcher resumes a broken watch from its resource version and lists again
+//! after `410 Gone`; this module does neither itself. When the API server goes away the last
+//! known objects stay the agent's desired state: nothing is dropped and nothing unmounted
+//! until the API says a pod is gone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use kvol_node::model::ObjectSet;
+use kvol_node::source::ObjectSource;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use crate::refs;
+
+/// How often the referenced objects are read again, so a claim bound or a Secret changed after
+/// its pod arrived is seen without a watch per object.
+pub const REFRESH: Duration = Duration::from_secs(30);
+
+/// An [`ObjectSource`] fed by the API server for the node `node_name`.
+#[derive(Debug)]
+pub struct ApiSource {
+    sets: Arc<watch::Sender<Arc<ObjectSet>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiSource {
+    /// Starts the watches and returns once the first complete lists of the node's pods and of
+    /// the CSIDrivers are in, so the agent's first pass never sees a node without its pods.
+    pub async fn start(client: Client, node_name: &str) -> ApiSource {
+        let pod_api: Api<Pod> = Api::all(client.clone());
+        let driver_api: Api<CSIDriver> = Api::all(client.clone());
+        let (pods, pod_writer) = reflector::store();
+        let (drivers, driver_writer) = reflector::store();
+        let pod_config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+        let pod_events = reflector::reflector(pod_writer, watcher(pod_api, pod_config)).default_backoff();
+        let driver_events =
+            reflector::reflector(driver_writer, watcher(driver_api, watcher::Config::default()))
+                .default_backoff();
+        let mut pod_events = Box::pin(pod_events);
+        let mut driver_events = Box::pin(driver_events);
+        // The first lists: drive both streams until both stores are ready.
+        {
+            let ready = async {
+                let _ = tokio::join!(pods.wait_until_ready(), drivers.wait_until_ready());
+            };
+            tokio::pin!(ready);
+            loop {
+                tokio::select! {
+                    _ = &mut ready => break,
+                    event = pod_events.next() => { log_event("pods", event); }
+                    event = driver_events.next() => { log_event("csidrivers", event); }
+                }
+            }
+        }
+        let mut state = State { client, pods, drivers, cache: Cache::default() };
+        let first = state.rebuild(false).await;
+        let sets = Arc::new(watch::channel(Arc::new(first)).0);
+        let task = tokio::spawn(run(state, pod_events, driver_events, Arc::clone(&sets)));
+        ApiSource { sets, task }
+    }
+}
+
+fn log_event<K, E: std::fmt::Display>(what: &str, event: Option<Result<K, E>>) -> bool {
+    match event {
+        Some(Ok(_)) => true,
+        Some(Err(e)) => {
+            tracing::warn!(watch = what, error = %e, "api watch failed; retrying, the last known objects stay");
+            false
+        }
+        None => false,
+    }
+}
+
+async fn run<P, D, EP, ED>(
+    mut state: State,
+    mut pod_events: std::pin::Pin<Box<P>>,
+    mut driver_events: std::pin::Pin<Box<D>>,
+    sets: Arc<watch::Sender<Arc<ObjectSet>>>,
+) where
+    P: Stream<Item = Result<watcher::Event<Pod>, EP>>,
+    D: Stream<Item = Result<watcher::Event<CSIDriver>, ED>>,
+    EP: std::fmt::Display,
+    ED: std::fmt::Display,
+{
+    let mut refresh = tokio::time::interval(REFRESH);
+    refresh.tick().await;
+    loop {
+        let reread = tokio::select! {
+            event = pod_events.next() => { if !log_event("pods", event) { continue } false }
+            event = driver_events.next() => { if !log_event("csidrivers", event) { continue } false }
+            _ = refresh.tick() => true,
+        };
+        let set = state.rebuild(reread).await;
+        sets.send_if_modified(|current| {
+            if **current == set {
+                return false;
+            }
+            *current = Arc::new(set);
+            true
+        });
+    }
+}
+
+struct State {
+    client: Client,
+    pods: Store<Pod>,
+    drivers: Store<CSIDriver>,
+    cache: Cache,
+}
+
+/// The referenced objects last read, by key; an object the API said is gone is absent.
+#[derive(Default)]
+struct Cache {
+    claims: BTreeMap<String, PersistentVolumeClaim>,
+    persistent_volumes: BTreeMap<String, PersistentVolume>,
+    storage_classes: BTreeMap<String, StorageClass>,
+    secrets: BTreeMap<String, Secret>,
+}
+
+impl State {
+    /// The object set from the stores and the referenced objects; with `reread`, every
+    /// referenced object is read again, else only the ones not read yet (and unbound claims).
+    async fn rebuild(&mut self, reread: bool) -> ObjectSet {
+        let pods: Vec<Arc<Pod>> = self.pods.state();
+        let mut wanted = refs::pod_refs(pods.iter().map(|p| p.as_ref()));
+        let client = self.client.clone();
+        let unbound =
+            |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_none();
+        sync_namespaced(&client, &mut self.cache.claims, &wanted.claims, reread, unbound).await;
+        refs::add_claim_refs(&mut wanted, self.cache.claims.values());
+        sync_cluster(&client, &mut self.cache.persistent_volumes, &wanted.persistent_volumes, reread).await;
+        refs::add_volume_refs(&mut wanted, self.cache.persistent_volumes.values());
+        sync_cluster(&client, &mut self.cache.storage_classes, &wanted.storage_classes, reread).await;
+        sync_namespaced(&client, &mut self.cache.secrets, &wanted.secrets, reread, |_| false).await;
+        self.object_set(&pods)
+    }
+
+    fn object_set(&self, pods: &[Arc<Pod>]) -> ObjectSet {
+        let mut set = ObjectSet::default();
+        for pod in pods {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or(kvol_node::source::DEFAULT_NAMESPACE);
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            set.pods.insert(format!("{ns}/{name}"), Pod::clone(pod));
+        }
+        for driver in self.drivers.state() {
+            set.csi_drivers
+                .insert(driver.metadata.name.clone().unwrap_or_default(), CSIDriver::clone(&driver));
+        }
+        set.claims = self.cache.claims.clone();
+        set.persistent_volumes = self.cache.persistent_volumes.clone();
+        set.storage_classes = self.cache.storage_classes.clone();
+        set.secrets = self.cache.secrets.clone();
+        set
+    }
+}
+
+/// Makes `cache` hold exactly the `wanted` namespaced objects, reading the missing ones (all
+/// with `reread`, and those `stale` says must be read again).
+async fn sync_namespaced<K>(
+    client: &Client,
+    cache: &mut BTreeMap<String, K>,
+    wanted: &std::collections::BTreeSet<String>,
+    reread: bool,
+    stale: impl Fn(&K) -> bool,
+) where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    cache.retain(|key, _| wanted.contains(key));
+    for key in wanted {
+        if !reread && cache.get(key).is_some_and(|o| !stale(o)) {
+            continue;
+        }
+        let (ns, name) = refs::split_key(key);
+        let api: Api<K> = Api::namespaced(client.clone(), ns);
+        read_into(cache, key, api.get_opt(name).await);
+    }
+}
+
+/// As [`sync_namespaced`], for cluster-scoped objects.
+async fn sync_cluster<K>(
+    client: &Client,
+    cache: &mut BTreeMap<String, K>,
+    wanted: &std::collections::BTreeSet<String>,
+    reread: bool,
+) where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    cache.retain(|key, _| wanted.contains(key));
+    for key in wanted {
+        if !reread && cache.contains_key(key) {
+            continue;
+        }
+        let api: Api<K> = Api::all(client.clone());
+        read_into(cache, key, api.get_opt(key).await);
+    }
+}
+
+/// Records one read: found replaces, not found removes, a failed read keeps what was known.
+fn read_into<K: Resource<DynamicType = ()>>(
+    cache: &mut BTreeMap<String, K>,
+    key: &str,
+    read: kube::Result<Option<K>>,
+) {
+    match read {
+        Ok(Some(object)) => {
+            cache.insert(key.to_string(), object);
+        }
+        Ok(None) => {
+            cache.remove(key);
+        }
+        Err(e) => {
+            tracing::warn!(kind = %K::kind(&Default::default()), key, error = %e, "cannot read; the last known object stays")
+        }
+    }
+}
+
+impl ObjectSource for ApiSource {
+    fn current(&self) -> Arc<ObjectSet> {
+        Arc::clone(&self.sets.borrow())
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Arc<ObjectSet>> {
+        self.sets.subscribe()
+    }
+
+    fn shutdown(self: Box<Self>) {
+        self.task.abort();
+    }
+}

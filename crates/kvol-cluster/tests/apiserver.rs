@@ -1,0 +1,205 @@
+//! The API source and the node writer against a real kube-apiserver (env-gated: `KVOL_KUBE_APISERVER`, `KVOL_ETCD`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use kvol_cluster::node_objects::{ApiNodeObjects, NodeWriter};
+use kvol_cluster::source::ApiSource;
+use kvol_node::model::ObjectSet;
+use kvol_node::node_storage::{NodeStorage, NodeStorageSink};
+use kvol_node::source::ObjectSource;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use support::ApiServer;
+
+const DRIVER: &str = "hostpath.csi.kvol.io";
+
+async fn create<K>(api: &Api<K>, body: Value) -> K
+where
+    K: kube::Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(body).expect("a valid object");
+    api.create(&PostParams::default(), &object).await.expect("created")
+}
+
+async fn create_node(client: &Client, name: &str) -> Node {
+    create(
+        &Api::<Node>::all(client.clone()),
+        json!({"metadata": {"name": name, "annotations": {"other.example/keep": "yes"}}}),
+    )
+    .await
+}
+
+/// A PV of the bundled driver, a claim bound to it (spec.volumeName and status, as the binder
+/// would set them), and a pod on `node` using the claim and an emptyDir.
+async fn pod_with_claim(client: &Client, pod: &str, node: &str) {
+    let pv = format!("pv-{pod}");
+    let claim = format!("claim-{pod}");
+    create(
+        &Api::<PersistentVolume>::all(client.clone()),
+        json!({"metadata": {"name": pv}, "spec": {
+            "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+            "csi": {"driver": DRIVER, "volumeHandle": format!("h-{pod}")}}}),
+    )
+    .await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
+    create(
+        &claims,
+        json!({"metadata": {"name": claim}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "fast", "volumeName": pv,
+            "resources": {"requests": {"storage": "1Mi"}}}}),
+    )
+    .await;
+    create(
+        &Api::<Pod>::namespaced(client.clone(), "default"),
+        json!({"metadata": {"name": pod}, "spec": {"nodeName": node,
+            "containers": [{"name": "c", "image": "none"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+                        {"name": "scratch", "emptyDir": {}}]}}),
+    )
+    .await;
+}
+
+/// Waits until `check` holds for the source's set.
+async fn until(source: &ApiSource, what: &str, check: impl Fn(&ObjectSet) -> bool) {
+    let mut rx = source.subscribe();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check(&rx.borrow_and_update()) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out waiting for {what}: {:?}", source.current().pods.keys());
+        let _ = tokio::time::timeout(left, rx.changed()).await;
+    }
+}
+
+fn keys<V>(map: &std::collections::BTreeMap<String, V>) -> Vec<&str> {
+    map.keys().map(String::as_str).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_source_holds_the_nodes_pods_and_only_what_they_reference_through_an_outage() {
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let mut server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    create_node(&client, "n1").await;
+    create_node(&client, "n2").await;
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": "fast"}, "provisioner": DRIVER}),
+    )
+    .await;
+    create(
+        &Api::<CSIDriver>::all(client.clone()),
+        json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
+    )
+    .await;
+    pod_with_claim(&client, "mine", "n1").await;
+    pod_with_claim(&client, "theirs", "n2").await;
+
+    let source = ApiSource::start(client.clone(), "n1").await;
+    let set = source.current();
+    assert_eq!(keys(&set.pods), ["default/mine"]);
+    assert_eq!(keys(&set.claims), ["default/claim-mine"]);
+    assert_eq!(keys(&set.persistent_volumes), ["pv-mine"]);
+    assert_eq!(keys(&set.storage_classes), ["fast"]);
+    assert_eq!(keys(&set.csi_drivers), [DRIVER]);
+
+    // A new pod of this node arrives through the watch, with its inline CSI volume.
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    create(
+        &pods,
+        json!({"metadata": {"name": "inline"}, "spec": {"nodeName": "n1",
+            "containers": [{"name": "c", "image": "none"}],
+            "volumes": [{"name": "eph", "csi": {"driver": DRIVER}}]}}),
+    )
+    .await;
+    until(&source, "the inline pod", |s| s.pods.contains_key("default/inline")).await;
+
+    // The API server goes away for 30 s: the last known objects stay.
+    server.kill_apiserver();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let during = source.current();
+    assert_eq!(keys(&during.pods), ["default/inline", "default/mine"]);
+    assert_eq!(keys(&during.persistent_volumes), ["pv-mine"]);
+
+    // Back: a deletion made after the outage is seen (the watch resumed or relisted).
+    server.start_apiserver();
+    let client = server.client().await;
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    pods.delete("inline", &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
+        .await
+        .expect("deleted");
+    until(&source, "the inline pod gone", |s| keys(&s.pods) == ["default/mine"]).await;
+    Box::new(source).shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_other_writers() {
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    let node = create_node(&client, "n1").await;
+    let writer = NodeWriter::start("n1".into(), std::sync::Arc::new(ApiNodeObjects::new(client.clone())));
+    let csinode =
+        kvol_csi::csinode::install_driver(None, "n1", DRIVER, "n1", ["topology.kvol.io/node"], 7, &[])
+            .expect("a csinode");
+    let ids = kvol_csi::csinode::node_id_annotation_set(None, DRIVER, "n1").expect("an annotation");
+    writer.report(&NodeStorage {
+        csi_node: Some(csinode),
+        node_ids: Some(ids.clone()),
+        volumes_in_use: vec![format!("kubernetes.io/csi/{DRIVER}^h1")],
+    });
+    let nodes = Api::<Node>::all(client.clone());
+    let csinodes = Api::<CSINode>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (found, seen) = loop {
+        let found = csinodes.get_opt("n1").await.expect("csinode read");
+        let seen = nodes.get("n1").await.expect("node read");
+        let in_use = seen.status.as_ref().and_then(|s| s.volumes_in_use.clone()).unwrap_or_default();
+        if let Some(found) = found.filter(|_| !in_use.is_empty()) {
+            break (found, seen);
+        }
+        assert!(Instant::now() < deadline, "the node's storage objects never appeared");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let owner = &found.metadata.owner_references.as_ref().expect("an owner")[0];
+    assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Node", node.metadata.uid.as_deref().unwrap()));
+    let driver = &found.spec.drivers[0];
+    assert_eq!((driver.name.as_str(), driver.node_id.as_str()), (DRIVER, "n1"));
+    assert_eq!(driver.allocatable.as_ref().and_then(|a| a.count), Some(7));
+    let annotations = seen.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get(kvol_csi::csinode::ANN_NODE_ID), Some(&ids));
+    assert_eq!(annotations.get("other.example/keep").map(String::as_str), Some("yes"));
+    assert_eq!(
+        seen.status.and_then(|s| s.volumes_in_use).unwrap_or_default(),
+        [format!("kubernetes.io/csi/{DRIVER}^h1")]
+    );
+
+    // The driver goes: kvol's annotation and volumes go, the other writer's annotation stays.
+    writer.report(&NodeStorage {
+        csi_node: Some(kvol_csi::csinode::initial_csinode("n1", &[])),
+        node_ids: None,
+        volumes_in_use: Vec::new(),
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = nodes.get("n1").await.expect("node read");
+        let annotations = seen.metadata.annotations.clone().unwrap_or_default();
+        let in_use = seen.status.and_then(|s| s.volumes_in_use).unwrap_or_default();
+        let drivers = csinodes.get("n1").await.expect("csinode").spec.drivers;
+        if !annotations.contains_key(kvol_csi::csinode::ANN_NODE_ID)
+            && in_use.is_empty()
+            && drivers.is_empty()
+        {
+            assert_eq!(annotations.get("other.example/keep").map(String::as_str), Some("yes"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "kvol's fields were not removed: {annotations:?} {in_use:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

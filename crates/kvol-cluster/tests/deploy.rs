@@ -1,0 +1,57 @@
+//! deploy/cluster/kvol.yaml parses into the API types and keeps its promises: least privilege, Bidirectional kubelet mounts, the agent in cluster mode.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::Value;
+
+fn documents() -> Vec<Value> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/cluster/kvol.yaml");
+    let text = std::fs::read_to_string(path).expect("deploy/cluster/kvol.yaml");
+    kvol_node::source::parse_values(&text).expect("valid yaml")
+}
+
+fn one<T: serde::de::DeserializeOwned>(kind: &str) -> T {
+    let docs: Vec<Value> = documents().into_iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(docs.len(), 1, "one {kind}");
+    serde_json::from_value(docs[0].clone()).unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+#[test]
+fn every_document_is_a_known_kind() {
+    let kinds: Vec<String> =
+        documents().iter().map(|d| d["kind"].as_str().unwrap_or("?").to_string()).collect();
+    assert_eq!(kinds, ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]);
+}
+
+#[test]
+fn the_role_reads_objects_by_name_and_lists_only_pods_and_csidrivers() {
+    let role: ClusterRole = one("ClusterRole");
+    for rule in role.rules.unwrap_or_default() {
+        let resources = rule.resources.unwrap_or_default();
+        let lists = rule.verbs.iter().any(|v| v == "list" || v == "watch" || v == "*");
+        assert!(!rule.verbs.iter().any(|v| v == "*" || v == "delete" || v == "update"), "{resources:?}");
+        if lists {
+            assert!(resources.iter().all(|r| r == "pods" || r == "csidrivers"), "lists {resources:?}");
+        }
+    }
+}
+
+#[test]
+fn the_daemonset_runs_the_agent_in_cluster_mode_with_bidirectional_kubelet_mounts() {
+    let account: ServiceAccount = one("ServiceAccount");
+    let binding: ClusterRoleBinding = one("ClusterRoleBinding");
+    let set: DaemonSet = one("DaemonSet");
+    let pod = set.spec.template.spec.expect("pod spec");
+    assert_eq!(pod.service_account_name, account.metadata.name);
+    let subject = &binding.subjects.expect("subjects")[0];
+    assert_eq!(Some(&subject.name), account.metadata.name.as_ref());
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--cluster"), "{args:?}");
+    assert_eq!(container.security_context.as_ref().and_then(|s| s.privileged), Some(true));
+    let mounts = container.volume_mounts.clone().unwrap_or_default();
+    let kubelet = mounts.iter().find(|m| m.mount_path == "/var/lib/kubelet").expect("the kubelet dir");
+    assert_eq!(kubelet.mount_propagation.as_deref(), Some("Bidirectional"));
+    assert!(mounts.iter().any(|m| m.mount_path == "/dev"));
+}
