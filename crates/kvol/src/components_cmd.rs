@@ -172,28 +172,8 @@ pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<Exi
 /// Whether `vgs` lists at least one volume group; no lvm2 tools, an error or no answer within
 /// the deadline all count as none.
 fn volume_group_present() -> bool {
-    let Ok(mut child) = std::process::Command::new("vgs")
-        .args(["--noheadings", "-o", "vg_name"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    else {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         return false;
     };
-    let started = std::time::Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => break,
-            Ok(None) if started.elapsed() < VGS_DEADLINE => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-        }
-    }
-    let mut out = String::new();
-    let read = child.stdout.take().map(|mut s| std::io::Read::read_to_string(&mut s, &mut out));
-    matches!(read, Some(Ok(_))) && out.lines().any(|l| !l.trim().is_empty())
+    runtime.block_on(kvol_lvm::command::volume_groups(VGS_DEADLINE)).is_ok_and(|groups| !groups.is_empty())
 }
