@@ -239,6 +239,7 @@ impl Hostpath {
         req: csi::NodeStageVolumeRequest,
     ) -> Result<csi::NodeStageVolumeResponse, Status> {
         let id = required(&req.volume_id, "volume id")?;
+        log_secret_keys("NodeStageVolume", id, &req.secrets);
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
         capability(id, req.volume_capability.as_ref())?;
@@ -347,6 +348,7 @@ impl Hostpath {
         req: csi::NodePublishVolumeRequest,
     ) -> Result<csi::NodePublishVolumeResponse, Status> {
         let id = required(&req.volume_id, "volume id")?;
+        log_secret_keys("NodePublishVolume", id, &req.secrets);
         let target = required_path(&req.target_path, "target path").map_err(|s| with_context(id, s))?;
         let read_only = effective_read_only(req.readonly, capability(id, req.volume_capability.as_ref())?);
         let source = self.publish_source(id, &req)?;
@@ -566,6 +568,16 @@ impl Node for NodeService {
             max_volumes_per_node: core.config.max_volumes_per_node,
             accessible_topology: Some(core.topology()),
         }))
+    }
+}
+
+/// Says which secret keys a call carried (never their values), so an operator can tell a
+/// secret reached the driver.
+fn log_secret_keys(rpc: &str, volume: &str, secrets: &HashMap<String, String>) {
+    if !secrets.is_empty() {
+        let mut keys: Vec<&str> = secrets.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        tracing::debug!(rpc, volume, keys = %keys.join(","), "call carries secrets");
     }
 }
 

@@ -120,6 +120,12 @@ fn access_mode(claim: &PersistentVolumeClaim) -> csi::volume_capability::access_
 
 /// The `CreateVolume` request for a claim.
 pub fn create_request(request: &ProvisionRequest) -> Result<csi::CreateVolumeRequest, String> {
+    // A class whose secret parameters cannot make a PV must fail before a volume exists.
+    let all_parameters = request.class.parameters.clone().unwrap_or_default();
+    let pv_name = volume_name(&request.claim_key, &request.claim);
+    for (_, kind) in SECRET_REFS {
+        secret_ref(&all_parameters, kind, &request.claim_key, &pv_name)?;
+    }
     let fs_type = request.class.parameters.as_ref().and_then(|p| p.get("csi.storage.k8s.io/fstype")).cloned();
     let capability = csi::VolumeCapability {
         access_type: Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
@@ -149,16 +155,74 @@ pub fn create_request(request: &ProvisionRequest) -> Result<csi::CreateVolumeReq
     })
 }
 
+/// The PV secret references a class asks for through the external-provisioner's parameters
+/// (`csi.storage.k8s.io/<kind>-secret-name` and `-namespace`): PV field → parameter kind.
+const SECRET_REFS: [(&str, &str); 4] = [
+    ("nodeStageSecretRef", "node-stage"),
+    ("nodePublishSecretRef", "node-publish"),
+    ("controllerExpandSecretRef", "controller-expand"),
+    ("nodeExpandSecretRef", "node-expand"),
+];
+
+/// The secret reference of `kind` from a class's parameters, templates filled in as the
+/// external-provisioner fills them (`${pvc.name}`, `${pvc.namespace}`, `${pv.name}`); none when
+/// the class names none. A name without a namespace (or the reverse), or an unknown template,
+/// is an error naming the parameter. Pure.
+pub fn secret_ref(
+    parameters: &BTreeMap<String, String>,
+    kind: &str,
+    claim_key: &str,
+    pv_name: &str,
+) -> Result<Option<serde_json::Value>, String> {
+    let (claim_namespace, claim_name) = claim_key.split_once('/').unwrap_or(("default", claim_key));
+    let key = |part: &str| format!("csi.storage.k8s.io/{kind}-secret-{part}");
+    let fill = |part: &str| -> Result<Option<String>, String> {
+        let Some(value) = parameters.get(&key(part)) else { return Ok(None) };
+        let filled = value
+            .replace("${pvc.name}", claim_name)
+            .replace("${pvc.namespace}", claim_namespace)
+            .replace("${pv.name}", pv_name);
+        if filled.contains("${") {
+            return Err(format!(
+                "storage class parameter {}: {value:?} has a template kvol does not know (known: ${{pvc.name}}, ${{pvc.namespace}}, ${{pv.name}})",
+                key(part)
+            ));
+        }
+        Ok(Some(filled))
+    };
+    match (fill("name")?, fill("namespace")?) {
+        (None, None) => Ok(None),
+        (Some(name), Some(namespace)) => Ok(Some(json!({"name": name, "namespace": namespace}))),
+        _ => Err(format!(
+            "storage class parameters {} and {} must be given together",
+            key("name"),
+            key("namespace")
+        )),
+    }
+}
+
 /// The PersistentVolume for a created volume, bound to its claim. Pure.
 pub fn bound_pv(request: &ProvisionRequest, volume: &csi::Volume) -> Result<PersistentVolume, String> {
     let (namespace, name) = request.claim_key.split_once('/').unwrap_or(("default", &request.claim_key));
+    let pv_name = volume_name(&request.claim_key, &request.claim);
+    let parameters = request.class.parameters.clone().unwrap_or_default();
+    let mut csi_source = json!({
+        "driver": request.driver,
+        "volumeHandle": volume.volume_id,
+        "fsType": parameters.get("csi.storage.k8s.io/fstype"),
+        "volumeAttributes": volume.volume_context,
+    });
+    for (field, kind) in SECRET_REFS {
+        if let Some(reference) = secret_ref(&parameters, kind, &request.claim_key, &pv_name)? {
+            csi_source[field] = reference;
+        }
+    }
     let spec = request.claim.spec.clone().unwrap_or_default();
-    let fs_type = request.class.parameters.as_ref().and_then(|p| p.get("csi.storage.k8s.io/fstype")).cloned();
     let pv = json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {
-            "name": volume_name(&request.claim_key, &request.claim),
+            "name": pv_name,
             "annotations": {
                 kvol_api::keys::ANN_PROVISIONED_BY: request.driver,
             }
@@ -170,12 +234,7 @@ pub fn bound_pv(request: &ProvisionRequest, volume: &csi::Volume) -> Result<Pers
             "storageClassName": request.class.metadata.name,
             "mountOptions": request.class.mount_options,
             "claimRef": {"namespace": namespace, "name": name, "uid": request.claim.metadata.uid},
-            "csi": {
-                "driver": request.driver,
-                "volumeHandle": volume.volume_id,
-                "fsType": fs_type,
-                "volumeAttributes": volume.volume_context,
-            }
+            "csi": csi_source,
         }
     });
     serde_json::from_value(pv).map_err(|e| format!("cannot build the persistent volume: {e}"))
@@ -243,6 +302,65 @@ pub fn save(dir: &Path, claim_key: &str, pv: &PersistentVolume) -> Result<(), St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn class_secret_parameters_become_pv_secret_refs() {
+        let params = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (format!("csi.storage.k8s.io/{k}"), v.to_string())).collect()
+        };
+        // (parameters, kind, expected (name, namespace) or error words)
+        type Expected = Result<Option<(&'static str, &'static str)>, &'static str>;
+        type Row = (&'static [(&'static str, &'static str)], &'static str, Expected);
+        let rows: &[Row] = &[
+            (&[], "node-stage", Ok(None)),
+            (
+                &[("node-stage-secret-name", "creds"), ("node-stage-secret-namespace", "ops")],
+                "node-stage",
+                Ok(Some(("creds", "ops"))),
+            ),
+            (
+                &[("node-stage-secret-name", "creds"), ("node-stage-secret-namespace", "ops")],
+                "node-publish",
+                Ok(None),
+            ),
+            (
+                &[
+                    ("node-publish-secret-name", "${pvc.name}-key"),
+                    ("node-publish-secret-namespace", "${pvc.namespace}"),
+                ],
+                "node-publish",
+                Ok(Some(("data-key", "shop"))),
+            ),
+            (
+                &[("node-expand-secret-name", "${pv.name}"), ("node-expand-secret-namespace", "kube-system")],
+                "node-expand",
+                Ok(Some(("pvc-1", "kube-system"))),
+            ),
+            (&[("node-stage-secret-name", "creds")], "node-stage", Err("must be given together")),
+            (&[("node-stage-secret-namespace", "ops")], "node-stage", Err("must be given together")),
+            (
+                &[
+                    ("node-stage-secret-name", "${pvc.annotations['x']}"),
+                    ("node-stage-secret-namespace", "ops"),
+                ],
+                "node-stage",
+                Err(
+                    "csi.storage.k8s.io/node-stage-secret-name: \"${pvc.annotations['x']}\" has a template kvol does not know",
+                ),
+            ),
+        ];
+        for (pairs, kind, expected) in rows {
+            let got = secret_ref(&params(pairs), kind, "shop/data", "pvc-1");
+            match (expected, got) {
+                (Ok(None), Ok(None)) => {}
+                (Ok(Some((name, namespace))), Ok(Some(value))) => {
+                    assert_eq!(value, json!({"name": name, "namespace": namespace}), "{pairs:?} {kind}")
+                }
+                (Err(words), Err(e)) => assert!(e.contains(words), "{pairs:?} {kind}: {e}"),
+                (expected, got) => panic!("{pairs:?} {kind}: expected {expected:?}, got {got:?}"),
+            }
+        }
+    }
 
     fn objects(claim_bound: bool, class_provisioner: &str) -> ObjectSet {
         let mut o = ObjectSet::default();

@@ -612,3 +612,65 @@ fn secrets_never_reach_the_log_the_status_or_the_metrics() {
         }
     }
 }
+
+/// A claim of a class whose parameters name node-stage and node-publish secrets (as the
+/// external-provisioner reads them): the provisioned PV carries both references, the bundled
+/// driver receives the Secret's keys in NodeStageVolume and NodePublishVolume, and with the
+/// agent (and the in-process driver) logging at debug level the value appears nowhere: not in
+/// the output, status.json, the provisioned PV record or /metrics.
+#[test]
+fn csi_stage_and_publish_secrets_reach_the_driver_and_never_the_log_the_status_or_the_metrics() {
+    const VALUE: &str = "csi-Pa55word-91c3";
+    const BASE64: &str = "Y3NpLVBhNTV3b3JkLTkxYzM=";
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.log_level = "debug";
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = free.local_addr().unwrap();
+    drop(free);
+    node.metrics = Some(address);
+    node.write(
+        "00-secret.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: disk-key, namespace: default}}\nstringData: {{passphrase: {VALUE}}}\n"
+        ),
+    );
+    let class = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: sealed}\n\
+                 provisioner: hostpath.csi.kvol.io\nparameters:\n\
+                 \x20 csi.storage.k8s.io/node-stage-secret-name: disk-key\n\
+                 \x20 csi.storage.k8s.io/node-stage-secret-namespace: ${pvc.namespace}\n\
+                 \x20 csi.storage.k8s.io/node-publish-secret-name: disk-key\n\
+                 \x20 csi.storage.k8s.io/node-publish-secret-namespace: default\n---\n\
+                 apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: sealed, namespace: default}\n\
+                 spec: {storageClassName: sealed, accessModes: [ReadWriteOnce], resources: {requests: {storage: 16Mi}}}\n";
+    node.write("01-class.yaml", class);
+    node.write("pod.yaml", &pod("app", "  - {name: data, persistentVolumeClaim: {claimName: sealed}}\n"));
+    node.start();
+    node.wait("published", |r| phase(r, "default/app", "data") == Some(Phase::Published));
+    let metrics = metrics_text(address);
+
+    // Not vacuous: the PV names both secrets, and the driver got the Secret's key in both calls.
+    let record = std::fs::read_to_string(node.root.join("provisioned/default~sealed.json")).unwrap();
+    let pv: serde_json::Value = serde_json::from_str(&record).unwrap();
+    let reference = serde_json::json!({"name": "disk-key", "namespace": "default"});
+    assert_eq!(pv["spec"]["csi"]["nodeStageSecretRef"], reference, "{record}");
+    assert_eq!(pv["spec"]["csi"]["nodePublishSecretRef"], reference, "{record}");
+    let log = node.agent_log();
+    for rpc in ["NodeStageVolume", "NodePublishVolume"] {
+        let carried = log
+            .lines()
+            .any(|l| l.contains("call carries secrets") && l.contains(rpc) && l.contains("keys=passphrase"));
+        assert!(carried, "{rpc} got no secret:\n{log}");
+    }
+    let status = std::fs::read_to_string(node.root.join("status.json")).unwrap();
+    for (what, text) in [
+        ("the agent's output", &log),
+        ("status.json", &status),
+        ("/metrics", &metrics),
+        ("the PV record", &record),
+    ] {
+        for secret in [VALUE, BASE64] {
+            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
+        }
+    }
+}
