@@ -132,8 +132,14 @@ pub fn load_vol_data(dir: &Path) -> Result<Option<VolData>> {
 /// left (`.vol_data.json.<pid>.tmp`), which would otherwise keep the directory forever; a
 /// missing file is fine.
 pub fn remove_vol_data(dir: &Path) -> Result<()> {
-    remove_stray_temps(dir, VOL_DATA_FILE)?;
+    remove_stray_vol_data_temps(dir)?;
     remove_file(&dir.join(VOL_DATA_FILE))
+}
+
+/// Removes only the half-written `vol_data.json` copies (`.vol_data.json.<pid>.tmp`) a killed
+/// process left in `dir`: what an orphan directory may hold besides nothing.
+pub fn remove_stray_vol_data_temps(dir: &Path) -> Result<()> {
+    remove_stray_temps(dir, VOL_DATA_FILE)
 }
 
 /// Removes `dir/.<name>.<pid>.tmp` files, what [`save_json`] writes before its rename.

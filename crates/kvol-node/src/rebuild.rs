@@ -188,6 +188,11 @@ pub fn clear_orphan(orphan: &PodVolumeDir, mount_points: &BTreeSet<PathBuf>) -> 
             path.display()
         ));
     }
+    // A kill while a CSI record was being written leaves its temporary copy: kvol's own, and
+    // with nothing mounted below, no data.
+    if let Err(e) = kvol_csi::paths::remove_stray_vol_data_temps(path) {
+        return Some(format!("cannot clear orphan pod volume directory {}: {e}", path.display()));
+    }
     match std::fs::remove_dir(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}

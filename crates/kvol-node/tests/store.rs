@@ -610,22 +610,26 @@ fn only_empty_unmounted_orphans_are_cleared() {
     let empty = paths.pod_volume_dir("u1", CSI, "empty").unwrap();
     let with_data = paths.pod_volume_dir("u2", EMPTY_DIR, "cache").unwrap();
     let mounted = paths.pod_volume_dir("u3", CSI, "busy").unwrap();
-    for dir in [&empty, &with_data, &mounted.join("mount")] {
+    let half_written = paths.pod_volume_dir("u4", CSI, "half").unwrap();
+    for dir in [&empty, &with_data, &mounted.join("mount"), &half_written] {
         fs::create_dir_all(dir).unwrap();
     }
     fs::write(with_data.join("kept"), b"data").unwrap();
+    // A kill between writing a CSI record's temporary copy and renaming it.
+    fs::write(half_written.join(".vol_data.json.4242.tmp"), b"{\"driverName\":").unwrap();
+    fs::write(with_data.join(".vol_data.json.not-a-pid.tmp"), b"not kvol's").unwrap();
     let source = root.join("disk");
     fs::create_dir(&source).unwrap();
     SystemMounter.bind(&source, &mounted.join("mount"), false).unwrap();
 
     let seen = observe(&paths, &SystemMounter).unwrap();
     let rebuilt = rebuild(&ActualState::default(), &[], &seen);
-    assert_eq!(rebuilt.orphans.len(), 3, "{:?}", rebuilt.orphans);
+    assert_eq!(rebuilt.orphans.len(), 4, "{:?}", rebuilt.orphans);
     let outcomes: Vec<(String, Option<String>)> =
         rebuilt.orphans.iter().map(|o| (o.volume.clone(), clear_orphan(o, &seen.mount_points))).collect();
     for (volume, outcome) in &outcomes {
         match volume.as_str() {
-            "empty" => assert_eq!(outcome, &None),
+            "empty" | "half" => assert_eq!(outcome, &None, "{volume}"),
             "cache" => assert!(outcome.as_deref().is_some_and(|r| r.contains("is not empty")), "{outcome:?}"),
             "busy" => {
                 assert!(outcome.as_deref().is_some_and(|r| r.contains("mounted at or below")), "{outcome:?}")
@@ -634,7 +638,9 @@ fn only_empty_unmounted_orphans_are_cleared() {
         }
     }
     assert!(!paths.pod_dir("u1").unwrap().exists(), "the empty orphan and its empty parents are gone");
+    assert!(!paths.pod_dir("u4").unwrap().exists(), "a half-written record is kvol's own: cleared");
     assert_eq!(fs::read(with_data.join("kept")).unwrap(), b"data");
+    assert!(with_data.join(".vol_data.json.not-a-pid.tmp").exists(), "only kvol's own names are removed");
     assert!(SystemMounter.is_mount_point(&mounted.join("mount")).unwrap());
     SystemMounter.unmount(&mounted.join("mount")).unwrap();
 }

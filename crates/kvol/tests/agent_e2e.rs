@@ -616,8 +616,9 @@ fn secrets_never_reach_the_log_the_status_or_the_metrics() {
 /// A claim of a class whose parameters name node-stage and node-publish secrets (as the
 /// external-provisioner reads them): the provisioned PV carries both references, the bundled
 /// driver receives the Secret's keys in NodeStageVolume and NodePublishVolume, and with the
-/// agent (and the in-process driver) logging at debug level the value appears nowhere: not in
-/// the output, status.json, the provisioned PV record or /metrics.
+/// agent (and the in-process driver) logging at debug level, through a kill -9 and a restart,
+/// the value appears nowhere: not in the output, status.json, the provisioned PV record or
+/// /metrics.
 #[test]
 fn csi_stage_and_publish_secrets_reach_the_driver_and_never_the_log_the_status_or_the_metrics() {
     const VALUE: &str = "csi-Pa55word-91c3";
@@ -647,6 +648,11 @@ fn csi_stage_and_publish_secrets_reach_the_driver_and_never_the_log_the_status_o
     node.write("pod.yaml", &pod("app", "  - {name: data, persistentVolumeClaim: {claimName: sealed}}\n"));
     node.start();
     node.wait("published", |r| phase(r, "default/app", "data") == Some(Phase::Published));
+    // A kill -9 and a restart: rebuilding state and re-registering the driver print nothing secret.
+    node.kill_9();
+    node.start();
+    node.wait_for_log("the journal read again", "actual state rebuilt");
+    node.wait("published after the restart", |r| phase(r, "default/app", "data") == Some(Phase::Published));
     let metrics = metrics_text(address);
 
     // Not vacuous: the PV names both secrets, and the driver got the Secret's key in both calls.
