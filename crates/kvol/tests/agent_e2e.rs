@@ -83,6 +83,17 @@ impl Node {
         }
     }
 
+    /// A node whose agent logs at debug level and serves /metrics on a free local port.
+    fn debug_with_metrics() -> (Node, std::net::SocketAddr) {
+        let mut node = Node::new();
+        node.log_level = "debug";
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = free.local_addr().unwrap();
+        drop(free);
+        node.metrics = Some(address);
+        (node, address)
+    }
+
     fn start(&mut self) {
         self.start_with(&[]);
     }
@@ -549,6 +560,15 @@ fn a_driver_that_requires_republish_is_published_again() {
     node.assert_no_double_mounts();
 }
 
+/// Fails when any of `secrets` appears in any of the named `outputs`.
+fn assert_nowhere(secrets: &[&str], outputs: &[(&str, &String)]) {
+    for (what, text) in outputs {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
+        }
+    }
+}
+
 /// The `/metrics` text of an agent serving at `address`.
 fn metrics_text(address: std::net::SocketAddr) -> String {
     use std::io::{Read, Write};
@@ -568,12 +588,7 @@ fn secrets_never_reach_the_log_the_status_or_the_metrics() {
     const VALUE: &str = "s3cr3t-Value-7f2a";
     const BASE64: &str = "czNjcjN0LVZhbHVlLTdmMmE=";
     enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.log_level = "debug";
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = free.local_addr().unwrap();
-    drop(free);
-    node.metrics = Some(address);
+    let (mut node, address) = Node::debug_with_metrics();
     node.write(
         "00-secret.yaml",
         &format!(
@@ -606,11 +621,8 @@ fn secrets_never_reach_the_log_the_status_or_the_metrics() {
     let log = node.agent_log();
     assert!(log.contains("calling flexvolume driver") && log.contains("<redacted>"), "{log}");
     let status = std::fs::read_to_string(node.root.join("status.json")).unwrap();
-    for (what, text) in [("the agent's output", &log), ("status.json", &status), ("/metrics", &metrics)] {
-        for secret in [VALUE, BASE64] {
-            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
-        }
-    }
+    let outputs = [("the agent's output", &log), ("status.json", &status), ("/metrics", &metrics)];
+    assert_nowhere(&[VALUE, BASE64], &outputs);
 }
 
 /// A claim of a class whose parameters name node-stage and node-publish secrets (as the
@@ -624,12 +636,7 @@ fn csi_stage_and_publish_secrets_reach_the_driver_and_never_the_log_the_status_o
     const VALUE: &str = "csi-Pa55word-91c3";
     const BASE64: &str = "Y3NpLVBhNTV3b3JkLTkxYzM=";
     enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.log_level = "debug";
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = free.local_addr().unwrap();
-    drop(free);
-    node.metrics = Some(address);
+    let (mut node, address) = Node::debug_with_metrics();
     node.write(
         "00-secret.yaml",
         &format!(
@@ -669,14 +676,11 @@ fn csi_stage_and_publish_secrets_reach_the_driver_and_never_the_log_the_status_o
         assert!(carried, "{rpc} got no secret:\n{log}");
     }
     let status = std::fs::read_to_string(node.root.join("status.json")).unwrap();
-    for (what, text) in [
+    let outputs = [
         ("the agent's output", &log),
         ("status.json", &status),
         ("/metrics", &metrics),
         ("the PV record", &record),
-    ] {
-        for secret in [VALUE, BASE64] {
-            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
-        }
-    }
+    ];
+    assert_nowhere(&[VALUE, BASE64], &outputs);
 }
