@@ -3,24 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("kvol-lvm-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn kvol_lvm(config: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvol"))
         .arg("lvm-driver")
@@ -37,8 +19,8 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn check_lists_every_problem_on_its_own_line_and_exits_1() {
-    let scratch = Scratch::new("check");
-    let path = scratch.0.join("lvmd.yaml");
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("lvmd.yaml");
     let bad = "device-classes:\n  - name: a\n  - name: a\n    volume-group: vg\n    type: thin\n";
     std::fs::write(&path, bad).unwrap();
     let out = kvol_lvm(&path, &["--check"]);
@@ -58,7 +40,7 @@ fn check_lists_every_problem_on_its_own_line_and_exits_1() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("device class ssd: vg0, default"), "{}", text(&out.stdout));
 
-    let missing = scratch.0.join("absent.yaml");
+    let missing = scratch.path().join("absent.yaml");
     let out = kvol_lvm(&missing, &["--check"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -71,8 +53,8 @@ fn check_lists_every_problem_on_its_own_line_and_exits_1() {
 
 #[test]
 fn a_mode_is_required() {
-    let scratch = Scratch::new("mode");
-    let out = kvol_lvm(&scratch.0.join("lvmd.yaml"), &[]);
+    let scratch = tempfile::tempdir().unwrap();
+    let out = kvol_lvm(&scratch.path().join("lvmd.yaml"), &[]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("--check"), "{}", text(&out.stderr));
 }
@@ -139,16 +121,16 @@ fn prepare_generates_from_a_real_volume_group_and_never_replaces_a_users_file() 
         eprintln!("skipping: {why}");
         return;
     }
-    let scratch = Scratch::new("prepare");
+    let scratch = tempfile::tempdir().unwrap();
     let vg_name = format!("kvolcli{}", std::process::id());
-    let vg = match LoopVg::create(&scratch.0, &vg_name) {
+    let vg = match LoopVg::create(scratch.path(), &vg_name) {
         Ok(vg) => vg,
         Err(why) => {
             eprintln!("skipping: cannot make a loop-device volume group here: {why}");
             return;
         }
     };
-    let path = scratch.0.join("etc/lvmd.yaml");
+    let path = scratch.path().join("etc/lvmd.yaml");
     let out = kvol_lvm(&path, &["--prepare", "--volume-group", &vg.vg]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let written = std::fs::read_to_string(&path).unwrap();
