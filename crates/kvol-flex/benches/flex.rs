@@ -1,7 +1,7 @@
-//! Flexvolume end-to-end numbers: install-to-usable latency, CPU for an event flood, lookups with 1,000 drivers.
+//! Flexvolume end-to-end numbers: install-to-usable latency, CPU for an event storm, lookups with 1,000 drivers.
 //!
 //! `cargo bench -p kvol-flex --bench flex` prints each number with a baseline measured in the same
-//! run: a bare `init` exec for the latency, the same file touches without a prober for the CPU,
+//! run: a bare `init` exec for the latency, a bare inotify read loop for an event storm's CPU,
 //! and a `HashMap` lookup for the registry.
 
 use std::collections::HashMap;
@@ -41,6 +41,52 @@ fn cpu_time() -> Duration {
     let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
     let tv = |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
     tv(usage.user_time()) + tv(usage.system_time())
+}
+
+const STORM_FILES: u32 = 10_000;
+
+/// Creates and removes [`STORM_FILES`] files in `dir` from a child shell, then a `done` marker;
+/// returns once the child exited.
+fn storm(dir: &Path) {
+    let script = format!(
+        "cd \"$1\" && i=0; while [ $i -lt {STORM_FILES} ]; do : > s$i; i=$((i+1)); done; rm -f s*; : > done; rm -f done"
+    );
+    let status = std::process::Command::new("sh").args(["-c", &script, "storm"]).arg(dir).status().unwrap();
+    assert!(status.success(), "the storm script failed in {}", dir.display());
+}
+
+/// The floor: this process's CPU to read every inotify event of a storm with kubelet's watch mask.
+fn bare_inotify_storm_cpu(dir: &Path) -> Duration {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+    let mask = AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF;
+    inotify.add_watch(dir, mask).unwrap();
+    let before = cpu_time();
+    let reader = std::thread::spawn(move || {
+        let mut events = 0u64;
+        loop {
+            for event in inotify.read_events().unwrap() {
+                events += 1;
+                if event.name.as_deref() == Some(std::ffi::OsStr::new("done"))
+                    && event.mask.contains(AddWatchFlags::IN_DELETE)
+                {
+                    return events;
+                }
+            }
+        }
+    });
+    storm(dir);
+    let events = reader.join().unwrap();
+    let cpu = cpu_time() - before;
+    println!("  (bare loop read {events} events)");
+    cpu
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -102,37 +148,35 @@ async fn main() {
         }
     );
 
-    // 2. CPU for a burst of 10,000 events in one driver directory, against the same touches
-    // with nothing watching.
-    let quiet = work.path().join("quiet");
-    std::fs::create_dir(&quiet).unwrap();
-    let touch = |dir: &Path| {
-        let file = dir.join("touched");
-        for i in 0..10_000u32 {
-            std::fs::write(&file, i.to_le_bytes()).unwrap();
-        }
-    };
-    let before = cpu_time();
-    touch(&quiet);
-    let baseline_cpu = cpu_time() - before;
+    // 2. An event storm made by another process: 10,000 files created and removed in one driver's
+    // directory. Only this process's CPU counts; the baseline is a bare inotify read loop over
+    // the same storm, in the same run.
+    let bare = work.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    let baseline_cpu = bare_inotify_storm_cpu(&bare);
     let inits_before = prober.progress().borrow().inits;
     let before = cpu_time();
     let started = Instant::now();
-    touch(&plugins.join("bench~d0"));
-    prober.wait_idle().await;
-    // The trailing probe the rate limit schedules lands within one interval: let it.
+    storm(&plugins.join("bench~d0"));
+    let storm_wall = started.elapsed();
+    // The kernel may still hold events, and the trailing probe the rate limit schedules lands
+    // within one interval: give both time, then count.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     prober.wait_idle().await;
-    let flood_cpu = cpu_time() - before;
+    let storm_cpu = cpu_time() - before;
     let inits = prober.progress().borrow().inits - inits_before;
-    println!("burst of 10,000 events in one driver directory ({:.0} ms of writes)", ms(started.elapsed()));
+    let usable = registry.snapshot().find_by_name("bench/d0").is_ok();
     println!(
-        "  process CPU {:.1} ms with the prober vs {:.1} ms for the same writes unwatched (+{:.1} ms); {inits} init(s) ran",
-        ms(flood_cpu),
-        ms(baseline_cpu),
-        ms(flood_cpu.saturating_sub(baseline_cpu))
+        "event storm: {STORM_FILES} files created and removed in one driver directory by another process ({:.0} ms)",
+        ms(storm_wall)
     );
-    prober.shutdown().await;
+    println!(
+        "  process CPU {:.1} ms with the prober vs {:.1} ms for a bare inotify read loop ({:.1}x); goal <= 100 ms, {}; {inits} init(s) ran; driver usable after: {usable}",
+        ms(storm_cpu),
+        ms(baseline_cpu),
+        storm_cpu.as_secs_f64() / baseline_cpu.as_secs_f64().max(1e-6),
+        if storm_cpu <= Duration::from_millis(100) { "met" } else { "NOT MET" }
+    );
 
     // 3. Lookups with 1,000 installed drivers.
     let many = work.path().join("many");

@@ -14,7 +14,9 @@
 //! been handed out, and a probe run in between would miss the file for good.)
 //!
 //! The pure parts: [`classify`] maps a notify event to the driver directory it concerns and
-//! what to do; [`Pending`] coalesces (last event per driver wins); [`Scheduler`] decides when a
+//! what to do; [`Pending`] coalesces (last event per driver wins, and an event for a driver
+//! whose probe is already queued adds nothing: the watch thread drops it without waking anyone
+//! and pauses briefly, so a storm is read from the kernel in batches); [`Scheduler`] decides when a
 //! driver may be probed (one probe at a time per driver, at most one `init` per
 //! `min_reprobe_interval`, and the last request is always run eventually, by a trailing
 //! probe). The I/O around them: the notify handler, the discovery task and the probe tasks.
@@ -144,8 +146,8 @@ pub enum Action {
 }
 
 /// The file name of the executable of driver directory `dir_name` (`vendor~driver` → `driver`).
-fn executable_name(dir_name: &str) -> String {
-    naming::executable_name(&naming::driver_name(dir_name)).to_string()
+fn executable_name(dir_name: &str) -> &str {
+    dir_name.rsplit('~').next().unwrap_or(dir_name)
 }
 
 fn is_dot(name: &OsStr) -> bool {
@@ -154,69 +156,116 @@ fn is_dot(name: &OsStr) -> bool {
 
 /// What `event` asks of the prober watching `plugin_dir`.
 pub fn classify(plugin_dir: &Path, event: &Event) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for_each_action(plugin_dir, event, |found| {
+        actions.push(match found {
+            Found::Rescan => Action::Rescan,
+            Found::PluginDirChanged => Action::PluginDirChanged,
+            Found::Driver(dir, op) => Action::Driver { dir: dir.to_string(), op },
+        });
+    });
+    actions
+}
+
+/// An action as [`for_each_action`] finds it, borrowing the driver directory from the event.
+enum Found<'a> {
+    Rescan,
+    PluginDirChanged,
+    Driver(&'a str, Op),
+}
+
+/// Calls `found` for each action `event` asks for; allocates nothing (events arrive in storms).
+fn for_each_action<'a>(plugin_dir: &Path, event: &'a Event, mut found: impl FnMut(Found<'a>)) {
     if event.need_rescan() {
-        return vec![Action::Rescan];
+        return found(Found::Rescan);
     }
     match event.kind {
         // A finished write is a change; opens and reads are not (running `init` opens the driver).
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => {}
-        EventKind::Access(_) => return Vec::new(),
+        EventKind::Access(_) => return,
         // notify reports each half of a rename as well; the pair adds nothing.
-        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => return Vec::new(),
-        EventKind::Other => return vec![Action::Rescan],
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => return,
+        EventKind::Other => return found(Found::Rescan),
         _ => {}
     }
     let gone =
         matches!(event.kind, EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(RenameMode::From)));
     let renamed = matches!(event.kind, EventKind::Modify(ModifyKind::Name(_)));
-    let mut actions = Vec::new();
     for path in &event.paths {
         let Ok(rel) = path.strip_prefix(plugin_dir) else { continue };
-        let parts: Vec<&OsStr> = rel
-            .components()
-            .filter_map(|c| match c {
-                Component::Normal(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        let Some(first) = parts.first() else {
+        let mut parts = rel.components().filter_map(|c| match c {
+            Component::Normal(p) => Some(p),
+            _ => None,
+        });
+        let Some(first) = parts.next() else {
             if gone || renamed {
-                actions.push(Action::PluginDirChanged);
+                found(Found::PluginDirChanged);
             }
             continue;
         };
+        let second = parts.next();
+        let deeper = parts.next().is_some();
         // The atomic-install convention: `.driver` is a copy in progress, `.x/` is not a driver.
-        if parts.iter().any(|p| is_dot(p)) {
+        if is_dot(first)
+            || second.is_some_and(is_dot)
+            || (deeper && rel.components().skip(2).any(|c| is_dot(c.as_os_str())))
+        {
             continue;
         }
         let Some(dir) = first.to_str() else {
             tracing::debug!(path = %path.display(), "ignoring a driver directory whose name is not UTF-8");
             continue;
         };
-        let removes_driver =
-            parts.len() == 1 || (parts.len() == 2 && parts[1] == OsStr::new(&executable_name(dir)));
+        let removes_driver = !deeper && second.is_none_or(|name| name == OsStr::new(executable_name(dir)));
         let op = if gone && removes_driver { Op::Gone } else { Op::Probe };
-        actions.push(Action::Driver { dir: dir.to_string(), op });
+        found(Found::Driver(dir, op));
     }
-    actions
 }
 
 /// Actions recorded since the discovery task last looked: one op per driver, the last one.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
     pub rescan: bool,
     pub plugin_dir_changed: bool,
     pub drivers: BTreeMap<String, Op>,
+    /// Drivers that already have a probe queued behind the rate limit or a running probe: a
+    /// probe it would start later reads what any event until then changed, so such events
+    /// are dropped here without waking the discovery task (what keeps event storms cheap).
+    pub held: BTreeSet<String>,
 }
 
 impl Pending {
-    pub fn record(&mut self, action: Action) {
+    /// Records `action`; false when it adds nothing to what is recorded or held already.
+    pub fn record(&mut self, action: Action) -> bool {
         match action {
-            Action::Rescan => self.rescan = true,
-            Action::PluginDirChanged => self.plugin_dir_changed = true,
-            Action::Driver { dir, op } => {
-                self.drivers.insert(dir, op);
+            Action::Rescan => !std::mem::replace(&mut self.rescan, true),
+            Action::PluginDirChanged => !std::mem::replace(&mut self.plugin_dir_changed, true),
+            Action::Driver { dir, op: Op::Probe } if self.held.contains(&dir) => false,
+            Action::Driver { dir, op } => self.drivers.insert(dir, op) != Some(op),
+        }
+    }
+
+    /// [`Pending::record`] without allocating when the action adds nothing.
+    fn record_found(&mut self, found: Found<'_>) -> bool {
+        match found {
+            Found::Rescan => self.record(Action::Rescan),
+            Found::PluginDirChanged => self.record(Action::PluginDirChanged),
+            Found::Driver(dir, op)
+                if (op == Op::Probe && self.held.contains(dir)) || self.drivers.get(dir) == Some(&op) =>
+            {
+                false
             }
+            Found::Driver(dir, op) => self.record(Action::Driver { dir: dir.to_string(), op }),
+        }
+    }
+
+    /// Takes the recorded actions, leaving `held` in place.
+    pub fn take_actions(&mut self) -> Pending {
+        Pending {
+            rescan: std::mem::take(&mut self.rescan),
+            plugin_dir_changed: std::mem::take(&mut self.plugin_dir_changed),
+            drivers: std::mem::take(&mut self.drivers),
+            held: BTreeSet::new(),
         }
     }
 
@@ -334,6 +383,12 @@ impl Scheduler {
         if slot.queued.is_none() {
             slot.queued = Some(Op::Probe);
         }
+    }
+
+    /// The drivers with a probe queued that has not started (held back by the rate limit or
+    /// by a running op of the same driver).
+    pub fn queued_probes(&self) -> impl Iterator<Item = &str> {
+        self.slots.iter().filter(|(_, s)| s.queued == Some(Op::Probe)).map(|(dir, _)| dir.as_str())
     }
 
     /// Whether anything is queued, running, or a rescan is unfinished.
@@ -590,20 +645,27 @@ impl FlexProber {
         });
         let handler = {
             let (shared, dir) = (Arc::clone(&shared), config.dir.clone());
+            let mut free_until = std::time::Instant::now();
             move |res: notify::Result<Event>| {
-                let actions = match res {
-                    Ok(event) => classify(&dir, &event),
+                let event = match res {
+                    Ok(event) => event,
                     Err(e) => {
                         tracing::warn!(dir = %dir.display(), error = %e, "flexvolume watch error; rescanning");
-                        vec![Action::Rescan]
+                        Event::new(EventKind::Other)
                     }
                 };
-                if actions.is_empty() {
-                    return;
-                }
                 let mut pending = lock(&shared.pending);
-                for action in actions {
-                    pending.record(action);
+                let (mut changed, mut held) = (false, false);
+                for_each_action(&dir, &event, |found| {
+                    held |= matches!(found, Found::Driver(d, Op::Probe) if pending.held.contains(d));
+                    changed |= pending.record_found(found);
+                });
+                if !changed {
+                    drop(pending);
+                    if held {
+                        pace_storm(&mut free_until);
+                    }
+                    return;
                 }
                 // Under the pending lock, so the discovery task cannot report idle over this.
                 shared.progress.send_if_modified(|p| !std::mem::replace(&mut p.busy, true));
@@ -681,6 +743,25 @@ impl Drop for FlexProber {
     }
 }
 
+/// How long the watch thread pauses when events stop adding anything (a storm in a driver
+/// directory whose probe is queued already).
+const STORM_PAUSE: Duration = Duration::from_millis(5);
+
+/// After a pause, how long the thread reads freely before it may pause again: enough to drain
+/// what the kernel queued meanwhile.
+const STORM_DRAIN: Duration = Duration::from_millis(1);
+
+/// Pauses the watch thread for [`STORM_PAUSE`] unless it paused less than [`STORM_DRAIN`]
+/// ago, so that the kernel queues a storm's events and they are read in batches instead of
+/// one wakeup each. Only events for a driver whose probe is queued already (held) lead here;
+/// an event that matters is at most one pause late.
+fn pace_storm(free_until: &mut std::time::Instant) {
+    if std::time::Instant::now() >= *free_until {
+        std::thread::sleep(STORM_PAUSE);
+        *free_until = std::time::Instant::now() + STORM_DRAIN;
+    }
+}
+
 fn notify_io(e: notify::Error) -> std::io::Error {
     match e.kind {
         notify::ErrorKind::Io(io) => io,
@@ -739,7 +820,10 @@ impl Discovery {
     /// Publishes the counters and whether anything is left to do.
     fn report(&mut self) {
         // Held while sending, so an event recorded meanwhile is not reported idle over.
-        let pending = lock(&self.shared.pending);
+        let mut pending = lock(&self.shared.pending);
+        if !pending.held.iter().map(String::as_str).eq(self.sched.queued_probes()) {
+            pending.held = self.sched.queued_probes().map(str::to_string).collect();
+        }
         self.progress.busy =
             !pending.is_empty() || self.sched.busy() || !self.tasks.is_empty() || self.recover_at.is_some();
         let now = self.progress;
@@ -749,7 +833,7 @@ impl Discovery {
 
     /// Takes the recorded actions into the scheduler.
     fn drain(&mut self) {
-        let pending = std::mem::take(&mut *lock(&self.shared.pending));
+        let pending = lock(&self.shared.pending).take_actions();
         if pending.plugin_dir_changed {
             self.recover_plugin_dir();
         } else if pending.rescan {
@@ -814,6 +898,14 @@ impl Discovery {
     fn dispatch(&mut self) -> Option<Instant> {
         loop {
             let (starts, wake) = self.sched.ready(Instant::now());
+            // Before a probe starts, events for its driver must count again: it may read the
+            // directory before they happen.
+            if !starts.is_empty() {
+                let mut pending = lock(&self.shared.pending);
+                for start in &starts {
+                    pending.held.remove(&start.dir);
+                }
+            }
             let mut again = false;
             for start in starts {
                 match start.op {
@@ -1021,7 +1113,55 @@ mod tests {
         }
         p.record(Action::Rescan);
         let want = BTreeMap::from([("a".to_string(), Op::Gone), ("b".to_string(), Op::Probe)]);
-        assert_eq!(p, Pending { rescan: true, plugin_dir_changed: false, drivers: want });
+        assert_eq!(
+            p,
+            Pending { rescan: true, plugin_dir_changed: false, drivers: want, held: BTreeSet::new() }
+        );
+    }
+
+    #[test]
+    fn only_actions_that_add_something_wake_discovery() {
+        // (already recorded, held, action) → whether recording it changes anything.
+        type Row = (&'static [(&'static str, Op)], &'static [&'static str], Action, bool);
+        let rows: &[Row] = &[
+            (&[], &[], drv("a", Op::Probe), true),
+            (&[("a", Op::Probe)], &[], drv("a", Op::Probe), false),
+            (&[("a", Op::Probe)], &[], drv("a", Op::Gone), true),
+            (&[("a", Op::Gone)], &[], drv("a", Op::Probe), true),
+            // A probe already queued reads whatever this event changed.
+            (&[], &["a"], drv("a", Op::Probe), false),
+            // A removal still counts: the queued probe must not be what reports it.
+            (&[], &["a"], drv("a", Op::Gone), true),
+            (&[], &["a"], drv("b", Op::Probe), true),
+            (&[], &["a"], Action::Rescan, true),
+            (&[], &[], Action::PluginDirChanged, true),
+        ];
+        for (recorded, held, action, want) in rows {
+            let mut p = Pending {
+                drivers: recorded.iter().map(|(d, op)| (d.to_string(), *op)).collect(),
+                held: held.iter().map(|d| d.to_string()).collect(),
+                ..Pending::default()
+            };
+            let found = match action {
+                Action::Rescan => Found::Rescan,
+                Action::PluginDirChanged => Found::PluginDirChanged,
+                Action::Driver { dir, op } => Found::Driver(dir, *op),
+            };
+            assert_eq!(
+                p.clone().record(action.clone()),
+                *want,
+                "record {action:?} over {recorded:?}, held {held:?}"
+            );
+            assert_eq!(
+                p.record_found(found),
+                *want,
+                "record_found {action:?} over {recorded:?}, held {held:?}"
+            );
+        }
+        let mut p = Pending { held: BTreeSet::from(["a".to_string()]), ..Pending::default() };
+        p.record(Action::Rescan);
+        let taken = p.take_actions();
+        assert!(taken.rescan && p.is_empty() && p.held.contains("a"), "taking actions keeps what is held");
     }
 
     /// One step of a scheduler scenario, at a time in milliseconds from the start.

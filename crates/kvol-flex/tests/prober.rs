@@ -339,6 +339,43 @@ async fn a_flood_of_events_is_coalesced_and_the_last_change_applies() {
     assert!(matches!(env.state("v~busy"), Some(DriverState::Loaded { capabilities }) if capabilities.attach));
 }
 
+/// A child shell creating and removing files in a directory until dropped.
+struct Storm(std::process::Child);
+
+impl Storm {
+    fn start(dir: &Path) -> Storm {
+        let script = "cd \"$1\" && while :; do i=0; while [ $i -lt 500 ]; do : > s$i; i=$((i+1)); done; rm -f s*; done";
+        Storm(std::process::Command::new("sh").args(["-c", script, "storm"]).arg(dir).spawn().unwrap())
+    }
+}
+
+impl Drop for Storm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_made_during_an_event_storm_are_not_lost() {
+    let env = Env::start();
+    env.install("v~busy", INIT_OK);
+    eventually("loaded", || env.registered("v/busy")).await;
+    let storm = Storm::start(&env.plugin_dir.join("v~busy"));
+    // Let the storm run long enough that the driver has a probe queued behind the rate limit,
+    // so its events are being dropped as held when the real change lands.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    env.install("v~busy", INIT_ATTACH);
+    env.install("v~other", INIT_OK);
+    let other_installed = Instant::now();
+    eventually("another driver installed during the storm", || env.registered("v/other")).await;
+    let other_usable = other_installed.elapsed();
+    eventually("the change made during the storm applied", || env.attachable("v/busy") == Some(true)).await;
+    drop(storm);
+    eprintln!("a driver installed during the storm was usable after {other_usable:?}");
+    assert!(matches!(env.state("v~busy"), Some(DriverState::Loaded { capabilities }) if capabilities.attach));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untrusted_drivers_are_refused_with_the_reason() {
     let env = Env::start();
