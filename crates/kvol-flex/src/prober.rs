@@ -22,10 +22,10 @@
 //! probe). The I/O around them: the notify handler, the discovery task and the probe tasks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ffi::OsStr;
+
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -150,8 +150,8 @@ fn executable_name(dir_name: &str) -> &str {
     dir_name.rsplit('~').next().unwrap_or(dir_name)
 }
 
-fn is_dot(name: &OsStr) -> bool {
-    name.as_encoded_bytes().first() == Some(&b'.')
+fn is_dot(name: &[u8]) -> bool {
+    name.first() == Some(&b'.')
 }
 
 /// What `event` asks of the prober watching `plugin_dir`.
@@ -191,12 +191,11 @@ fn for_each_action<'a>(plugin_dir: &Path, event: &'a Event, mut found: impl FnMu
     let gone =
         matches!(event.kind, EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(RenameMode::From)));
     let renamed = matches!(event.kind, EventKind::Modify(ModifyKind::Name(_)));
+    let prefix = plugin_dir.as_os_str().as_encoded_bytes();
     for path in &event.paths {
-        let Ok(rel) = path.strip_prefix(plugin_dir) else { continue };
-        let mut parts = rel.components().filter_map(|c| match c {
-            Component::Normal(p) => Some(p),
-            _ => None,
-        });
+        // Byte slices rather than `Path::strip_prefix`/`components`: this runs once per event.
+        let Some(rel) = relative_bytes(path.as_os_str().as_encoded_bytes(), prefix) else { continue };
+        let mut parts = rel.split(|b| *b == b'/').filter(|p| !p.is_empty() && *p != b".");
         let Some(first) = parts.next() else {
             if gone || renamed {
                 found(Found::PluginDirChanged);
@@ -204,22 +203,30 @@ fn for_each_action<'a>(plugin_dir: &Path, event: &'a Event, mut found: impl FnMu
             continue;
         };
         let second = parts.next();
-        let deeper = parts.next().is_some();
         // The atomic-install convention: `.driver` is a copy in progress, `.x/` is not a driver.
-        if is_dot(first)
-            || second.is_some_and(is_dot)
-            || (deeper && rel.components().skip(2).any(|c| is_dot(c.as_os_str())))
-        {
+        let mut deeper = false;
+        let dotted = is_dot(first) || second.is_some_and(is_dot) || {
+            let mut rest = parts.peekable();
+            deeper = rest.peek().is_some();
+            rest.any(is_dot)
+        };
+        if dotted {
             continue;
         }
-        let Some(dir) = first.to_str() else {
+        let Ok(dir) = std::str::from_utf8(first) else {
             tracing::debug!(path = %path.display(), "ignoring a driver directory whose name is not UTF-8");
             continue;
         };
-        let removes_driver = !deeper && second.is_none_or(|name| name == OsStr::new(executable_name(dir)));
+        let removes_driver = !deeper && second.is_none_or(|name| name == executable_name(dir).as_bytes());
         let op = if gone && removes_driver { Op::Gone } else { Op::Probe };
         found(Found::Driver(dir, op));
     }
+}
+
+/// `path` below `prefix` (empty for `prefix` itself), or none when it is not below it.
+fn relative_bytes<'a>(path: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    let rest = path.strip_prefix(prefix.strip_suffix(b"/").unwrap_or(prefix))?;
+    (rest.is_empty() || rest[0] == b'/').then_some(rest)
 }
 
 /// Actions recorded since the discovery task last looked: one op per driver, the last one.
@@ -529,7 +536,7 @@ fn list_driver_dirs(dir: &Path) -> std::io::Result<BTreeSet<String>> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        if is_dot(&name) {
+        if is_dot(name.as_encoded_bytes()) {
             continue;
         }
         let Ok(ty) = entry.file_type() else { continue };
