@@ -203,3 +203,43 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volumeattachment_marked_attached_by_the_controller_ends_the_nodes_wait() {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::api::{Patch, PatchParams};
+    use kvol_csi::AttachmentSource;
+    use kvol_csi::attachment::wait_for_attachment;
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    let source = kvol_cluster::attachments::ApiAttachments::new(client.clone());
+    let name = kvol_csi::paths::attachment_id("h1", DRIVER, "n1");
+    assert_eq!(source.volume_attachment(&name).await.expect("a read"), None);
+    let vas = Api::<VolumeAttachment>::all(client.clone());
+    create(
+        &vas,
+        json!({"metadata": {"name": name}, "spec": {"attacher": DRIVER, "nodeName": "n1",
+            "source": {"persistentVolumeName": "pv-1"}}}),
+    )
+    .await;
+    // The external-attacher's part, played by the test: after a second, attached with metadata.
+    let (marker, marked) = (vas.clone(), name.clone());
+    let mark = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let status = json!({"status": {"attached": true, "attachmentMetadata": {"lun": "4"}}});
+        marker.patch_status(&marked, &PatchParams::default(), &Patch::Merge(&status)).await.expect("marked")
+    });
+    let context = wait_for_attachment(&source, &name, DRIVER, "h1", "n1", Duration::from_secs(60))
+        .await
+        .expect("attached");
+    mark.await.expect("the marker ran");
+    assert_eq!(context.get("lun").map(String::as_str), Some("4"));
+
+    let failed = json!({"status": {"attached": false, "attachError": {"message": "disk is attached to n9"}}});
+    vas.patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed)).await.expect("failed");
+    let err = wait_for_attachment(&source, &name, DRIVER, "h1", "n1", Duration::from_secs(60))
+        .await
+        .expect_err("the attach error");
+    assert!(err.ends_with("disk is attached to n9"), "{err}");
+}

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use kvol_api::FeatureGates;
 use kvol_plugin::{DynamicSource, PluginHost, PluginRegistry, ProbeEvent};
 
+use crate::attachment::AttachmentSource;
 use crate::client::{CsiClient, RpcObserver, Timeouts};
 use crate::csinode;
 use crate::objects::NodeObjects;
@@ -35,6 +36,8 @@ pub struct CsiRegistrationHandler {
     timeouts: Timeouts,
     /// Given to the client of every driver registered from now on.
     observer: Option<Arc<dyn RpcObserver>>,
+    /// Cluster mode: given to every driver's plugin, which then waits for VolumeAttachments.
+    attachments: Option<Arc<dyn AttachmentSource>>,
     state: Mutex<State>,
 }
 
@@ -72,6 +75,7 @@ impl CsiRegistrationHandler {
             migrated_plugins,
             timeouts,
             observer: None,
+            attachments: None,
             state: Mutex::default(),
         }
     }
@@ -80,6 +84,12 @@ impl CsiRegistrationHandler {
     /// call those drivers' plugins make is reported.
     pub fn with_observer(self, observer: Arc<dyn RpcObserver>) -> Self {
         CsiRegistrationHandler { observer: Some(observer), ..self }
+    }
+
+    /// This handler giving its drivers' plugins `attachments` (cluster mode: attach through
+    /// VolumeAttachments); `None` keeps node-driven attach.
+    pub fn with_attachments(self, attachments: Option<Arc<dyn AttachmentSource>>) -> Self {
+        CsiRegistrationHandler { attachments, ..self }
     }
 
     /// The drivers registered now, by name.
@@ -131,7 +141,8 @@ impl CsiRegistrationHandler {
         let plugin = CsiPlugin::connect(name, client, self.host.clone(), objects, info.node_id.clone())
             .await
             .map_err(|e| e.to_string())?
-            .with_version(version.to_string());
+            .with_version(version.to_string())
+            .with_attachments(self.attachments.clone());
         let node = &self.host.node.name;
         let mut keys: Vec<String> = info
             .accessible_topology

@@ -82,6 +82,9 @@ pub struct AgentConfig {
     /// Told the node's storage (CSINode, node-ID annotation, volumes in use) after every pass:
     /// the API writer in cluster mode; `None` in standalone mode.
     pub node_storage: Option<Arc<dyn crate::node_storage::NodeStorageSink>>,
+    /// Cluster mode: the VolumeAttachments CSI plugins wait for instead of attaching
+    /// themselves; `None` (standalone): node-driven attach.
+    pub attachments: Option<Arc<dyn kvol_csi::AttachmentSource>>,
 }
 
 impl AgentConfig {
@@ -110,6 +113,7 @@ impl AgentConfig {
             allowed_host_paths: None,
             provision_claims: true,
             node_storage: None,
+            attachments: None,
         }
     }
 
@@ -263,7 +267,8 @@ async fn run(
             &config.gates,
             Timeouts::with_call(config.csi_call_timeout),
         )
-        .with_observer(metrics.clone()),
+        .with_observer(metrics.clone())
+        .with_attachments(config.attachments.clone()),
     );
     let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
