@@ -31,7 +31,8 @@ where
 async fn create_node(client: &Client, name: &str) -> Node {
     create(
         &Api::<Node>::all(client.clone()),
-        json!({"metadata": {"name": name, "annotations": {"other.example/keep": "yes"}}}),
+        json!({"metadata": {"name": name, "annotations": {"other.example/keep": "yes"},
+            "labels": {"other.example/label": "kept"}}}),
     )
     .await
 }
@@ -153,6 +154,7 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
         csi_node: Some(csinode),
         node_ids: Some(ids.clone()),
         volumes_in_use: vec![format!("kubernetes.io/csi/{DRIVER}^h1")],
+        topology_labels: [("topology.kvol.io/node".to_string(), "n1".to_string())].into(),
     });
     let nodes = Api::<Node>::all(client.clone());
     let csinodes = Api::<CSINode>::all(client.clone());
@@ -175,6 +177,9 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
     let annotations = seen.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(annotations.get(kvol_csi::csinode::ANN_NODE_ID), Some(&ids));
     assert_eq!(annotations.get("other.example/keep").map(String::as_str), Some("yes"));
+    let labels = seen.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("topology.kvol.io/node").map(String::as_str), Some("n1"), "{labels:?}");
+    assert_eq!(labels.get("other.example/label").map(String::as_str), Some("kept"));
     assert_eq!(
         seen.status.and_then(|s| s.volumes_in_use).unwrap_or_default(),
         [format!("kubernetes.io/csi/{DRIVER}^h1")]
@@ -185,18 +190,22 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
         csi_node: Some(kvol_csi::csinode::initial_csinode("n1", &[])),
         node_ids: None,
         volumes_in_use: Vec::new(),
+        topology_labels: Default::default(),
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let seen = nodes.get("n1").await.expect("node read");
         let annotations = seen.metadata.annotations.clone().unwrap_or_default();
+        let labels = seen.metadata.labels.clone().unwrap_or_default();
         let in_use = seen.status.and_then(|s| s.volumes_in_use).unwrap_or_default();
         let drivers = csinodes.get("n1").await.expect("csinode").spec.drivers;
         if !annotations.contains_key(kvol_csi::csinode::ANN_NODE_ID)
+            && !labels.contains_key("topology.kvol.io/node")
             && in_use.is_empty()
             && drivers.is_empty()
         {
             assert_eq!(annotations.get("other.example/keep").map(String::as_str), Some("yes"));
+            assert_eq!(labels.get("other.example/label").map(String::as_str), Some("kept"));
             break;
         }
         assert!(Instant::now() < deadline, "kvol's fields were not removed: {annotations:?} {in_use:?}");

@@ -23,6 +23,8 @@ pub struct RegisteredDriver {
     pub endpoint: String,
     pub version: Version,
     pub node_id: String,
+    /// NodeGetInfo's `accessible_topology` segments: labels for the Node.
+    pub topology: BTreeMap<String, String>,
 }
 
 /// Registers CSI drivers with the plugin registry and keeps the node's CSINode (and its
@@ -97,6 +99,12 @@ impl CsiRegistrationHandler {
         self.lock().drivers.values().cloned().collect()
     }
 
+    /// The topology labels of every registered driver, for the Node: a key two drivers report
+    /// is one label (registration refuses a second driver reporting another value).
+    pub fn topology_labels(&self) -> BTreeMap<String, String> {
+        topology_of(self.lock().drivers.values())
+    }
+
     /// The Node annotation `csi.volume.kubernetes.io/nodeid` as it stands.
     pub fn node_id_annotation(&self) -> Option<String> {
         self.lock().node_id_annotation.clone()
@@ -150,6 +158,11 @@ impl CsiRegistrationHandler {
             .map(|t| t.segments.keys().cloned().collect())
             .unwrap_or_default();
         keys.sort();
+        let topology: BTreeMap<String, String> =
+            info.accessible_topology.map(|t| t.segments.into_iter().collect()).unwrap_or_default();
+        let others = topology_of(self.lock().drivers.values().filter(|d| d.name != name));
+        csinode::topology_labels(Some(&others), &topology)
+            .map_err(|e| format!("{e} (reported by another registered csi driver)"))?;
         let csinode = csinode::install_driver(
             self.objects.csi_node(node),
             node,
@@ -174,6 +187,7 @@ impl CsiRegistrationHandler {
             endpoint: endpoint.to_string(),
             version,
             node_id: info.node_id,
+            topology,
         };
         let mut state = self.lock();
         state.node_id_annotation = Some(annotation);
@@ -220,6 +234,11 @@ impl RegistrationHandler for CsiRegistrationHandler {
         self.remove(name);
         tracing::info!(driver = name, endpoint, "csi driver deregistered");
     }
+}
+
+/// The union of `drivers`' topology segments.
+fn topology_of<'a>(drivers: impl Iterator<Item = &'a RegisteredDriver>) -> BTreeMap<String, String> {
+    drivers.flat_map(|d| d.topology.iter().map(|(k, v)| (k.clone(), v.clone()))).collect()
 }
 
 /// Registers every CSI driver whose registration socket is under `dir`, once, without telling

@@ -571,6 +571,7 @@ impl Loop<'_> {
                 csi_node: report.csi_node.clone(),
                 node_ids: self.handler.node_id_annotation(),
                 volumes_in_use: crate::node_storage::volumes_in_use(resolutions, &exec.actual),
+                topology_labels: self.handler.topology_labels(),
             });
         }
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
