@@ -252,3 +252,46 @@ async fn a_volumeattachment_marked_attached_by_the_controller_ends_the_nodes_wai
         .expect_err("the attach error");
     assert!(err.ends_with("disk is attached to n9"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_pod_volume_is_one_event_on_the_pod_with_kubelets_reason_and_a_growing_count() {
+    use k8s_openapi::api::core::v1::Event;
+    use kvol_cluster::events::{ApiNodeEvents, EventWriter};
+    use kvol_node::pod_events::{PodEventSink, VolumeFailure};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    let writer = EventWriter::start("n1".into(), std::sync::Arc::new(ApiNodeEvents::new(client.clone())));
+    let failure = |count| VolumeFailure {
+        pod: "default/web".into(),
+        pod_uid: "uid-web".into(),
+        volume: "data".into(),
+        operation: "volume_attach",
+        count,
+        error: "attach of volume \"h1\" failed (volumeattachment csi-1): disk is attached to n9".into(),
+    };
+    let events = Api::<Event>::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for count in [1, 1, 2, 2, 3] {
+        writer.report(&[failure(count)]);
+        loop {
+            let mut list = events.list(&Default::default()).await.expect("events listed").items;
+            // The API server reports about itself too: only the pod's Events count.
+            list.retain(|e| e.involved_object.kind.as_deref() == Some("Pod"));
+            if list.iter().any(|e| e.count == Some(count as i32)) {
+                assert_eq!(list.len(), 1, "one event per failure: {list:?}");
+                let e = &list[0];
+                assert_eq!(e.reason.as_deref(), Some("FailedAttachVolume"));
+                assert_eq!(e.type_.as_deref(), Some("Warning"));
+                assert_eq!(e.involved_object.name.as_deref(), Some("web"));
+                assert!(
+                    e.message.as_deref().unwrap_or_default().ends_with("disk is attached to n9"),
+                    "{e:?}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "the event never reached count {count}: {list:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -85,6 +85,8 @@ pub struct AgentConfig {
     /// Cluster mode: the VolumeAttachments CSI plugins wait for instead of attaching
     /// themselves; `None` (standalone): node-driven attach.
     pub attachments: Option<Arc<dyn kvol_csi::AttachmentSource>>,
+    /// Cluster mode: told the failing pod volumes after every pass, for the pods' Events.
+    pub pod_events: Option<Arc<dyn crate::pod_events::PodEventSink>>,
 }
 
 impl AgentConfig {
@@ -114,6 +116,7 @@ impl AgentConfig {
             provision_claims: true,
             node_storage: None,
             attachments: None,
+            pod_events: None,
         }
     }
 
@@ -573,6 +576,9 @@ impl Loop<'_> {
                 volumes_in_use: crate::node_storage::volumes_in_use(resolutions, &exec.actual),
                 topology_labels: self.handler.topology_labels(),
             });
+        }
+        if let Some(sink) = &self.config.pod_events {
+            sink.report(&crate::pod_events::volume_failures(desired, resolutions, &exec));
         }
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
         self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));

@@ -175,6 +175,9 @@ impl ClusterMode {
         config.provision_claims = false;
         config.attachments =
             Some(std::sync::Arc::new(kvol_cluster::attachments::ApiAttachments::new(client.clone())));
+        let events = std::sync::Arc::new(kvol_cluster::events::ApiNodeEvents::new(client.clone()));
+        config.pod_events =
+            Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));
         let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));
         config.node_storage =
             Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node, objects)));
