@@ -5,8 +5,12 @@
 //! watch), and only the claims, PersistentVolumes, StorageClasses and Secrets those pods
 //! reference ([`refs`], read by name), so a node's load on the API grows with its own pods, not
 //! with the cluster. The agent's loop, planner and executor are the same in both modes.
+//! [`events::EventWriter`] makes the pods' volume Events (kubelet's reasons, one per failure).
+//! [`attachments::ApiAttachments`] gives the CSI plugins the VolumeAttachments they wait for.
 
+pub mod attachments;
 pub mod client;
+pub mod events;
 pub mod merged;
 pub mod node_objects;
 pub mod refs;

@@ -1,4 +1,4 @@
-//! The node's storage objects in the API: its CSINode (owned by the Node), the node-ID annotation and `status.volumesInUse`, applied server-side as field manager `kvol` so no other writer's fields are touched.
+//! The node's storage objects in the API: its CSINode (owned by the Node), the node-ID annotation, the topology labels and `status.volumesInUse`, applied server-side as field manager `kvol` so no other writer's fields are touched.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -45,11 +45,15 @@ pub fn csinode_body(csinode: &CSINode, node: &str, node_uid: &str) -> Value {
     body
 }
 
-/// kvol's fields of the Node: the node-ID annotation, or none (so an apply removes kvol's).
-pub fn node_body(node: &str, node_ids: Option<&str>) -> Value {
+/// kvol's fields of the Node: the node-ID annotation and the drivers' topology labels; a field
+/// left out is removed by the apply when kvol alone set it (another manager's stays).
+pub fn node_body(node: &str, node_ids: Option<&str>, topology: &BTreeMap<String, String>) -> Value {
     let mut metadata = json!({"name": node});
     if let Some(ids) = node_ids {
         metadata["annotations"] = json!({ ANN_NODE_ID: ids });
+    }
+    if !topology.is_empty() {
+        metadata["labels"] = json!(topology);
     }
     json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata})
 }
@@ -243,7 +247,7 @@ async fn write_once(
             written.csinode = Some(body);
         }
     }
-    let body = node_body(node, storage.node_ids.as_deref());
+    let body = node_body(node, storage.node_ids.as_deref(), &storage.topology_labels);
     if written.node.as_ref() != Some(&body) {
         objects.apply_node(node, body.clone()).await?;
         written.node = Some(body);
@@ -270,12 +274,24 @@ mod tests {
         assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "u-1");
         assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "Node");
         assert!(body["metadata"].get("resourceVersion").is_none());
-        let cases: &[(Option<&str>, Value)] = &[
-            (None, json!({"name": "n1"})),
-            (Some(r#"{"d":"n1"}"#), json!({"name": "n1", "annotations": {ANN_NODE_ID: r#"{"d":"n1"}"#}})),
+        let zone: BTreeMap<String, String> = [("topology.kvol.io/zone".to_string(), "z1".to_string())].into();
+        let none = BTreeMap::new();
+        let cases: &[(Option<&str>, &BTreeMap<String, String>, Value)] = &[
+            (None, &none, json!({"name": "n1"})),
+            (
+                Some(r#"{"d":"n1"}"#),
+                &none,
+                json!({"name": "n1", "annotations": {ANN_NODE_ID: r#"{"d":"n1"}"#}}),
+            ),
+            (None, &zone, json!({"name": "n1", "labels": {"topology.kvol.io/zone": "z1"}})),
+            (
+                Some("{}"),
+                &zone,
+                json!({"name": "n1", "annotations": {ANN_NODE_ID: "{}"}, "labels": {"topology.kvol.io/zone": "z1"}}),
+            ),
         ];
-        for (ids, metadata) in cases {
-            assert_eq!(node_body("n1", *ids)["metadata"], *metadata, "{ids:?}");
+        for (ids, labels, metadata) in cases {
+            assert_eq!(node_body("n1", *ids, labels)["metadata"], *metadata, "{ids:?} {labels:?}");
         }
         assert_eq!(node_status_body("n1", &["a".into()])["status"], json!({"volumesInUse": ["a"]}));
     }
@@ -290,6 +306,7 @@ mod tests {
             csi_node: Some(initial_csinode("n1", &[])),
             node_ids: Some(r#"{"d":"x"}"#.into()),
             volumes_in_use: vec!["kubernetes.io/csi/d^h".into()],
+            topology_labels: BTreeMap::new(),
         });
         for _ in 0..100 {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;

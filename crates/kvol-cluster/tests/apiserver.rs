@@ -31,7 +31,8 @@ where
 async fn create_node(client: &Client, name: &str) -> Node {
     create(
         &Api::<Node>::all(client.clone()),
-        json!({"metadata": {"name": name, "annotations": {"other.example/keep": "yes"}}}),
+        json!({"metadata": {"name": name, "annotations": {"other.example/keep": "yes"},
+            "labels": {"other.example/label": "kept"}}}),
     )
     .await
 }
@@ -153,6 +154,7 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
         csi_node: Some(csinode),
         node_ids: Some(ids.clone()),
         volumes_in_use: vec![format!("kubernetes.io/csi/{DRIVER}^h1")],
+        topology_labels: [("topology.kvol.io/node".to_string(), "n1".to_string())].into(),
     });
     let nodes = Api::<Node>::all(client.clone());
     let csinodes = Api::<CSINode>::all(client.clone());
@@ -175,6 +177,9 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
     let annotations = seen.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(annotations.get(kvol_csi::csinode::ANN_NODE_ID), Some(&ids));
     assert_eq!(annotations.get("other.example/keep").map(String::as_str), Some("yes"));
+    let labels = seen.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("topology.kvol.io/node").map(String::as_str), Some("n1"), "{labels:?}");
+    assert_eq!(labels.get("other.example/label").map(String::as_str), Some("kept"));
     assert_eq!(
         seen.status.and_then(|s| s.volumes_in_use).unwrap_or_default(),
         [format!("kubernetes.io/csi/{DRIVER}^h1")]
@@ -185,21 +190,108 @@ async fn the_node_writer_applies_csinode_node_ids_and_volumes_in_use_beside_othe
         csi_node: Some(kvol_csi::csinode::initial_csinode("n1", &[])),
         node_ids: None,
         volumes_in_use: Vec::new(),
+        topology_labels: Default::default(),
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let seen = nodes.get("n1").await.expect("node read");
         let annotations = seen.metadata.annotations.clone().unwrap_or_default();
+        let labels = seen.metadata.labels.clone().unwrap_or_default();
         let in_use = seen.status.and_then(|s| s.volumes_in_use).unwrap_or_default();
         let drivers = csinodes.get("n1").await.expect("csinode").spec.drivers;
         if !annotations.contains_key(kvol_csi::csinode::ANN_NODE_ID)
+            && !labels.contains_key("topology.kvol.io/node")
             && in_use.is_empty()
             && drivers.is_empty()
         {
             assert_eq!(annotations.get("other.example/keep").map(String::as_str), Some("yes"));
+            assert_eq!(labels.get("other.example/label").map(String::as_str), Some("kept"));
             break;
         }
         assert!(Instant::now() < deadline, "kvol's fields were not removed: {annotations:?} {in_use:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volumeattachment_marked_attached_by_the_controller_ends_the_nodes_wait() {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::api::{Patch, PatchParams};
+    use kvol_csi::AttachmentSource;
+    use kvol_csi::attachment::wait_for_attachment;
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    let source = kvol_cluster::attachments::ApiAttachments::new(client.clone());
+    let name = kvol_csi::paths::attachment_id("h1", DRIVER, "n1");
+    assert_eq!(source.volume_attachment(&name).await.expect("a read"), None);
+    let vas = Api::<VolumeAttachment>::all(client.clone());
+    create(
+        &vas,
+        json!({"metadata": {"name": name}, "spec": {"attacher": DRIVER, "nodeName": "n1",
+            "source": {"persistentVolumeName": "pv-1"}}}),
+    )
+    .await;
+    // The external-attacher's part, played by the test: after a second, attached with metadata.
+    let (marker, marked) = (vas.clone(), name.clone());
+    let mark = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let status = json!({"status": {"attached": true, "attachmentMetadata": {"lun": "4"}}});
+        marker.patch_status(&marked, &PatchParams::default(), &Patch::Merge(&status)).await.expect("marked")
+    });
+    let context = wait_for_attachment(&source, &name, DRIVER, "h1", "n1", Duration::from_secs(60))
+        .await
+        .expect("attached");
+    mark.await.expect("the marker ran");
+    assert_eq!(context.get("lun").map(String::as_str), Some("4"));
+
+    let failed = json!({"status": {"attached": false, "attachError": {"message": "disk is attached to n9"}}});
+    vas.patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed)).await.expect("failed");
+    let err = wait_for_attachment(&source, &name, DRIVER, "h1", "n1", Duration::from_secs(60))
+        .await
+        .expect_err("the attach error");
+    assert!(err.ends_with("disk is attached to n9"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_pod_volume_is_one_event_on_the_pod_with_kubelets_reason_and_a_growing_count() {
+    use k8s_openapi::api::core::v1::Event;
+    use kvol_cluster::events::{ApiNodeEvents, EventWriter};
+    use kvol_node::pod_events::{PodEventSink, VolumeFailure};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    let writer = EventWriter::start("n1".into(), std::sync::Arc::new(ApiNodeEvents::new(client.clone())));
+    let failure = |count| VolumeFailure {
+        pod: "default/web".into(),
+        pod_uid: "uid-web".into(),
+        volume: "data".into(),
+        operation: "volume_attach",
+        count,
+        error: "attach of volume \"h1\" failed (volumeattachment csi-1): disk is attached to n9".into(),
+    };
+    let events = Api::<Event>::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for count in [1, 1, 2, 2, 3] {
+        writer.report(&[failure(count)]);
+        loop {
+            let mut list = events.list(&Default::default()).await.expect("events listed").items;
+            // The API server reports about itself too: only the pod's Events count.
+            list.retain(|e| e.involved_object.kind.as_deref() == Some("Pod"));
+            if list.iter().any(|e| e.count == Some(count as i32)) {
+                assert_eq!(list.len(), 1, "one event per failure: {list:?}");
+                let e = &list[0];
+                assert_eq!(e.reason.as_deref(), Some("FailedAttachVolume"));
+                assert_eq!(e.type_.as_deref(), Some("Warning"));
+                assert_eq!(e.involved_object.name.as_deref(), Some("web"));
+                assert!(
+                    e.message.as_deref().unwrap_or_default().ends_with("disk is attached to n9"),
+                    "{e:?}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "the event never reached count {count}: {list:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use kvol_api::FeatureGates;
 use kvol_plugin::{DynamicSource, PluginHost, PluginRegistry, ProbeEvent};
 
+use crate::attachment::AttachmentSource;
 use crate::client::{CsiClient, RpcObserver, Timeouts};
 use crate::csinode;
 use crate::objects::NodeObjects;
@@ -22,6 +23,8 @@ pub struct RegisteredDriver {
     pub endpoint: String,
     pub version: Version,
     pub node_id: String,
+    /// NodeGetInfo's `accessible_topology` segments: labels for the Node.
+    pub topology: BTreeMap<String, String>,
 }
 
 /// Registers CSI drivers with the plugin registry and keeps the node's CSINode (and its
@@ -35,6 +38,8 @@ pub struct CsiRegistrationHandler {
     timeouts: Timeouts,
     /// Given to the client of every driver registered from now on.
     observer: Option<Arc<dyn RpcObserver>>,
+    /// Cluster mode: given to every driver's plugin, which then waits for VolumeAttachments.
+    attachments: Option<Arc<dyn AttachmentSource>>,
     state: Mutex<State>,
 }
 
@@ -72,6 +77,7 @@ impl CsiRegistrationHandler {
             migrated_plugins,
             timeouts,
             observer: None,
+            attachments: None,
             state: Mutex::default(),
         }
     }
@@ -82,9 +88,21 @@ impl CsiRegistrationHandler {
         CsiRegistrationHandler { observer: Some(observer), ..self }
     }
 
+    /// This handler giving its drivers' plugins `attachments` (cluster mode: attach through
+    /// VolumeAttachments); `None` keeps node-driven attach.
+    pub fn with_attachments(self, attachments: Option<Arc<dyn AttachmentSource>>) -> Self {
+        CsiRegistrationHandler { attachments, ..self }
+    }
+
     /// The drivers registered now, by name.
     pub fn drivers(&self) -> Vec<RegisteredDriver> {
         self.lock().drivers.values().cloned().collect()
+    }
+
+    /// The topology labels of every registered driver, for the Node: a key two drivers report
+    /// is one label (registration refuses a second driver reporting another value).
+    pub fn topology_labels(&self) -> BTreeMap<String, String> {
+        topology_of(self.lock().drivers.values())
     }
 
     /// The Node annotation `csi.volume.kubernetes.io/nodeid` as it stands.
@@ -131,7 +149,8 @@ impl CsiRegistrationHandler {
         let plugin = CsiPlugin::connect(name, client, self.host.clone(), objects, info.node_id.clone())
             .await
             .map_err(|e| e.to_string())?
-            .with_version(version.to_string());
+            .with_version(version.to_string())
+            .with_attachments(self.attachments.clone());
         let node = &self.host.node.name;
         let mut keys: Vec<String> = info
             .accessible_topology
@@ -139,6 +158,11 @@ impl CsiRegistrationHandler {
             .map(|t| t.segments.keys().cloned().collect())
             .unwrap_or_default();
         keys.sort();
+        let topology: BTreeMap<String, String> =
+            info.accessible_topology.map(|t| t.segments.into_iter().collect()).unwrap_or_default();
+        let others = topology_of(self.lock().drivers.values().filter(|d| d.name != name));
+        csinode::topology_labels(Some(&others), &topology)
+            .map_err(|e| format!("{e} (reported by another registered csi driver)"))?;
         let csinode = csinode::install_driver(
             self.objects.csi_node(node),
             node,
@@ -163,6 +187,7 @@ impl CsiRegistrationHandler {
             endpoint: endpoint.to_string(),
             version,
             node_id: info.node_id,
+            topology,
         };
         let mut state = self.lock();
         state.node_id_annotation = Some(annotation);
@@ -209,6 +234,11 @@ impl RegistrationHandler for CsiRegistrationHandler {
         self.remove(name);
         tracing::info!(driver = name, endpoint, "csi driver deregistered");
     }
+}
+
+/// The union of `drivers`' topology segments.
+fn topology_of<'a>(drivers: impl Iterator<Item = &'a RegisteredDriver>) -> BTreeMap<String, String> {
+    drivers.flat_map(|d| d.topology.iter().map(|(k, v)| (k.clone(), v.clone()))).collect()
 }
 
 /// Registers every CSI driver whose registration socket is under `dir`, once, without telling

@@ -1,5 +1,6 @@
 //! CSI for kvol: drivers that register over the kubelet plugin-registration protocol and are driven over gRPC.
 
+pub mod attachment;
 pub mod client;
 pub mod csinode;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod proto;
 pub mod registration;
 pub mod versions;
 
+pub use attachment::{AttachmentSource, MemoryAttachments};
 pub use client::{ControllerCapabilities, CsiClient, NodeCapabilities, PluginCapabilities, Timeouts};
 pub use error::CsiError;
 pub use handler::{CsiRegistrationHandler, RegisteredDriver};

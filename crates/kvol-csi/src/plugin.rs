@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | attach | `ControllerPublishVolume` | node-driven (standalone mode), only when the controller has `PUBLISH_UNPUBLISH_VOLUME`; otherwise a no-op, as upstream's external-attacher |
 //! | detach | `ControllerUnpublishVolume` | same condition |
+//! | attach, cluster mode | none | waits for the VolumeAttachment the attach/detach controller makes ([`crate::attachment`]); detach only forgets |
 //! | stage | `NodeStageVolume` | only offered when the node has `STAGE_UNSTAGE_VOLUME` |
 //! | unstage | `NodeUnstageVolume` | |
 //! | publish | `NodePublishVolume` | target `<volume dir>/mount`, staging path when staged |
@@ -54,6 +55,7 @@ use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
 };
 
+use crate::attachment::{AttachmentSource, AttachmentState, attachment_state, wait_for_attachment};
 use crate::client::{ControllerCapabilities, CsiClient, NodeCapabilities, path_field};
 use crate::error::CsiError;
 use crate::objects::NodeObjects;
@@ -96,6 +98,9 @@ pub struct CsiPlugin {
     capabilities: DriverCapabilities,
     /// The CSI version the driver registered with, when it came through registration.
     version: Option<String>,
+    /// Cluster mode: the VolumeAttachments the attach/detach controller makes; the node then
+    /// never calls ControllerPublishVolume or ControllerUnpublishVolume. `None`: node-driven.
+    attachments: Option<Arc<dyn AttachmentSource>>,
 }
 
 /// The CSI source of a spec of this driver.
@@ -130,7 +135,15 @@ impl CsiPlugin {
             node_id: node_id.into(),
             capabilities: DriverCapabilities::default(),
             version: None,
+            attachments: None,
         }
+    }
+
+    /// The same plugin attaching the cluster's way: it waits for the VolumeAttachments
+    /// `attachments` reads instead of attaching and detaching itself.
+    pub fn with_attachments(mut self, attachments: Option<Arc<dyn AttachmentSource>>) -> CsiPlugin {
+        self.attachments = attachments;
+        self
     }
 
     /// The same plugin, noting the CSI version it registered with (shown by `kvol plugins`).
@@ -744,6 +757,10 @@ impl Attacher for CsiPlugin {
     async fn attach(&self, spec: &VolumeSpec, node: &str) -> PluginResult<Option<String>> {
         let (pv, csi) = self.persistent(spec, "attached")?;
         self.own_node(node, "attach to")?;
+        if self.attachments.is_some() {
+            tracing::debug!(driver = %self.driver, volume = %csi.volume_handle, "cluster mode: the attach/detach controller attaches");
+            return Ok(None);
+        }
         if !self.capabilities.controller.publish_unpublish {
             tracing::debug!(driver = %self.driver, "no PUBLISH_UNPUBLISH_VOLUME: nothing to attach");
             return Ok(None);
@@ -782,24 +799,45 @@ impl Attacher for CsiPlugin {
         Ok(Some(publish_context_device_path(&context)))
     }
 
-    /// Nothing to wait for: ControllerPublishVolume returned when the volume was attached.
-    /// The device path given, else the recorded publish context.
+    /// Standalone: nothing to wait for, ControllerPublishVolume returned when the volume was
+    /// attached; the device path given, else the recorded publish context. Cluster mode: waits
+    /// up to `timeout` for the VolumeAttachment to be attached; its `attachmentMetadata` is the
+    /// publish context, its `attachError` the error.
     async fn wait_for_attach(
         &self,
         spec: &VolumeSpec,
         device_path: Option<&str>,
-        _timeout: Duration,
+        timeout: Duration,
     ) -> PluginResult<String> {
         if let Some(path) = device_path.filter(|p| !p.is_empty()) {
             return Ok(path.to_string());
         }
         let (_, csi) = self.persistent(spec, "attached")?;
+        if let Some(source) = &self.attachments {
+            let node = &self.host.node.name;
+            let name = attachment_id(&csi.volume_handle, &self.driver, node);
+            let context =
+                wait_for_attachment(source.as_ref(), &name, &self.driver, &csi.volume_handle, node, timeout)
+                    .await
+                    .map_err(|reason| CsiError::Driver { driver: self.driver.clone(), reason })?;
+            return Ok(publish_context_device_path(&context));
+        }
         Ok(publish_context_device_path(&self.publish_context(None, &csi.volume_handle)?))
     }
 
-    /// Attached when kvol's record says so, or when the controller has nothing to attach.
+    /// Attached when kvol's record says so, or when the controller has nothing to attach; in
+    /// cluster mode when the VolumeAttachment says so.
     async fn is_attached(&self, spec: &VolumeSpec, node: &str) -> PluginResult<bool> {
         let (_, csi) = self.persistent(spec, "attached")?;
+        if let Some(source) = &self.attachments {
+            let name = attachment_id(&csi.volume_handle, &self.driver, node);
+            let va = source
+                .volume_attachment(&name)
+                .await
+                .map_err(|reason| CsiError::Driver { driver: self.driver.clone(), reason })?;
+            let state = attachment_state(&name, va.as_ref(), &self.driver, &csi.volume_handle, node);
+            return Ok(matches!(state, AttachmentState::Attached(_)));
+        }
         if !self.capabilities.controller.publish_unpublish {
             return Ok(true);
         }
@@ -831,7 +869,9 @@ impl Attacher for CsiPlugin {
         let dir = paths::volume_dir(&self.host.paths, &self.driver, handle);
         let reached = self.reach(&self.host.paths.open_root()?, &dir.join(paths::ATTACHMENT_FILE))?;
         let record = if reached { local(load_attachment(&dir))? } else { None };
-        if self.capabilities.controller.publish_unpublish {
+        if self.attachments.is_some() {
+            tracing::debug!(driver = %self.driver, volume = %handle, "cluster mode: the attach/detach controller detaches");
+        } else if self.capabilities.controller.publish_unpublish {
             let secrets = match record.as_ref().and_then(|r| r.controller_publish_secret_ref.as_ref()) {
                 Some(name) => self.secret("controllerPublishSecretRef", &name.namespace, &name.name)?,
                 None => BTreeMap::new(),

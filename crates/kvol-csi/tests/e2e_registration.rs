@@ -232,6 +232,12 @@ async fn the_bundled_driver_registers_and_serves_persistent_and_ephemeral_volume
     let annotations = csinode.metadata.annotations.clone().unwrap_or_default();
     assert!(annotations["storage.alpha.kubernetes.io/migrated-plugins"].contains("kubernetes.io/aws-ebs"));
     assert_eq!(node.handler.node_id_annotation().as_deref(), Some(r#"{"hostpath.csi.kvol.io":"node-a"}"#));
+    let labels = node.handler.topology_labels();
+    assert_eq!(
+        labels.get("topology.hostpath.csi.kvol.io/node").map(String::as_str),
+        Some("node-a"),
+        "{labels:?}"
+    );
     let listed = node.registry.snapshot().find_by_name("hostpath.csi.kvol.io").unwrap().details();
     let details: BTreeMap<_, _> = listed.into_iter().collect();
     assert_eq!(details["version"], "1.0.0");
@@ -274,6 +280,7 @@ async fn a_stopped_driver_is_deregistered_from_registry_and_csinode() {
     let csinode = node.objects.csi_node("node-a").unwrap();
     assert!(csinode.spec.drivers.is_empty(), "the CSINode is kept, without the driver");
     assert_eq!(node.handler.node_id_annotation(), None);
+    assert!(node.handler.topology_labels().is_empty(), "the driver's topology labels go with it");
     node.watcher.take().unwrap().shutdown().await;
 }
 

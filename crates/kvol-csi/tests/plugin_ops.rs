@@ -25,7 +25,7 @@ use kvol_csi::proto::csi::node_server::{Node, NodeServer};
 use kvol_csi::proto::csi::volume_capability::access_mode::Mode;
 use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use kvol_csi::proto::csi::*;
-use kvol_csi::{CsiError, CsiPlugin, MemoryObjects};
+use kvol_csi::{CsiError, CsiPlugin, MemoryAttachments, MemoryObjects};
 use kvol_plugin::plugin::{PodInfo, PublishRequest, UnpublishRequest};
 use kvol_plugin::testing::{inline, pv, volume};
 use kvol_plugin::{
@@ -855,6 +855,77 @@ async fn the_publish_context_of_attach_flows_to_stage_and_publish() {
     );
     assert!(!volume_dir.exists());
     assert!(!attacher.is_attached(&spec, NODE).await.unwrap());
+}
+
+/// A VolumeAttachment as the attach/detach controller and external-attacher leave it.
+fn volume_attachment(
+    name: &str,
+    node: &str,
+    status: serde_json::Value,
+) -> k8s_openapi::api::storage::v1::VolumeAttachment {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"attacher": DRIVER, "nodeName": node, "source": {"persistentVolumeName": "pv-1"}},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn in_cluster_mode_attach_waits_for_the_volumeattachment_and_never_calls_the_controller() {
+    use controller_service_capability::rpc::Type as ControllerCap;
+    let mut f = Setup::new()
+        .node_caps(&[NodeCap::StageUnstageVolume])
+        .controller(&[ControllerCap::PublishUnpublishVolume])
+        .start()
+        .await;
+    let attachments = MemoryAttachments::default();
+    f.plugin = f.plugin.with_attachments(Some(Arc::new(attachments.clone())));
+    let spec = plain_pv("pv-1", "vol-1");
+    let name = paths::attachment_id("vol-1", DRIVER, NODE);
+    let attacher = f.plugin.attacher().unwrap();
+    assert_eq!(attacher.attach(&spec, NODE).await.unwrap(), None, "the controller attaches");
+    assert!(!attacher.is_attached(&spec, NODE).await.unwrap());
+    let err = attacher.wait_for_attach(&spec, None, Duration::from_secs(3)).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "timed out after 3s: waiting for the attach/detach controller to create volumeattachment {name}"
+        )),
+        "{err}"
+    );
+
+    attachments.put(volume_attachment(
+        &name,
+        NODE,
+        serde_json::json!({"attachError": {"message": "disk in use by node-z"}}),
+    ));
+    let err = attacher.wait_for_attach(&spec, None, Duration::from_secs(3)).await.unwrap_err().to_string();
+    assert!(
+        err.contains("csi driver fake.csi.kvol.io: attach of volume \"vol-1\" failed")
+            && err.ends_with("disk in use by node-z"),
+        "{err}"
+    );
+
+    attachments.put(volume_attachment(
+        &name,
+        NODE,
+        serde_json::json!({"attached": true, "attachmentMetadata": {"devicePath": "/dev/va0"}}),
+    ));
+    assert!(attacher.is_attached(&spec, NODE).await.unwrap());
+    let device_path = attacher.wait_for_attach(&spec, None, Duration::from_secs(3)).await.unwrap();
+    assert_eq!(device_path, r#"{"devicePath":"/dev/va0"}"#);
+    let stager = f.plugin.device_mounter().unwrap();
+    let staging = stager.device_mount_path(&spec).unwrap();
+    stager.stage(&spec, Some(&device_path), &staging).await.unwrap();
+    stager.unstage(&staging).await.unwrap();
+    attacher.detach(&f.plugin.volume_name(&spec).unwrap(), NODE).await.unwrap();
+    let calls = f.volume_calls();
+    let Call::Stage(stage) = &calls[0] else { panic!("{calls:?}") };
+    assert_eq!(sorted(stage.publish_context.clone()), map(&[("devicePath", "/dev/va0")]));
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::ControllerPublish(_) | Call::ControllerUnpublish(_))),
+        "no controller calls from the node in cluster mode: {calls:?}"
+    );
 }
 
 #[tokio::test]

@@ -82,6 +82,11 @@ pub struct AgentConfig {
     /// Told the node's storage (CSINode, node-ID annotation, volumes in use) after every pass:
     /// the API writer in cluster mode; `None` in standalone mode.
     pub node_storage: Option<Arc<dyn crate::node_storage::NodeStorageSink>>,
+    /// Cluster mode: the VolumeAttachments CSI plugins wait for instead of attaching
+    /// themselves; `None` (standalone): node-driven attach.
+    pub attachments: Option<Arc<dyn kvol_csi::AttachmentSource>>,
+    /// Cluster mode: told the failing pod volumes after every pass, for the pods' Events.
+    pub pod_events: Option<Arc<dyn crate::pod_events::PodEventSink>>,
 }
 
 impl AgentConfig {
@@ -110,6 +115,8 @@ impl AgentConfig {
             allowed_host_paths: None,
             provision_claims: true,
             node_storage: None,
+            attachments: None,
+            pod_events: None,
         }
     }
 
@@ -263,7 +270,8 @@ async fn run(
             &config.gates,
             Timeouts::with_call(config.csi_call_timeout),
         )
-        .with_observer(metrics.clone()),
+        .with_observer(metrics.clone())
+        .with_attachments(config.attachments.clone()),
     );
     let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
@@ -566,7 +574,11 @@ impl Loop<'_> {
                 csi_node: report.csi_node.clone(),
                 node_ids: self.handler.node_id_annotation(),
                 volumes_in_use: crate::node_storage::volumes_in_use(resolutions, &exec.actual),
+                topology_labels: self.handler.topology_labels(),
             });
+        }
+        if let Some(sink) = &self.config.pod_events {
+            sink.report(&crate::pod_events::volume_failures(desired, resolutions, &exec));
         }
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
         self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));

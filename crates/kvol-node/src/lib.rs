@@ -6,6 +6,7 @@ pub mod executor;
 pub mod metrics;
 pub mod model;
 pub mod node_storage;
+pub mod pod_events;
 pub mod provision;
 pub mod rebuild;
 pub mod reconciler;

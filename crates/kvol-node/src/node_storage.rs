@@ -18,6 +18,8 @@ pub struct NodeStorage {
     /// The Node's `status.volumesInUse`: sorted unique names of the attachable volumes that are
     /// mounted or being mounted.
     pub volumes_in_use: Vec<String>,
+    /// The Node's topology labels: every registered CSI driver's NodeGetInfo segments.
+    pub topology_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Receives the node's storage after every pass; deduplicating and writing is the sink's.

@@ -173,6 +173,11 @@ impl ClusterMode {
         tracing::info!(node, "cluster mode: waiting for the node's pods from the api server");
         let api = kvol_cluster::source::ApiSource::start(client.clone(), &node).await;
         config.provision_claims = false;
+        config.attachments =
+            Some(std::sync::Arc::new(kvol_cluster::attachments::ApiAttachments::new(client.clone())));
+        let events = std::sync::Arc::new(kvol_cluster::events::ApiNodeEvents::new(client.clone()));
+        config.pod_events =
+            Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));
         let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));
         config.node_storage =
             Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node, objects)));
