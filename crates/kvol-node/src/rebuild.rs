@@ -227,6 +227,11 @@ pub fn clear_empty_pod_dirs(paths: &NodePaths, wanted: &BTreeSet<&str>, actual: 
             let _ = std::fs::remove_dir(&plugin_dir);
         }
         let _ = std::fs::remove_dir(&volumes);
+        let devices = pod_dir.join(kvol_plugin::block::VOLUME_DEVICES);
+        for (_, plugin_dir) in subdirectories(&devices).unwrap_or_default() {
+            let _ = std::fs::remove_dir(&plugin_dir);
+        }
+        let _ = std::fs::remove_dir(&devices);
         let _ = std::fs::remove_dir(&pod_dir);
     }
 }
@@ -242,7 +247,9 @@ fn any_at_or_under(set: &BTreeSet<PathBuf>, path: &Path) -> bool {
 /// Rebuilds the actual state from the stored record, the unfinished journal entries (in id
 /// order) and what the node shows, by the rules of the module documentation.
 pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObservation) -> Rebuilt {
-    let mounted = |path: &Path| any_at_or_under(&seen.mount_points, path);
+    // A block volume's pod device link is a symlink: its global map file's mount counts.
+    let mounted =
+        |path: &Path| any_at_or_under(&seen.mount_points, &kvol_plugin::block::mount_check_path(path));
     let mut actual = stored.clone();
     let mut notes = Vec::new();
     let mut journaled: BTreeSet<PodVolumeKey> = BTreeSet::new();
