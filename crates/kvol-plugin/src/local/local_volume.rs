@@ -453,7 +453,10 @@ mod tests {
         let host_path = block(VolumeSpec::persistent(PersistentVolume {
             metadata: ObjectMeta { name: Some("hp".into()), ..ObjectMeta::default() },
             spec: Some(PersistentVolumeSpec {
-                host_path: Some(k8s_openapi::api::core::v1::HostPathVolumeSource { path: "/srv".into(), type_: None }),
+                host_path: Some(k8s_openapi::api::core::v1::HostPathVolumeSource {
+                    path: "/srv".into(),
+                    type_: None,
+                }),
                 ..PersistentVolumeSpec::default()
             }),
             ..PersistentVolume::default()
