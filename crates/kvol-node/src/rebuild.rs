@@ -527,9 +527,60 @@ mod tests {
         note: &'static str,
     }
 
+    /// A block volume published to its pod device link (a symlink; kvol's bind mount on the
+    /// global map file is what shows it mapped).
+    fn block(pod: &str, volume: &str) -> PublishedVolume {
+        let target = NodePaths::new(ROOT).pod_device_path(pod, "kubernetes.io/csi", volume).unwrap();
+        PublishedVolume { target, ..csi(pod, volume) }
+    }
+
+    fn global_map_file(pod: &str, volume: &str) -> PathBuf {
+        PathBuf::from(format!("{ROOT}/plugins/kubernetes.io/csi/volumeDevices/{volume}/dev/{pod}"))
+    }
+
     fn cases() -> Vec<Case> {
         let none = ActualState::default;
         vec![
+            Case {
+                name: "interrupted block publish, global map file mounted: published",
+                stored: none(),
+                incomplete: vec![publish(block("p1", "pv-b"))],
+                mounts: vec![global_map_file("p1", "pv-b")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b"]],
+                orphans: vec![],
+                note: "is mounted, recorded published",
+            },
+            Case {
+                name: "interrupted block publish, nothing mapped yet: uncertain",
+                stored: none(),
+                incomplete: vec![publish(block("p1", "pv-b"))],
+                mounts: vec![PathBuf::from("/k")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b ?"]],
+                orphans: vec![],
+                note: "nothing is mounted at",
+            },
+            Case {
+                name: "published block volume still mapped after a crash: kept",
+                stored: state(&[], &[], &[block("p1", "pv-b")]),
+                incomplete: vec![],
+                mounts: vec![global_map_file("p1", "pv-b")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b"]],
+                orphans: vec![],
+                note: "",
+            },
+            Case {
+                name: "published block volume whose mapping is gone: uncertain, mapped again",
+                stored: state(&[], &[], &[block("p1", "pv-b")]),
+                incomplete: vec![],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b ?"]],
+                orphans: vec![],
+                note: "mount gone",
+            },
             Case {
                 name: "interrupted publish, target mounted: published",
                 stored: none(),
