@@ -6,8 +6,10 @@ pub mod gates;
 pub mod keys;
 pub mod plugin;
 pub mod validation;
+pub mod volume_mode;
 
 pub use backoff::Backoff;
 pub use config::{KvolConfig, StorageSection};
 pub use gates::{FeatureGates, Gate, GateError};
 pub use plugin::MigratablePlugin;
+pub use volume_mode::VolumeMode;

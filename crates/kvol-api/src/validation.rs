@@ -16,6 +16,8 @@
 //! - hostPath and local volume paths: absolute, cleaned (no empty, `.` or `..` component,
 //!   no trailing `/` except for `/` itself) and without NUL.
 //!
+//! - `volumeMode` of volumes and claims, and a pod's `volumeDevices`: see [`crate::volume_mode`].
+//!
 //! Every rejection names the field, the value and the rule.
 
 use std::fmt;
@@ -67,6 +69,12 @@ const UID: Rule = Rule { name: "a uid kvol accepts", check: uid };
 const QUALIFIED: Rule = Rule { name: "a qualified name (vendor/driver)", check: qualified_name };
 const FS_GROUP_CHANGE_POLICY: Rule = Rule { name: "an fsGroupChangePolicy", check: fs_group_change_policy };
 const HOST_PATH: Rule = Rule { name: "a clean absolute path", check: clean_absolute_path };
+const VOLUME_MODE: Rule = Rule { name: "a volume mode", check: volume_mode };
+
+/// `Filesystem` or `Block`.
+fn volume_mode(value: &str) -> Result<(), String> {
+    crate::volume_mode::VolumeMode::parse(Some(value)).map(drop)
+}
 
 fn first_bad_char(value: &str, allowed: impl Fn(char) -> bool) -> Result<(), String> {
     match value.chars().find(|c| !allowed(*c)) {
@@ -240,6 +248,7 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     for (i, volume) in volumes.into_iter().flatten().enumerate() {
         errors.pod_volume(i, volume);
     }
+    errors.0.extend(crate::volume_mode::pod_device_errors(pod));
     errors.0
 }
 
@@ -261,6 +270,7 @@ pub fn validate_persistent_volume(pv: &PersistentVolume) -> Vec<FieldError> {
         if let Some(csi) = &spec.csi {
             errors.pv_csi(csi);
         }
+        errors.check_some("spec.volumeMode", spec.volume_mode.as_deref(), VOLUME_MODE);
     }
     errors.0
 }
@@ -271,6 +281,11 @@ pub fn validate_claim(claim: &PersistentVolumeClaim) -> Vec<FieldError> {
     errors.meta(&claim.metadata, SUBDOMAIN, true);
     let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).filter(|n| !n.is_empty());
     errors.check_some("spec.volumeName", volume_name, SUBDOMAIN);
+    errors.check_some(
+        "spec.volumeMode",
+        claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()),
+        VOLUME_MODE,
+    );
     errors.0
 }
 

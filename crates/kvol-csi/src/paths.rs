@@ -8,6 +8,16 @@
 //! <root>/pods/<uid>/volumes/kubernetes.io~csi/<volume name>/vol_data.json          written by publish
 //! ```
 //!
+//! Raw block volumes use kubelet's block layout (`csi_block.go`), keyed by the spec's name:
+//!
+//! ```text
+//! <root>/plugins/kubernetes.io/csi/volumeDevices/staging/<spec name>             stage path (a directory)
+//! <root>/plugins/kubernetes.io/csi/volumeDevices/publish/<spec name>/<pod uid>   publish path (a file)
+//! <root>/plugins/kubernetes.io/csi/volumeDevices/<spec name>/data/vol_data.json  written by stage and publish
+//! <root>/plugins/kubernetes.io/csi/volumeDevices/<spec name>/dev/<pod uid>       global map file (kvol_plugin::block)
+//! <root>/pods/<uid>/volumeDevices/kubernetes.io~csi/<spec name>                  pod device link
+//! ```
+//!
 //! `vol_data.json` holds upstream's keys (`driverName`, `volumeHandle`, `specVolID`,
 //! `nodeName`, `attachmentID`, `volumeLifecycleMode`), all strings, so files written by a
 //! kubelet load here and the other way round. `attachment.json` is kvol's own: in standalone
@@ -64,6 +74,40 @@ pub fn pod_volume_dir(paths: &NodePaths, pod_uid: &str, volume_name: &str) -> kv
 pub fn publish_path(pod_volume_dir: &Path) -> PathBuf {
     pod_volume_dir.join(MOUNT_DIR)
 }
+
+/// `<root>/plugins/kubernetes.io/csi/volumeDevices/staging/<spec name>`: where a block volume
+/// is staged.
+pub fn block_stage_path(paths: &NodePaths, spec_name: &str) -> PathBuf {
+    paths.volume_devices_dir(CSI_PLUGIN_NAME).join(BLOCK_STAGING).join(spec_name)
+}
+
+/// `<root>/plugins/kubernetes.io/csi/volumeDevices/publish/<spec name>`: the directory of a
+/// block volume's publish files, one per pod.
+pub fn block_publish_dir(paths: &NodePaths, spec_name: &str) -> PathBuf {
+    paths.volume_devices_dir(CSI_PLUGIN_NAME).join(BLOCK_PUBLISH).join(spec_name)
+}
+
+/// `<root>/plugins/kubernetes.io/csi/volumeDevices/<spec name>/data`: a block volume's record
+/// directory (`vol_data.json`).
+pub fn block_data_dir(paths: &NodePaths, spec_name: &str) -> PathBuf {
+    paths.volume_devices_dir(CSI_PLUGIN_NAME).join(spec_name).join(BLOCK_DATA)
+}
+
+/// The spec name of a block stage path (`…/volumeDevices/staging/<spec name>`); `None` for a
+/// filesystem stage path.
+pub fn block_spec_of_stage_path(staging_path: &Path) -> Option<&str> {
+    let parent = staging_path.parent()?;
+    let is_block = parent.file_name()? == BLOCK_STAGING
+        && parent.parent()?.file_name()? == kvol_plugin::block::VOLUME_DEVICES;
+    is_block.then(|| staging_path.file_name()?.to_str()).flatten()
+}
+
+/// Block layout: the staging directory's name.
+pub const BLOCK_STAGING: &str = "staging";
+/// Block layout: the publish directory's name.
+pub const BLOCK_PUBLISH: &str = "publish";
+/// Block layout: the record directory's name.
+pub const BLOCK_DATA: &str = "data";
 
 /// Upstream's VolumeAttachment name: `csi-` and the hex SHA-256 of handle, driver and node.
 pub fn attachment_id(volume_handle: &str, driver: &str, node: &str) -> String {
@@ -234,6 +278,24 @@ pub fn remove_dir_if_empty(path: &Path) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_paths_follow_kubelet_block_layout() {
+        let p = NodePaths::new("/var/lib/kubelet");
+        let base = "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices";
+        assert_eq!(block_stage_path(&p, "pv-1"), Path::new(&format!("{base}/staging/pv-1")));
+        assert_eq!(block_publish_dir(&p, "pv-1"), Path::new(&format!("{base}/publish/pv-1")));
+        assert_eq!(block_data_dir(&p, "pv-1"), Path::new(&format!("{base}/pv-1/data")));
+        let cases = [
+            (format!("{base}/staging/pv-1"), Some("pv-1")),
+            (format!("{base}/pv-1/dev"), None),
+            ("/var/lib/kubelet/plugins/kubernetes.io/csi/d/abc/globalmount".to_string(), None),
+            ("/x/staging/pv-1".to_string(), None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(block_spec_of_stage_path(Path::new(&path)), want, "{path}");
+        }
+    }
 
     #[test]
     fn removing_vol_data_removes_the_temporary_files_a_killed_writer_left() {

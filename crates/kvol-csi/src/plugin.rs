@@ -29,6 +29,12 @@
 //! the driver does. It creates the directories upstream creates, removes only empty ones, and
 //! refuses to remove a path that is still mounted or not empty after the driver's RPC.
 //!
+//! **Block.** A Block spec (`volumeMode: Block`) is staged at
+//! `volumeDevices/staging/<spec name>` and published to the file
+//! `volumeDevices/publish/<spec name>/<pod uid>` with a block capability; the target the agent
+//! gives is then the pod device link, and [`kvol_plugin::block`] maps the published file into
+//! the pod. Its `vol_data.json` lies in `volumeDevices/<spec name>/data` (see [`crate::paths`]).
+//!
 //! **fsGroup.** A driver with `VOLUME_MOUNT_GROUP` gets the pod's fsGroup in the capability
 //! and applies it. Otherwise, when [`applies_fs_group`] says so, kvol applies it after
 //! NodePublishVolume as upstream's `SetVolumeOwnership` does: group set on every file and
@@ -203,6 +209,23 @@ impl CsiPlugin {
         paths::stage_path(&self.host.paths, &self.driver, volume_handle)
     }
 
+    /// Where a spec is staged: the block stage path for a Block spec, else the filesystem one.
+    fn stage_path_of(&self, spec: &VolumeSpec, volume_handle: &str) -> PathBuf {
+        if spec.is_block() {
+            return paths::block_stage_path(&self.host.paths, spec.name());
+        }
+        self.stage_path(volume_handle)
+    }
+
+    /// The directory holding the `vol_data.json` of a stage path: the block volume's record
+    /// directory, or the stage path's parent.
+    fn stage_record_dir(&self, staging_path: &Path) -> Option<PathBuf> {
+        match paths::block_spec_of_stage_path(staging_path) {
+            Some(spec_name) => Some(paths::block_data_dir(&self.host.paths, spec_name)),
+            None => staging_path.parent().map(Path::to_path_buf),
+        }
+    }
+
     /// Upstream's pod directory for a CSI volume: the `target` to publish to.
     pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> PluginResult<PathBuf> {
         paths::pod_volume_dir(&self.host.paths, pod_uid, volume_name)
@@ -239,10 +262,7 @@ impl CsiPlugin {
         what: &str,
     ) -> PluginResult<(&'a PersistentVolumeSpec, &'a CSIPersistentVolumeSource)> {
         match self.source(spec)? {
-            Source::Persistent { pv, csi } => {
-                refuse_block(spec, pv)?;
-                Ok((pv, csi))
-            }
+            Source::Persistent { pv, csi } => Ok((pv, csi)),
             Source::Ephemeral { .. } => Err(PluginError::invalid(
                 spec,
                 format!("ephemeral inline csi volumes are only published, never {what}"),
@@ -310,7 +330,8 @@ impl CsiPlugin {
                 flags.push(option.clone());
             }
         }
-        volume_capability(mode, false, csi.fs_type.as_deref().unwrap_or_default(), &flags, volume_mount_group)
+        let block = pv.volume_mode.as_deref() == Some("Block");
+        volume_capability(mode, block, csi.fs_type.as_deref().unwrap_or_default(), &flags, volume_mount_group)
     }
 
     /// Takes down a directory the driver was given (stage or publish target) once its RPC
@@ -388,9 +409,9 @@ impl CsiPlugin {
 
         let plan = match source {
             Source::Persistent { pv, csi } => {
-                refuse_block(spec, pv)?;
                 let staging = node_caps.stage_unstage.then(|| {
-                    req.staging_path.map_or_else(|| self.stage_path(&csi.volume_handle), Path::to_path_buf)
+                    req.staging_path
+                        .map_or_else(|| self.stage_path_of(spec, &csi.volume_handle), Path::to_path_buf)
                 });
                 Publish {
                     handle: csi.volume_handle.clone(),
@@ -438,6 +459,9 @@ impl CsiPlugin {
             }
         };
 
+        if kvol_plugin::block::PodDevice::parse(req.target).is_some() {
+            return self.publish_block(req, plan, mode, &policy).await;
+        }
         let dir = req.target;
         let target = paths::publish_path(dir);
         create_dir_all(&self.host.paths.open_root()?, dir, DIR_MODE)?;
@@ -483,6 +507,9 @@ impl CsiPlugin {
     }
 
     async fn unpublish_volume(&self, req: &UnpublishRequest<'_>) -> PluginResult<()> {
+        if let Some(device) = kvol_plugin::block::PodDevice::parse(req.target) {
+            return self.unpublish_block(req, &device).await;
+        }
         let dir = req.target;
         let target = paths::publish_path(dir);
         if !self.reach(&self.host.paths.open_root()?, &target)? {
@@ -517,6 +544,111 @@ impl CsiPlugin {
                 driver = %self.driver, dir = %dir.display(),
                 "pod volume directory not empty; kept"
             );
+        }
+        Ok(())
+    }
+
+    /// A block publish (`csi_block.go`'s MapPodDevice): `vol_data.json` in the volume's record
+    /// directory, NodePublishVolume to the publish file
+    /// `volumeDevices/publish/<spec name>/<pod uid>` (its directory created, the file left to
+    /// the driver, as the CSI spec says), then the device mapped into the pod
+    /// ([`kvol_plugin::block::map_device`]).
+    async fn publish_block(
+        &self,
+        req: &PublishRequest<'_>,
+        plan: Publish<'_>,
+        mode: LifecycleMode,
+        policy: &DriverPolicy,
+    ) -> PluginResult<()> {
+        let spec_name = req.spec.name();
+        let root = self.host.paths.open_root()?;
+        let data = paths::block_data_dir(&self.host.paths, spec_name);
+        let publish_dir = paths::block_publish_dir(&self.host.paths, spec_name);
+        let target = publish_dir.join(&req.pod.uid);
+        create_dir_all(&root, &data, DIR_MODE)?;
+        create_dir_all(&root, &publish_dir, DIR_MODE)?;
+        let node = &self.host.node.name;
+        let record = VolData {
+            driver_name: self.driver.clone(),
+            volume_handle: plan.handle.clone(),
+            spec_volume_id: spec_name.to_string(),
+            node_name: node.clone(),
+            attachment_id: attachment_id(&plan.handle, &self.driver, node),
+            volume_lifecycle_mode: mode.as_str().to_string(),
+        };
+        local(save_vol_data(&data, &record))?;
+        let request = NodePublishVolumeRequest {
+            volume_id: plan.handle.clone(),
+            publish_context: plan.context.into_iter().collect(),
+            staging_target_path: plan.staging.as_deref().map(path_field).transpose()?.unwrap_or_default(),
+            target_path: path_field(&target)?,
+            volume_capability: Some(plan.capability),
+            readonly: plan.read_only,
+            secrets: plan.secrets.into_iter().collect(),
+            volume_context: volume_context(plan.attributes, req.pod, policy, mode).into_iter().collect(),
+        };
+        tracing::info!(
+            driver = %self.driver, volume = %plan.handle, target = %target.display(),
+            "NodePublishVolume (block)"
+        );
+        self.client.node_publish(request).await?;
+        kvol_plugin::block::map_device(&self.host.paths, self.host.mounter.as_ref(), req.target, &target)
+    }
+
+    /// A block unpublish: the pod's mapping taken down, NodeUnpublishVolume of the publish
+    /// file, the file (if the driver left it) and the directories left empty.
+    async fn unpublish_block(
+        &self,
+        req: &UnpublishRequest<'_>,
+        device: &kvol_plugin::block::PodDevice,
+    ) -> PluginResult<()> {
+        kvol_plugin::block::unmap_device(&self.host.paths, self.host.mounter.as_ref(), req.target)?;
+        let data = paths::block_data_dir(&self.host.paths, &device.spec_name);
+        let target = paths::block_publish_dir(&self.host.paths, &device.spec_name).join(&device.pod_uid);
+        let root = self.host.paths.open_root()?;
+        if !self.reach(&root, &data)? {
+            return Ok(());
+        }
+        let Some(record) = local(load_vol_data(&data))? else {
+            if fs::symlink_metadata(&target).is_ok() {
+                return Err(CsiError::Driver {
+                    driver: self.driver.clone(),
+                    reason: format!(
+                        "cannot unpublish {}: {} is missing, so the volume handle is unknown",
+                        target.display(),
+                        data.join(paths::VOL_DATA_FILE).display()
+                    ),
+                }
+                .into());
+            }
+            return Ok(());
+        };
+        self.check_record_driver(&record.driver_name, &data)?;
+        tracing::info!(
+            driver = %self.driver, volume = %record.volume_handle, target = %target.display(),
+            "NodeUnpublishVolume (block)"
+        );
+        already_gone(self.client.node_unpublish(&record.volume_handle, &target).await, &self.driver)?;
+        self.remove_driver_dir(&target, "NodeUnpublishVolume")?;
+        let staged =
+            fs::symlink_metadata(paths::block_stage_path(&self.host.paths, &device.spec_name)).is_ok();
+        let published_elsewhere = fs::read_dir(target.parent().expect("a publish file has a directory"))
+            .is_ok_and(|mut entries| entries.next().is_some());
+        if !staged && !published_elsewhere {
+            local(remove_vol_data(&data))?;
+            self.remove_block_dirs(&device.spec_name)?;
+        }
+        Ok(())
+    }
+
+    /// The block volume's directories that are left empty: its record directory, its publish
+    /// directory and its directory under `volumeDevices`.
+    fn remove_block_dirs(&self, spec_name: &str) -> PluginResult<()> {
+        let data = paths::block_data_dir(&self.host.paths, spec_name);
+        local(remove_dir_if_empty(&data))?;
+        local(remove_dir_if_empty(&paths::block_publish_dir(&self.host.paths, spec_name)))?;
+        if let Some(volume_dir) = data.parent() {
+            local(remove_dir_if_empty(volume_dir))?;
         }
         Ok(())
     }
@@ -556,17 +688,6 @@ fn local<T>(result: Result<T, CsiError>) -> PluginResult<T> {
         CsiError::Io { op, path, source } => PluginError::Io { op, path, source },
         other => other.into(),
     })
-}
-
-/// kvol has no block-volume mapper: raw block persistent volumes are refused, not mounted.
-fn refuse_block(spec: &VolumeSpec, pv: &PersistentVolumeSpec) -> PluginResult<()> {
-    if pv.volume_mode.as_deref() == Some("Block") {
-        return Err(PluginError::invalid(
-            spec,
-            "it has volumeMode Block, and kvol's csi plugin serves filesystem volumes only",
-        ));
-    }
-    Ok(())
 }
 
 /// The namespace an inline volume's Secret is read from: the pod's.
@@ -661,6 +782,12 @@ impl VolumePlugin for CsiPlugin {
     }
 
     fn is_persistent(&self) -> bool {
+        true
+    }
+
+    /// Block volumes go to the driver with a block capability; whether it serves them is the
+    /// driver's answer.
+    fn supports_block(&self, _spec: &VolumeSpec) -> bool {
         true
     }
 
@@ -894,7 +1021,7 @@ impl Attacher for CsiPlugin {
 impl DeviceMounter for CsiPlugin {
     fn device_mount_path(&self, spec: &VolumeSpec) -> PluginResult<PathBuf> {
         let (_, csi) = self.persistent(spec, "staged")?;
-        Ok(self.stage_path(&csi.volume_handle))
+        Ok(self.stage_path_of(spec, &csi.volume_handle))
     }
 
     /// `NodeStageVolume` to `staging_path`, created (0750) with `vol_data.json` saved next to
@@ -916,10 +1043,13 @@ impl DeviceMounter for CsiPlugin {
         }
         let secrets = self.pv_secret(spec, "nodeStageSecretRef", csi.node_stage_secret_ref.as_ref())?;
         let context = self.publish_context(device_path, &csi.volume_handle)?;
-        let dir = staging_path.parent().ok_or_else(|| {
+        let dir = self.stage_record_dir(staging_path).ok_or_else(|| {
             PluginError::invalid(spec, format!("its staging path {} has no parent", staging_path.display()))
         })?;
-        create_dir_all(&self.host.paths.open_root()?, staging_path, DIR_MODE)?;
+        let dir = dir.as_path();
+        let root = self.host.paths.open_root()?;
+        create_dir_all(&root, staging_path, DIR_MODE)?;
+        create_dir_all(&root, dir, DIR_MODE)?;
         let record = VolData {
             driver_name: self.driver.clone(),
             volume_handle: csi.volume_handle.clone(),
@@ -951,7 +1081,8 @@ impl DeviceMounter for CsiPlugin {
     /// the staging path, the record and the volume directory when empty. No record: nothing
     /// was staged here (upstream skips too).
     async fn unstage(&self, staging_path: &Path) -> PluginResult<()> {
-        let Some(dir) = staging_path.parent() else { return Ok(()) };
+        let Some(dir) = self.stage_record_dir(staging_path) else { return Ok(()) };
+        let dir = dir.as_path();
         if !self.reach(&self.host.paths.open_root()?, staging_path)? {
             tracing::debug!(driver = %self.driver, path = %staging_path.display(), "nothing to unstage");
             return Ok(());
@@ -975,6 +1106,9 @@ impl DeviceMounter for CsiPlugin {
         local(remove_vol_data(dir))?;
         // The attach record, if any, keeps the directory until detach.
         local(remove_dir_if_empty(dir))?;
+        if let Some(spec_name) = paths::block_spec_of_stage_path(staging_path) {
+            self.remove_block_dirs(spec_name)?;
+        }
         Ok(())
     }
 }

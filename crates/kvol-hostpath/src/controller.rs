@@ -100,15 +100,11 @@ pub fn create_limit_problem(
     }
 }
 
-/// Why the driver cannot serve `capability`, if it cannot: it serves mount access only, in any
+/// Why the driver cannot serve `capability`, if it cannot: mount or block access, in any
 /// known access mode (volumes are on one node, and all access happens there).
 pub fn capability_problem(capability: &csi::VolumeCapability) -> Option<String> {
-    match capability.access_type {
-        None => return Some("a volume capability has no access type (mount or block)".to_string()),
-        Some(AccessType::Block(_)) => {
-            return Some("block access is not supported: hostpath volumes are directories".to_string());
-        }
-        Some(AccessType::Mount(_)) => {}
+    if capability.access_type.is_none() {
+        return Some("a volume capability has no access type (mount or block)".to_string());
     }
     let Some(mode) = capability.access_mode else {
         return Some("a volume capability has no access mode".to_string());
@@ -116,6 +112,33 @@ pub fn capability_problem(capability: &csi::VolumeCapability) -> Option<String> 
     match Mode::try_from(mode.mode) {
         Ok(Mode::Unknown) | Err(_) => Some(format!("access mode {} is unknown", mode.mode)),
         Ok(_) => None,
+    }
+}
+
+/// Whether a capability asks for block access.
+pub fn is_block(capability: &csi::VolumeCapability) -> bool {
+    matches!(capability.access_type, Some(AccessType::Block(_)))
+}
+
+/// Why `capability` does not fit a volume that is (`block`) or is not a block volume.
+pub fn access_type_problem(block: bool, capability: &csi::VolumeCapability) -> Option<String> {
+    match (block, is_block(capability)) {
+        (true, false) => Some("it is a block volume, and mount access was asked for".to_string()),
+        (false, true) => {
+            Some("it is a filesystem volume (a directory), and block access was asked for".to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Whether capabilities ask for a block volume; both block and mount access is refused.
+pub fn wants_block(capabilities: &[csi::VolumeCapability]) -> Result<bool, String> {
+    match capabilities.iter().filter(|c| is_block(c)).count() {
+        0 => Ok(false),
+        n if n == capabilities.len() => Ok(true),
+        _ => {
+            Err("capabilities ask for both block and mount access; a volume is one or the other".to_string())
+        }
     }
 }
 
@@ -288,6 +311,8 @@ impl Hostpath {
         if let Some(problem) = mutable_parameters_problem(&self.config, &req.mutable_parameters) {
             return Err(Status::invalid_argument(format!("volume {name}: {problem}")));
         }
+        let block = wants_block(&req.volume_capabilities)
+            .map_err(|p| Status::invalid_argument(format!("volume {name}: {p}")))?;
         let kind = req.parameters.get(KIND_PARAMETER).cloned().unwrap_or_default();
         let id = volume_id_for_name(name);
         if let Some(existing) = self.state.volumes.get(&id) {
@@ -301,6 +326,12 @@ impl Hostpath {
                 return Err(Status::already_exists(format!(
                     "volume {name} exists as {id} with {} bytes, outside the requested range",
                     existing.capacity_bytes
+                )));
+            }
+            if existing.block != block {
+                return Err(Status::already_exists(format!(
+                    "volume {name} exists as {id} with another access type (block: {})",
+                    existing.block
                 )));
             }
             if existing.source != source {
@@ -338,10 +369,18 @@ impl Hostpath {
             kind,
             mutable_parameters: req.mutable_parameters.into_iter().collect(),
             source,
+            block,
             ..VolumeRecord::default()
         };
         let dir = self.layout.volume_dir(&id, &record);
         self.make_dir(&dir, source_dir.as_deref())?;
+        if block && source_dir.is_none() {
+            let size = if capacity > 0 { capacity } else { crate::block::DEFAULT_BLOCK_BYTES };
+            if let Err(e) = crate::block::create_image(&dir, size) {
+                let _ = fsutil::remove_tree(&dir);
+                return Err(e);
+            }
+        }
         let mut next = self.state.clone();
         next.volumes.insert(id.clone(), record.clone());
         if let Err(e) = self.commit(next) {
@@ -379,6 +418,9 @@ impl Hostpath {
         }
         let dir = self.layout.volume_dir(id, record);
         self.refuse_mounts_under(&dir)?;
+        if record.block {
+            crate::block::detach(&crate::block::image(&dir))?;
+        }
         fsutil::remove_tree(&dir).map_err(internal)?;
         let mut next = self.state.clone();
         next.volumes.remove(id);
@@ -395,10 +437,13 @@ impl Hostpath {
         if req.volume_capabilities.is_empty() {
             return Err(Status::invalid_argument(format!("volume {id}: volume capabilities are missing")));
         }
-        if self.state.volumes.get(id).is_none_or(|v| v.ephemeral) {
+        let Some(record) = self.state.volumes.get(id).filter(|v| !v.ephemeral) else {
             return Err(Status::not_found(format!("volume {id} does not exist")));
-        }
-        if let Some(problem) = req.volume_capabilities.iter().find_map(capability_problem) {
+        };
+        let problem = |c: &csi::VolumeCapability| {
+            capability_problem(c).or_else(|| access_type_problem(record.block, c))
+        };
+        if let Some(problem) = req.volume_capabilities.iter().find_map(problem) {
             return Ok(csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: problem });
         }
         let confirmed = csi::validate_volume_capabilities_response::Confirmed {
@@ -818,7 +863,7 @@ mod tests {
     }
 
     #[test]
-    fn capabilities_are_mount_with_a_known_mode() {
+    fn capabilities_are_mount_or_block_with_a_known_mode() {
         let block = csi::VolumeCapability {
             access_type: Some(AccessType::Block(csi::volume_capability::BlockVolume {})),
             ..mount_cap(Mode::SingleNodeWriter as i32)
@@ -829,10 +874,18 @@ mod tests {
             (mount_cap(Mode::SingleNodeReaderOnly as i32), None),
             (mount_cap(Mode::Unknown as i32), Some("access mode 0 is unknown")),
             (mount_cap(99), Some("access mode 99 is unknown")),
-            (block, Some("block access is not supported")),
+            (block.clone(), None),
             (csi::VolumeCapability { access_type: None, ..mount_cap(1) }, Some("has no access type")),
             (csi::VolumeCapability { access_mode: None, ..mount_cap(1) }, Some("has no access mode")),
         ];
+        let mount = mount_cap(Mode::SingleNodeWriter as i32);
+        assert_eq!(access_type_problem(true, &block), None);
+        assert_eq!(access_type_problem(false, &mount), None);
+        assert!(access_type_problem(true, &mount).unwrap().contains("it is a block volume"));
+        assert!(access_type_problem(false, &block).unwrap().contains("block access was asked for"));
+        assert_eq!(wants_block(&[block.clone(), block.clone()]), Ok(true));
+        assert_eq!(wants_block(std::slice::from_ref(&mount)), Ok(false));
+        assert!(wants_block(&[mount, block]).unwrap_err().contains("both block and mount"));
         for (cap, want) in cases {
             let got = capability_problem(&cap);
             match (want, &got) {

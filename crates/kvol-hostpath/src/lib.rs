@@ -14,6 +14,7 @@
 //! Capacity is recorded, never enforced: there are no quotas, and volume statistics are those of
 //! the filesystem holding the state directory.
 
+pub mod block;
 pub mod capacity;
 pub mod controller;
 mod driver;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use tonic::{Request, Response, Status};
 
 use crate::EPHEMERAL_CONTEXT_KEY;
-use crate::controller::capability_problem;
+use crate::controller::{access_type_problem, capability_problem};
 use crate::driver::{Hostpath, Shared, internal, required, required_path};
 use crate::fsutil;
 use crate::state::{Publication, VolumeRecord};
@@ -214,6 +214,20 @@ fn capability<'a>(
     }
 }
 
+/// Removes a target the driver made: an empty directory, or the empty file a block volume's
+/// device was bound on. Gone already is success; anything holding data stays.
+fn remove_target(target: &Path) -> std::io::Result<()> {
+    let result = match std::fs::symlink_metadata(target) {
+        Ok(m) if m.is_file() && m.len() == 0 => std::fs::remove_file(target),
+        Ok(_) => std::fs::remove_dir(target),
+        Err(e) => Err(e),
+    };
+    match result {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 fn with_context(id: &str, status: Status) -> Status {
     Status::new(status.code(), format!("volume {id}: {}", status.message()))
 }
@@ -242,8 +256,11 @@ impl Hostpath {
         log_secret_keys("NodeStageVolume", id, &req.secrets);
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
-        capability(id, req.volume_capability.as_ref())?;
+        let cap = capability(id, req.volume_capability.as_ref())?;
         let record = self.persistent(id)?;
+        if let Some(problem) = access_type_problem(record.block, cap) {
+            return Err(Status::invalid_argument(format!("volume {id}: {problem}")));
+        }
         if self.config.enable_attach
             && record.attached.as_ref().is_none_or(|a| a.node != self.config.node_name)
         {
@@ -253,6 +270,9 @@ impl Hostpath {
             )));
         }
         let source = self.layout.volume_dir(id, record);
+        if record.block {
+            return self.stage_block(id, &source, staging);
+        }
         let mounted = self.is_mounted(&staging)?;
         if stage_action(id, &staging, self.state.staged_on(&staging), mounted)? == MountAction::Done {
             return Ok(csi::NodeStageVolumeResponse {});
@@ -281,6 +301,69 @@ impl Hostpath {
         Ok(csi::NodeStageVolumeResponse {})
     }
 
+    /// Stages a block volume: its image attached to a loop device (the one already holding
+    /// it, after a restart), the staging path recorded. Nothing is mounted there.
+    fn stage_block(
+        &mut self,
+        id: &str,
+        dir: &Path,
+        staging: PathBuf,
+    ) -> Result<csi::NodeStageVolumeResponse, Status> {
+        if let Some(other) = self.state.staged_on(&staging).filter(|o| *o != id) {
+            return Err(Status::already_exists(format!(
+                "volume {id}: staging path {} already holds volume {other}",
+                staging.display()
+            )));
+        }
+        let device = crate::block::attach(&crate::block::image(dir)).map_err(|e| with_context(id, e))?;
+        if !self.state.volumes.get(id).is_some_and(|v| v.staged.contains(&staging)) {
+            let mut next = self.state.clone();
+            if let Some(v) = next.volumes.get_mut(id) {
+                v.staged.insert(staging.clone());
+            }
+            self.commit(next)?;
+        }
+        tracing::info!(volume = %id, path = %staging.display(), device = %device.display(), "staged block volume");
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    /// Unstages a block volume: its loop device detached once no staging path is left.
+    fn unstage_block(
+        &mut self,
+        id: &str,
+        staging: PathBuf,
+    ) -> Result<csi::NodeUnstageVolumeResponse, Status> {
+        let Some(record) = self.state.volumes.get(id) else { return Ok(csi::NodeUnstageVolumeResponse {}) };
+        if !record.staged.contains(&staging) {
+            return Ok(csi::NodeUnstageVolumeResponse {});
+        }
+        if record.staged.len() == 1 && record.published.is_empty() {
+            let image = crate::block::image(&self.layout.volume_dir(id, record));
+            crate::block::detach(&image).map_err(|e| with_context(id, e))?;
+        }
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.staged.remove(&staging);
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, path = %staging.display(), "unstaged block volume");
+        Ok(csi::NodeUnstageVolumeResponse {})
+    }
+
+    /// Binds the loop device of a staged block volume onto `target`, a file made for it.
+    fn bind_loop_device(&self, id: &str, target: &Path, read_only: bool) -> Result<(), Status> {
+        let record = self.persistent(id)?;
+        let image = crate::block::image(&self.layout.volume_dir(id, record));
+        let device = crate::block::attach(&image).map_err(|e| with_context(id, e))?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(target)
+            .map_err(|e| Status::internal(format!("volume {id}: cannot create {}: {e}", target.display())))?;
+        self.mounter.bind(&device, target, read_only).map_err(|e| with_context(id, internal(e)))
+    }
+
     pub fn unstage_volume(
         &mut self,
         req: csi::NodeUnstageVolumeRequest,
@@ -288,7 +371,10 @@ impl Hostpath {
         let id = required(&req.volume_id, "volume id")?;
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
-        self.persistent(id)?;
+        let record = self.persistent(id)?;
+        if record.block {
+            return self.unstage_block(id, staging);
+        }
         let mounted = self.is_mounted(&staging)?;
         match unmount_action(id, self.state.staged_on(&staging), mounted) {
             UnmountAction::Nothing => return Ok(csi::NodeUnstageVolumeResponse {}),
@@ -334,7 +420,7 @@ impl Hostpath {
         }
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
-        if !record.staged.contains(&staging) || !self.is_mounted(&staging)? {
+        if !record.staged.contains(&staging) || (!record.block && !self.is_mounted(&staging)?) {
             return Err(Status::failed_precondition(format!(
                 "volume {id} is not staged on {}",
                 staging.display()
@@ -350,7 +436,12 @@ impl Hostpath {
         let id = required(&req.volume_id, "volume id")?;
         log_secret_keys("NodePublishVolume", id, &req.secrets);
         let target = required_path(&req.target_path, "target path").map_err(|s| with_context(id, s))?;
-        let read_only = effective_read_only(req.readonly, capability(id, req.volume_capability.as_ref())?);
+        let cap = capability(id, req.volume_capability.as_ref())?;
+        let read_only = effective_read_only(req.readonly, cap);
+        let block = self.state.volumes.get(id).is_some_and(|v| v.block && !v.ephemeral);
+        if let Some(problem) = access_type_problem(block, cap) {
+            return Err(Status::invalid_argument(format!("volume {id}: {problem}")));
+        }
         let source = self.publish_source(id, &req)?;
         let mounted_read_only = self.mount_on(&target)?.map(|m| m.read_only());
         let owner = self.state.published_on(&target).map(|(owner, _)| owner);
@@ -372,11 +463,19 @@ impl Hostpath {
             }
             return Err(e);
         }
-        let mounted = std::fs::create_dir_all(&target)
-            .map_err(|e| Status::internal(format!("volume {id}: cannot create {}: {e}", target.display())))
-            .and_then(|()| {
-                self.mounter.bind(&source.dir, &target, read_only).map_err(|e| with_context(id, internal(e)))
-            });
+        let mounted = if block {
+            self.bind_loop_device(id, &target, read_only)
+        } else {
+            std::fs::create_dir_all(&target)
+                .map_err(|e| {
+                    Status::internal(format!("volume {id}: cannot create {}: {e}", target.display()))
+                })
+                .and_then(|()| {
+                    self.mounter
+                        .bind(&source.dir, &target, read_only)
+                        .map_err(|e| with_context(id, internal(e)))
+                })
+        };
         if let Err(e) = mounted {
             let mut next = self.state.clone();
             if created {
@@ -390,7 +489,7 @@ impl Hostpath {
             if created {
                 let _ = fsutil::remove_tree(&source.dir);
             }
-            let _ = std::fs::remove_dir(&target);
+            let _ = remove_target(&target);
             return Err(e);
         }
         tracing::info!(
@@ -419,10 +518,8 @@ impl Hostpath {
         }
         // The driver made the target directory; it removes it. One that is not empty holds
         // data written while nothing was mounted: it is kept, not deleted.
-        match std::fs::remove_dir(&target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(volume = %id, path = %target.display(), "cannot remove the target: {e}"),
+        if let Err(e) = remove_target(&target) {
+            tracing::warn!(volume = %id, path = %target.display(), "cannot remove the target: {e}");
         }
         let mut next = self.state.clone();
         let Some(record) = next.volumes.get_mut(id) else { return Ok(csi::NodeUnpublishVolumeResponse {}) };

@@ -62,7 +62,12 @@ pub struct VolumeRecord {
     /// What the volume was made from, if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<ContentSource>,
-    /// Staging paths the volume is bind-mounted on.
+    /// A block volume: its directory holds a sparse image served through a loop device
+    /// ([`crate::block`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub block: bool,
+    /// Staging paths the volume is bind-mounted on (for a block volume: its loop device is
+    /// attached for them).
     #[serde(default)]
     pub staged: BTreeSet<PathBuf>,
     /// Target paths the volume is published on.

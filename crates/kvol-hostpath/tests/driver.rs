@@ -349,7 +349,10 @@ async fn create_volume_is_idempotent_by_name_and_checks_its_arguments() {
     let invalid = [
         csi::CreateVolumeRequest { name: String::new(), ..create_req("x", 0) },
         csi::CreateVolumeRequest { volume_capabilities: vec![], ..create_req("pvc-b", 0) },
-        csi::CreateVolumeRequest { volume_capabilities: vec![block_cap()], ..create_req("pvc-b", 0) },
+        csi::CreateVolumeRequest {
+            volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter), block_cap()],
+            ..create_req("pvc-b", 0)
+        },
         csi::CreateVolumeRequest {
             capacity_range: Some(csi::CapacityRange { required_bytes: 2 * MIB, limit_bytes: MIB }),
             ..create_req("pvc-b", 0)
@@ -483,7 +486,7 @@ async fn validate_volume_capabilities_confirms_mount_access_only() {
         .validate_volume_capabilities(validate(&id, vec![mount_cap(Mode::SingleNodeWriter), block_cap()]));
     let block = block.await.unwrap().into_inner();
     assert_eq!(block.confirmed, None);
-    assert!(block.message.contains("block access is not supported"), "{}", block.message);
+    assert!(block.message.contains("block access was asked for"), "{}", block.message);
 
     let unknown = validate(&volume_id_for_name("nope"), vec![mount_cap(Mode::SingleNodeWriter)]);
     assert_eq!(code(d.controller.validate_volume_capabilities(unknown).await), Code::NotFound);
@@ -1420,4 +1423,108 @@ async fn modify_volume_accepts_only_the_named_parameters() {
         csi::CreateVolumeRequest { mutable_parameters: params(&[("XXX", "1")]), ..create_req("n", MIB) };
     assert_eq!(code(d.controller.create_volume(refused).await), Code::InvalidArgument);
     d.stop().await;
+}
+
+/// Detaches, when dropped, every loop device still holding `image`: a failed test leaves none.
+struct LoopGuard(PathBuf);
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        for device in loop_devices_of(&self.0) {
+            let _ = std::process::Command::new("losetup").arg("-d").arg(&device).status();
+        }
+    }
+}
+
+/// The loop devices holding `file`, as `losetup -j` lists them.
+fn loop_devices_of(file: &Path) -> Vec<PathBuf> {
+    let Ok(out) = std::process::Command::new("losetup").arg("-j").arg(file).output() else {
+        return Vec::new();
+    };
+    kvol_hostpath::block::parse_associations(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Whether this machine can attach loop devices (losetup and /dev/loop-control); a test that
+/// needs them says why it skips.
+fn loop_devices_usable() -> bool {
+    let usable = Path::new("/dev/loop-control").exists()
+        && std::process::Command::new("losetup").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !usable {
+        eprintln!("skipped: no losetup or /dev/loop-control on this machine");
+    }
+    usable
+}
+
+#[tokio::test]
+async fn block_volumes_are_loop_devices_bound_onto_target_files() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::FileTypeExt;
+    if !loop_devices_usable() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let req =
+        csi::CreateVolumeRequest { volume_capabilities: vec![block_cap()], ..create_req("blk", 16 * MIB) };
+    let id = d.controller.create_volume(req).await.unwrap().into_inner().volume.unwrap().volume_id;
+    let image = sb.path("state/volumes").join(&id).join(kvol_hostpath::block::IMAGE_FILE);
+    let _guard = LoopGuard(image.clone());
+    assert_eq!(fs::metadata(&image).unwrap().len(), 16 * MIB as u64);
+    let staging = sb.path("kubelet/plugins/kubernetes.io/csi/volumeDevices/staging/blk");
+    let target = sb.path("kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/blk/p1");
+    fs::create_dir_all(&staging).unwrap();
+    fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let block_stage = |path: &Path| csi::NodeStageVolumeRequest {
+        volume_capability: Some(block_cap()),
+        ..stage_req(&id, path)
+    };
+    let block_publish = csi::NodePublishVolumeRequest {
+        volume_capability: Some(block_cap()),
+        ..publish_req(&id, &staging, &target, false)
+    };
+    let mounted_as_filesystem = d.node.node_stage_volume(stage_req(&id, &staging)).await;
+    assert_eq!(code(mounted_as_filesystem), Code::InvalidArgument, "a block volume is not mounted");
+
+    d.node.node_stage_volume(block_stage(&staging)).await.unwrap();
+    d.node.node_stage_volume(block_stage(&staging)).await.expect("staging again is fine");
+    let devices = loop_devices_of(&image);
+    assert_eq!(devices.len(), 1, "one loop device: {devices:?}");
+    d.node.node_publish_volume(block_publish.clone()).await.unwrap();
+    d.node.node_publish_volume(block_publish.clone()).await.expect("publishing again is fine");
+    assert!(fs::metadata(&target).unwrap().file_type().is_block_device(), "the target is the device");
+    assert_eq!(sb.mounts_on(&target).len(), 1);
+
+    let data: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+    let mut dev = fs::OpenOptions::new().read(true).write(true).open(&target).unwrap();
+    dev.seek(SeekFrom::Start(MIB as u64)).unwrap();
+    dev.write_all(&data).unwrap();
+    dev.sync_all().unwrap();
+    drop(dev);
+    let mut back = vec![0u8; data.len()];
+    let mut file = fs::File::open(&image).unwrap();
+    file.seek(SeekFrom::Start(MIB as u64)).unwrap();
+    file.read_exact(&mut back).unwrap();
+    assert!(back == data, "what went through the device is in the image");
+
+    // A restarted driver finds the loop device again rather than attaching another.
+    d.stop().await;
+    let mut d = start(sb.config()).await;
+    d.node.node_stage_volume(block_stage(&staging)).await.unwrap();
+    assert_eq!(loop_devices_of(&image), devices, "the same loop device after a restart");
+
+    let busy =
+        d.controller.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() });
+    assert_eq!(code(busy.await), Code::FailedPrecondition, "in use");
+    d.node.node_unpublish_volume(unpublish_req(&id, &target)).await.unwrap();
+    assert!(fs::symlink_metadata(&target).is_err(), "the target file is removed");
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();
+    assert!(loop_devices_of(&image).is_empty(), "unstage detaches the loop device");
+    d.node.node_unstage_volume(unstage_req(&id, &staging)).await.expect("unstaging again is fine");
+    d.controller
+        .delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    assert!(!image.exists(), "delete removes the image");
+    d.stop().await;
+    sb.assert_nothing_mounted();
 }

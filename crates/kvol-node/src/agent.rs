@@ -816,9 +816,14 @@ fn resolve_one(
         attach,
         republish: plugin.requires_remount(&spec),
         staging_path,
-        target: paths
-            .pod_volume_dir(&volume.pod.uid, plugin.pod_dir_plugin_name(), &volume.key.volume)
-            .map_err(|e| e.to_string())?,
+        target: kvol_plugin::block::publish_target(
+            paths,
+            plugin.as_ref(),
+            &spec,
+            &volume.pod.uid,
+            &volume.key.volume,
+        )
+        .map_err(|e| e.to_string())?,
         spec,
     })
 }
@@ -919,7 +924,8 @@ fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
         if exec.running.contains_key(&format!("pod:{key}")) {
             continue;
         }
-        let mounted = mounts.iter().any(|m| m.target.starts_with(&volume.target));
+        let checked = kvol_plugin::block::mount_check_path(&volume.target);
+        let mounted = mounts.iter().any(|m| m.target.starts_with(&checked));
         let fine = mounted || (volume.plugin == "kubernetes.io/empty-dir" && volume.target.is_dir());
         if !fine {
             tracing::warn!(volume = %key, target = %volume.target.display(), "published volume's mount is gone; publishing it again");

@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Volume};
+use kvol_api::VolumeMode;
 use kvol_plugin::VolumeSpec;
 use kvol_plugin::plugin::{FsGroupChangePolicy, PodInfo};
 
@@ -86,6 +87,7 @@ fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
     let pod_name = format!("{}/{}", info.namespace, info.name);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
     let invalid = invalid_volumes(volumes).map(|reason| format!("pod {pod_name} is invalid: {reason}"));
+    let used = kvol_api::volume_mode::pod_use(pod);
     let mut out: Vec<DesiredVolume> = Vec::new();
     for volume in volumes {
         if out.iter().any(|d| d.key.volume == volume.name) {
@@ -93,7 +95,8 @@ fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
         }
         let resolved = match &invalid {
             Some(reason) => Err(reason.clone()),
-            None => resolve(objects, &info, &pod_name, volume),
+            None => resolve(objects, &info, &pod_name, volume)
+                .and_then(|resolved| used_as_its_mode(&resolved.0, &used, &volume.name).map(|()| resolved)),
         };
         let (spec, pending, mount_options) = match resolved {
             Ok((spec, mount_options)) => (Some(spec), None, mount_options),
@@ -127,6 +130,16 @@ fn invalid_volumes(volumes: &[Volume]) -> Option<String> {
 }
 
 type Resolved = Result<(VolumeSpec, Vec<String>), String>;
+
+/// The pod uses the volume as its mode says (a Block volume in volumeDevices only).
+fn used_as_its_mode(
+    spec: &VolumeSpec,
+    used: &kvol_api::volume_mode::PodUse,
+    name: &str,
+) -> Result<(), String> {
+    let mode = spec.pv().map(VolumeMode::of_pv).transpose()?;
+    kvol_api::volume_mode::check_use(name, used.as_device(name), mode)
+}
 
 /// A volume's spec and mount options, or why it is pending.
 fn resolve(objects: &ObjectSet, pod: &PodInfo, pod_name: &str, volume: &Volume) -> Resolved {
@@ -239,6 +252,13 @@ fn bound_volume(
             ));
         }
     }
+    let claim_key = format!("{namespace}/{claim_name}");
+    kvol_api::volume_mode::check_binding(
+        volume_name,
+        VolumeMode::of_pv(pv)?,
+        &claim_key,
+        VolumeMode::of_claim(claim)?,
+    )?;
     let options = pv_spec.and_then(|s| s.mount_options.clone()).unwrap_or_default();
     Ok((VolumeSpec::persistent(pv.clone()), options))
 }
@@ -306,6 +326,10 @@ mod tests {
             claim("p-manual", "c-m", json!({"volumeName": "pv-manual"})),
             pv("pv-manual", json!({})),
             claim("p-waiting", "c-w", json!({})),
+            claim("blk", "c-blk", json!({"volumeName": "pv-blk", "volumeMode": "Block"})),
+            pv("pv-blk", json!({"volumeMode": "Block"})),
+            claim("fs-on-blk", "c-fob", json!({"volumeName": "pv-blk2"})),
+            pv("pv-blk2", json!({"volumeMode": "Block"})),
         ]
     }
 
@@ -351,7 +375,45 @@ mod tests {
         const DUPLICATE: &str = r#"pod ns/p is invalid: more than one volume is named "a""#;
         let empty_dir = || json!([{"name": "v", "emptyDir": {}}]);
         // (what, pod volumes, extra pod fields, the desired volumes described)
+        let device = |name: &str| {
+            json!({"containers": [{"name": "c", "image": "i",
+                                                         "volumeDevices": [{"name": name, "devicePath": "/dev/xvda"}]}]})
+        };
         let cases: Vec<(&str, Value, Value, Vec<String>)> = vec![
+            (
+                "a block claim used as a device",
+                json!([claim("blk")]),
+                json!({"spec.containers": device("v")["containers"].clone()}),
+                vec![r#"v: persistent volume "pv-blk" read_only=false options=[]"#.into()],
+            ),
+            (
+                "a block claim mounted as a filesystem",
+                json!([claim("blk")]),
+                json!({}),
+                vec![r#"v: pending: volume "v" has volumeMode Block, so it must be in volumeDevices, not volumeMounts"#.into()],
+            ),
+            (
+                "a filesystem claim bound to a block volume",
+                json!([claim("fs-on-blk")]),
+                json!({"spec.containers": device("v")["containers"].clone()}),
+                vec![
+                    "v: pending: volume mode mismatch: persistentvolume pv-blk2 has volumeMode Block, but \
+                     persistentvolumeclaim ns/fs-on-blk asks for Filesystem"
+                        .into(),
+                ],
+            ),
+            (
+                "a filesystem claim used as a device",
+                json!([claim("bound")]),
+                json!({"spec.containers": device("v")["containers"].clone()}),
+                vec![r#"v: pending: volume "v" is in volumeDevices, but its persistent volume has volumeMode Filesystem"#.into()],
+            ),
+            (
+                "an inline volume used as a device",
+                json!([{"name": "v", "emptyDir": {}}]),
+                json!({"spec.containers": device("v")["containers"].clone()}),
+                vec![r#"v: pending: volume "v" is in volumeDevices, but it is an inline volume; only a persistent volume with volumeMode Block can be a block device"#.into()],
+            ),
             (
                 "a bound claim: its volume, its mount options",
                 json!([claim("bound")]),

@@ -118,6 +118,14 @@ fn access_mode(claim: &PersistentVolumeClaim) -> csi::volume_capability::access_
     }
 }
 
+/// A claim's volume mode, its key in the error.
+fn claim_mode(claim: &PersistentVolumeClaim) -> Result<kvol_api::VolumeMode, String> {
+    kvol_api::VolumeMode::of_claim(claim).map_err(|e| {
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        format!("persistentvolumeclaim {name}: {e}")
+    })
+}
+
 /// The `CreateVolume` request for a claim.
 pub fn create_request(request: &ProvisionRequest) -> Result<csi::CreateVolumeRequest, String> {
     // A class whose secret parameters cannot make a PV must fail before a volume exists.
@@ -127,12 +135,21 @@ pub fn create_request(request: &ProvisionRequest) -> Result<csi::CreateVolumeReq
         secret_ref(&all_parameters, kind, &request.claim_key, &pv_name)?;
     }
     let fs_type = request.class.parameters.as_ref().and_then(|p| p.get("csi.storage.k8s.io/fstype")).cloned();
+    // A Block claim asks the driver for a raw block volume.
+    let access_type = match claim_mode(&request.claim)? {
+        kvol_api::VolumeMode::Block => {
+            csi::volume_capability::AccessType::Block(csi::volume_capability::BlockVolume {})
+        }
+        kvol_api::VolumeMode::Filesystem => {
+            csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
+                fs_type: fs_type.unwrap_or_default(),
+                mount_flags: request.class.mount_options.clone().unwrap_or_default(),
+                volume_mount_group: String::new(),
+            })
+        }
+    };
     let capability = csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
-            fs_type: fs_type.unwrap_or_default(),
-            mount_flags: request.class.mount_options.clone().unwrap_or_default(),
-            volume_mount_group: String::new(),
-        })),
+        access_type: Some(access_type),
         access_mode: Some(csi::volume_capability::AccessMode { mode: access_mode(&request.claim) as i32 }),
     };
     let parameters = request
@@ -234,6 +251,7 @@ pub fn bound_pv(request: &ProvisionRequest, volume: &csi::Volume) -> Result<Pers
             "storageClassName": request.class.metadata.name,
             "mountOptions": request.class.mount_options,
             "claimRef": {"namespace": namespace, "name": name, "uid": request.claim.metadata.uid},
+            "volumeMode": claim_mode(&request.claim)?.as_str(),
             "csi": csi_source,
         }
     });
@@ -447,6 +465,18 @@ mod tests {
         assert!(o.persistent_volumes.contains_key(&pv_name));
         // The volume name is stable for the claim.
         assert_eq!(volume_name("shop/data", &o.claims["shop/data"]), pv_name);
+        assert_eq!(pv.spec.as_ref().unwrap().volume_mode.as_deref(), Some("Filesystem"));
+
+        // A Block claim asks for block access and gets a Block volume.
+        let mut block = request.clone();
+        block.claim.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        let create = create_request(&block).unwrap();
+        assert!(matches!(
+            create.volume_capabilities[0].access_type,
+            Some(csi::volume_capability::AccessType::Block(_))
+        ));
+        let pv = bound_pv(&block, &volume).unwrap();
+        assert_eq!(pv.spec.as_ref().unwrap().volume_mode.as_deref(), Some("Block"));
     }
 
     #[test]

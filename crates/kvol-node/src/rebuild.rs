@@ -227,6 +227,11 @@ pub fn clear_empty_pod_dirs(paths: &NodePaths, wanted: &BTreeSet<&str>, actual: 
             let _ = std::fs::remove_dir(&plugin_dir);
         }
         let _ = std::fs::remove_dir(&volumes);
+        let devices = pod_dir.join(kvol_plugin::block::VOLUME_DEVICES);
+        for (_, plugin_dir) in subdirectories(&devices).unwrap_or_default() {
+            let _ = std::fs::remove_dir(&plugin_dir);
+        }
+        let _ = std::fs::remove_dir(&devices);
         let _ = std::fs::remove_dir(&pod_dir);
     }
 }
@@ -242,7 +247,9 @@ fn any_at_or_under(set: &BTreeSet<PathBuf>, path: &Path) -> bool {
 /// Rebuilds the actual state from the stored record, the unfinished journal entries (in id
 /// order) and what the node shows, by the rules of the module documentation.
 pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObservation) -> Rebuilt {
-    let mounted = |path: &Path| any_at_or_under(&seen.mount_points, path);
+    // A block volume's pod device link is a symlink: its global map file's mount counts.
+    let mounted =
+        |path: &Path| any_at_or_under(&seen.mount_points, &kvol_plugin::block::mount_check_path(path));
     let mut actual = stored.clone();
     let mut notes = Vec::new();
     let mut journaled: BTreeSet<PodVolumeKey> = BTreeSet::new();
@@ -520,9 +527,60 @@ mod tests {
         note: &'static str,
     }
 
+    /// A block volume published to its pod device link (a symlink; kvol's bind mount on the
+    /// global map file is what shows it mapped).
+    fn block(pod: &str, volume: &str) -> PublishedVolume {
+        let target = NodePaths::new(ROOT).pod_device_path(pod, "kubernetes.io/csi", volume).unwrap();
+        PublishedVolume { target, ..csi(pod, volume) }
+    }
+
+    fn global_map_file(pod: &str, volume: &str) -> PathBuf {
+        PathBuf::from(format!("{ROOT}/plugins/kubernetes.io/csi/volumeDevices/{volume}/dev/{pod}"))
+    }
+
     fn cases() -> Vec<Case> {
         let none = ActualState::default;
         vec![
+            Case {
+                name: "interrupted block publish, global map file mounted: published",
+                stored: none(),
+                incomplete: vec![publish(block("p1", "pv-b"))],
+                mounts: vec![global_map_file("p1", "pv-b")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b"]],
+                orphans: vec![],
+                note: "is mounted, recorded published",
+            },
+            Case {
+                name: "interrupted block publish, nothing mapped yet: uncertain",
+                stored: none(),
+                incomplete: vec![publish(block("p1", "pv-b"))],
+                mounts: vec![PathBuf::from("/k")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b ?"]],
+                orphans: vec![],
+                note: "nothing is mounted at",
+            },
+            Case {
+                name: "published block volume still mapped after a crash: kept",
+                stored: state(&[], &[], &[block("p1", "pv-b")]),
+                incomplete: vec![],
+                mounts: vec![global_map_file("p1", "pv-b")],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b"]],
+                orphans: vec![],
+                note: "",
+            },
+            Case {
+                name: "published block volume whose mapping is gone: uncertain, mapped again",
+                stored: state(&[], &[], &[block("p1", "pv-b")]),
+                incomplete: vec![],
+                mounts: vec![],
+                dirs: vec![],
+                want: [vec![], vec![], vec!["p1/pv-b ?"]],
+                orphans: vec![],
+                note: "mount gone",
+            },
             Case {
                 name: "interrupted publish, target mounted: published",
                 stored: none(),

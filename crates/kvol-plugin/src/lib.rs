@@ -1,6 +1,7 @@
 //! kvol's plugin host: lifecycle traits, the plugin registry, migration decisions and the compiled-in plugins.
 
 pub mod beneath;
+pub mod block;
 pub mod catalog;
 pub mod error;
 pub mod host;

@@ -146,6 +146,12 @@ pub trait VolumePlugin: Send + Sync + fmt::Debug {
     fn requires_remount(&self, _spec: &VolumeSpec) -> bool {
         false
     }
+    /// Whether the plugin serves this spec as a raw block volume (`volumeMode: Block`): then
+    /// publish maps a device to the pod's device path ([`crate::block`]) instead of mounting a
+    /// filesystem. No by default.
+    fn supports_block(&self, _spec: &VolumeSpec) -> bool {
+        false
+    }
     /// Whether this spec needs attaching (a CSI driver may say no per spec).
     fn can_attach(&self, _spec: &VolumeSpec) -> bool {
         self.attacher().is_some()

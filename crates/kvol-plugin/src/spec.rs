@@ -124,6 +124,12 @@ impl VolumeSpec {
         }
     }
 
+    /// Whether this is a raw block volume: a persistent volume with `volumeMode: Block`
+    /// (an inline volume never is).
+    pub fn is_block(&self) -> bool {
+        self.pv().and_then(|pv| pv.spec.as_ref()?.volume_mode.as_deref()) == Some("Block")
+    }
+
     /// Whether this is a persistent volume.
     pub fn is_persistent(&self) -> bool {
         matches!(self.source, SpecSource::Persistent(_))

@@ -4,7 +4,9 @@
 //! device is mounted once per node at `<root>/plugins/kubernetes.io/local-volume/mounts/<pv>`
 //! with the volume's fsType (ext4 by default), and that mount is bind-mounted into pods. kvol
 //! never formats a device: one without the filesystem fails to stage. Teardown unmounts and
-//! removes only the mount points kvol made; the local path's data is never touched.
+//! removes only the mount points kvol made; the local path's data is never touched. A volume
+//! with `volumeMode: Block` must be a block device: it is not staged, and publish maps the
+//! device itself into the pod ([`crate::block::map_device`]).
 
 use std::path::{Path, PathBuf};
 
@@ -159,6 +161,17 @@ impl VolumePlugin for LocalVolumePlugin {
         Ok(source.pv.metadata.name.clone().unwrap_or_default())
     }
 
+    /// A local volume with `volumeMode: Block` is its block device handed to the pod; the
+    /// device is checked at publish.
+    fn supports_block(&self, _spec: &VolumeSpec) -> bool {
+        true
+    }
+
+    /// A Block volume is not staged: the device itself is mapped into the pod.
+    fn can_device_mount(&self, spec: &VolumeSpec) -> bool {
+        !spec.is_block()
+    }
+
     fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
         Some(self)
     }
@@ -223,6 +236,16 @@ impl VolumeMounter for LocalVolumePlugin {
         let source = LocalSource::of(spec)?;
         self.check_node_affinity(spec, source.pv)?;
         let mounter = self.host.mounter.as_ref();
+        if spec.is_block() {
+            if source.kind(spec)? != FileKind::BlockDevice {
+                let reason = format!(
+                    "it has volumeMode Block, but local path {} is a directory, not a block device",
+                    source.path
+                );
+                return Err(PluginError::invalid(spec, reason));
+            }
+            return crate::block::map_device(&self.host.paths, mounter, req.target, Path::new(source.path));
+        }
         let bind_source = match source.kind(spec)? {
             FileKind::BlockDevice => {
                 let staging = match req.staging_path {
@@ -248,6 +271,9 @@ impl VolumeMounter for LocalVolumePlugin {
     }
 
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()> {
+        if crate::block::PodDevice::parse(req.target).is_some() {
+            return crate::block::unmap_device(&self.host.paths, self.host.mounter.as_ref(), req.target);
+        }
         let root = self.host.paths.open_root()?;
         unmount_and_remove_target(self.host.mounter.as_ref(), &root, req.target)
     }
@@ -371,6 +397,76 @@ mod tests {
                 block_on(plugin.publish(&publish_request(&spec, &root.path().join("t"), false))).unwrap_err();
             assert!(err.to_string().contains(&expected), "{err} lacks {expected}");
         }
+    }
+
+    fn block(mut spec: VolumeSpec) -> VolumeSpec {
+        if let crate::spec::SpecSource::Persistent(pv) = &mut spec.source {
+            pv.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        }
+        spec
+    }
+
+    #[test]
+    fn a_block_volume_is_its_device_mapped_into_the_pod() {
+        let Some(device) = any_block_device() else {
+            eprintln!("skipped: no block device under /dev");
+            return;
+        };
+        let (root, host, mounter) = recording_host();
+        let paths = host.paths.clone();
+        let plugin = LocalVolumePlugin::new(host);
+        let spec = block(local_pv(&device, None, hostname_in(&["node-a"])));
+        assert!(spec.is_block() && !plugin.can_device_mount(&spec));
+        let target = crate::block::publish_target(&paths, &plugin, &spec, "u1", "data").unwrap();
+        assert_eq!(target, root.path().join("pods/u1/volumeDevices/kubernetes.io~local-volume/pv-1"));
+        block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap();
+        block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap();
+        let global = root.path().join("plugins/kubernetes.io/local-volume/volumeDevices/pv-1/dev/u1");
+        assert_eq!(fs::read_link(&target).unwrap(), device);
+        assert_eq!(mounter.is_mount_point(&global).unwrap(), true);
+        assert_eq!(mounter.calls().len(), 1, "{:?}", mounter.calls());
+
+        block_on(plugin.unpublish(&unpublish_request(&target))).unwrap();
+        assert!(!mounter.is_mount_point(&global).unwrap());
+        for gone in [&target, &global, &root.path().join("pods/u1/volumeDevices")] {
+            assert!(fs::symlink_metadata(gone).is_err(), "{} left", gone.display());
+        }
+        assert!(!root.path().join("plugins/kubernetes.io/local-volume/volumeDevices/pv-1").exists());
+        assert!(device.exists(), "the device itself is never touched");
+    }
+
+    #[test]
+    fn a_block_volume_needs_a_block_device_and_a_plugin_that_serves_block() {
+        let (root, host, mounter) = recording_host();
+        let paths = host.paths.clone();
+        let plugin = LocalVolumePlugin::new(host.clone());
+        let spec = block(local_pv(root.path(), None, hostname_in(&["node-a"])));
+        let target = crate::block::publish_target(&paths, &plugin, &spec, "u1", "data").unwrap();
+        let err = block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap_err();
+        let want = format!(
+            "persistent volume \"pv-1\": it has volumeMode Block, but local path {} is a directory, not a block device",
+            root.path().display()
+        );
+        assert_eq!(err.to_string(), want);
+        assert!(mounter.calls().is_empty() && fs::symlink_metadata(&target).is_err());
+
+        let host_path = block(VolumeSpec::persistent(PersistentVolume {
+            metadata: ObjectMeta { name: Some("hp".into()), ..ObjectMeta::default() },
+            spec: Some(PersistentVolumeSpec {
+                host_path: Some(k8s_openapi::api::core::v1::HostPathVolumeSource {
+                    path: "/srv".into(),
+                    type_: None,
+                }),
+                ..PersistentVolumeSpec::default()
+            }),
+            ..PersistentVolume::default()
+        }));
+        let plugin = crate::local::host_path::HostPathPlugin::new(host);
+        let err = crate::block::publish_target(&paths, &plugin, &host_path, "u1", "data").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "persistent volume \"hp\": it has volumeMode Block, and volume plugin kubernetes.io/host-path does not serve block volumes"
+        );
     }
 
     #[test]

@@ -1,0 +1,140 @@
+//! Block volumes of the bundled driver: a sparse image file in the volume's directory, attached to a loop device by `losetup` (bounded), found again after a restart.
+//!
+//! A volume made with a block capability holds `block.img` (sparse, the volume's capacity).
+//! Stage attaches it to a loop device (`losetup -f --show --direct-io=off <file>`), publish
+//! bind-mounts the loop device node onto the target file, unstage and delete detach it
+//! (`losetup -d`). Which loop device holds a file is always asked of the kernel
+//! (`losetup -j <file>`), never remembered, so a restarted driver finds its devices again.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tonic::Status;
+
+/// The image file of a block volume, in its directory.
+pub const IMAGE_FILE: &str = "block.img";
+/// The size of a block volume made without a capacity.
+pub const DEFAULT_BLOCK_BYTES: i64 = 64 << 20;
+/// How long one `losetup` may run before it is killed.
+const LOSETUP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The image file of the block volume in `dir`.
+pub fn image(dir: &Path) -> PathBuf {
+    dir.join(IMAGE_FILE)
+}
+
+/// Makes the sparse image of `bytes` bytes in `dir`.
+pub fn create_image(dir: &Path, bytes: i64) -> Result<(), Status> {
+    let path = image(dir);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| Status::internal(format!("cannot create {}: {e}", path.display())))?;
+    file.set_len(bytes.max(0) as u64)
+        .map_err(|e| Status::internal(format!("cannot size {} to {bytes} bytes: {e}", path.display())))
+}
+
+/// The loop devices `losetup -j` lists for a file (pure): each line is
+/// `/dev/loopN: [dev]:inode (path)`.
+pub fn parse_associations(output: &str) -> Vec<PathBuf> {
+    output
+        .lines()
+        .filter_map(|line| line.split_once(':').map(|(device, _)| device.trim()))
+        .filter(|device| device.starts_with("/dev/"))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Runs `losetup` with `args`, killed past its deadline; its stdout, or an error naming the
+/// command and what it said.
+fn losetup(args: &[&str]) -> Result<String, Status> {
+    let shown = format!("losetup {}", args.join(" "));
+    let failed = |why: String| Status::internal(format!("{shown}: {why}"));
+    let mut child = Command::new("losetup")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(format!("cannot run it: {e}")))?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait().map_err(|e| failed(e.to_string()))? {
+            Some(_) => break,
+            None if started.elapsed() > LOSETUP_DEADLINE => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(failed(format!("no answer within {LOSETUP_DEADLINE:?}; killed")));
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    let output = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+    if !output.status.success() {
+        let said = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        return Err(failed(format!("{} ({said})", output.status)));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn text(path: &Path) -> Result<&str, Status> {
+    path.to_str().ok_or_else(|| Status::internal(format!("{} is not UTF-8", path.display())))
+}
+
+/// The loop devices holding `file` now.
+pub fn devices_of(file: &Path) -> Result<Vec<PathBuf>, Status> {
+    Ok(parse_associations(&losetup(&["-j", text(file)?])?))
+}
+
+/// The loop device holding `file`, attaching it to a free one if none does.
+pub fn attach(file: &Path) -> Result<PathBuf, Status> {
+    if let Some(device) = devices_of(file)?.into_iter().next() {
+        return Ok(device);
+    }
+    let device = losetup(&["-f", "--show", "--direct-io=off", text(file)?])?;
+    let device = device.trim();
+    if !device.starts_with("/dev/") {
+        return Err(Status::internal(format!(
+            "losetup attached {} to {device:?}, not a device",
+            file.display()
+        )));
+    }
+    tracing::info!(file = %file.display(), device, "attached loop device");
+    Ok(PathBuf::from(device))
+}
+
+/// Detaches every loop device holding `file`; none is success.
+pub fn detach(file: &Path) -> Result<(), Status> {
+    if !file.exists() {
+        return Ok(());
+    }
+    for device in devices_of(file)? {
+        losetup(&["-d", text(&device)?])?;
+        tracing::info!(file = %file.display(), device = %device.display(), "detached loop device");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn associations_are_read_from_losetup_lines() {
+        let cases: &[(&str, &[&str])] = &[
+            ("", &[]),
+            ("/dev/loop3: [2049]:131 (/var/lib/kvol/csi-hostpath/volumes/v1/block.img)\n", &["/dev/loop3"]),
+            (
+                "/dev/loop0: [0045]:7 (/s/v/block.img)\n/dev/loop12: [0045]:7 (/s/v/block.img (deleted))\n",
+                &["/dev/loop0", "/dev/loop12"],
+            ),
+            ("losetup: something odd\n", &[]),
+        ];
+        for (output, want) in cases {
+            let want: Vec<PathBuf> = want.iter().map(PathBuf::from).collect();
+            assert_eq!(parse_associations(output), want, "{output:?}");
+        }
+    }
+}
