@@ -215,7 +215,9 @@ mod tests {
 
     #[test]
     fn targets_parse_back_and_give_the_path_whose_mount_counts() {
-        let cases: &[(&str, Option<(&str, &str, &str, &str)>, &str)] = &[
+        // (target, its parts: root, pod uid, plugin, spec name; the path whose mount counts)
+        type Parts = Option<(&'static str, &'static str, &'static str, &'static str)>;
+        let cases: &[(&str, Parts, &str)] = &[
             (
                 "/r/pods/u1/volumeDevices/kubernetes.io~csi/pv-1",
                 Some(("/r", "u1", "kubernetes.io/csi", "pv-1")),

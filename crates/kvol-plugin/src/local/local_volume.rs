@@ -423,7 +423,7 @@ mod tests {
         block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap();
         let global = root.path().join("plugins/kubernetes.io/local-volume/volumeDevices/pv-1/dev/u1");
         assert_eq!(fs::read_link(&target).unwrap(), device);
-        assert_eq!(mounter.is_mount_point(&global).unwrap(), true);
+        assert!(mounter.is_mount_point(&global).unwrap());
         assert_eq!(mounter.calls().len(), 1, "{:?}", mounter.calls());
 
         block_on(plugin.unpublish(&unpublish_request(&target))).unwrap();
