@@ -98,7 +98,7 @@ fn copy_dir_contents(from: &Path, to: &Path, device: u64) -> Result<(), CsiError
             fs::create_dir(&target).map_err(|e| CsiError::io("create directory", &target, e))?;
             copy_dir_contents(&source, &target, device)?;
         } else if kind.is_file() {
-            fs::copy(&source, &target).map_err(|e| CsiError::io("copy to", &target, e))?;
+            copy_file_sparse(&source, &target).map_err(|e| CsiError::io("copy to", &target, e))?;
         } else if kind.is_symlink() {
             let link = fs::read_link(&source).map_err(|e| CsiError::io("read link", &source, e))?;
             std::os::unix::fs::symlink(&link, &target)
@@ -116,6 +116,35 @@ fn copy_dir_contents(from: &Path, to: &Path, device: u64) -> Result<(), CsiError
         copy_owner_and_mode(&meta, &target)?;
     }
     Ok(())
+}
+
+/// Copies a regular file's data extents only, so a sparse file (a block volume's image) stays
+/// sparse: `fs::copy` writes every hole out as zeros (a 10 GiB image became 10 GiB on disk).
+fn copy_file_sparse(source: &Path, target: &Path) -> std::io::Result<()> {
+    use nix::unistd::{Whence, lseek};
+    let input = fs::File::open(source)?;
+    let output = fs::OpenOptions::new().write(true).create_new(true).open(target)?;
+    let size = i64::try_from(input.metadata()?.len()).map_err(std::io::Error::other)?;
+    let mut offset = 0i64;
+    while offset < size {
+        let data = match lseek(&input, offset, Whence::SeekData) {
+            Ok(data) => data,
+            // No data after `offset`: the rest is a hole.
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(&input, data, Whence::SeekHole)?;
+        let (mut from, mut to) = (data, data);
+        while from < hole {
+            let want = usize::try_from(hole - from).unwrap_or(usize::MAX).min(1 << 30);
+            let copied = nix::fcntl::copy_file_range(&input, Some(&mut from), &output, Some(&mut to), want)?;
+            if copied == 0 {
+                return Err(std::io::Error::other(format!("{} shrank while being copied", source.display())));
+            }
+        }
+        offset = hole;
+    }
+    output.set_len(input.metadata()?.len())
 }
 
 fn copy_owner_and_mode(meta: &fs::Metadata, target: &Path) -> Result<(), CsiError> {
@@ -159,6 +188,34 @@ mod tests {
         assert_eq!(fs::metadata(&to).unwrap().mode() & 0o7777, 0o751);
         assert_eq!(fs::read_link(to.join("link")).unwrap(), Path::new("a/b/file"));
         assert_eq!(fs::read(to.join("link")).unwrap(), b"data", "the link resolves inside the copy");
+    }
+
+    #[test]
+    fn sparse_files_stay_sparse_and_keep_their_data() {
+        use std::os::unix::fs::FileExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (from, to) = (tmp.path().join("from"), tmp.path().join("to"));
+        fs::create_dir(&from).unwrap();
+        fs::create_dir(&to).unwrap();
+        let image = fs::File::create(from.join("block.img")).unwrap();
+        image.set_len(256 << 20).unwrap();
+        image.write_all_at(b"head", 0).unwrap();
+        image.write_all_at(b"middle", 100 << 20).unwrap();
+        image.write_all_at(b"tail", (256 << 20) - 4).unwrap();
+        copy_tree(&from, &to).unwrap();
+        let copy = fs::File::open(to.join("block.img")).unwrap();
+        assert_eq!(copy.metadata().unwrap().len(), 256 << 20);
+        let read = |offset: u64, len: usize| {
+            let mut buf = vec![0; len];
+            copy.read_exact_at(&mut buf, offset).unwrap();
+            buf
+        };
+        assert_eq!(read(0, 4), b"head");
+        assert_eq!(read(100 << 20, 6), b"middle");
+        assert_eq!(read((256 << 20) - 4, 4), b"tail");
+        assert_eq!(read(1 << 20, 8), [0; 8], "holes read back as zeros");
+        let allocated = copy.metadata().unwrap().blocks() * 512;
+        assert!(allocated < 4 << 20, "a 256 MiB image with three writes took {allocated} bytes");
     }
 
     #[test]
