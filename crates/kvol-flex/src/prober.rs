@@ -15,8 +15,8 @@
 //!
 //! The pure parts: [`classify`] maps a notify event to the driver directory it concerns and
 //! what to do; [`Pending`] coalesces (last event per driver wins, and an event for a driver
-//! whose probe is already queued adds nothing: the watch thread drops it without waking anyone
-//! and pauses briefly, so a storm is read from the kernel in batches); [`Scheduler`] decides when a
+//! whose probe is already queued adds nothing: the watch thread drops it without waking
+//! anyone); [`Scheduler`] decides when a
 //! driver may be probed (one probe at a time per driver, at most one `init` per
 //! `min_reprobe_interval`, and the last request is always run eventually, by a trailing
 //! probe). The I/O around them: the notify handler, the discovery task and the probe tasks.
@@ -652,7 +652,6 @@ impl FlexProber {
         });
         let handler = {
             let (shared, dir) = (Arc::clone(&shared), config.dir.clone());
-            let mut free_until = std::time::Instant::now();
             move |res: notify::Result<Event>| {
                 let event = match res {
                     Ok(event) => event,
@@ -662,16 +661,9 @@ impl FlexProber {
                     }
                 };
                 let mut pending = lock(&shared.pending);
-                let (mut changed, mut held) = (false, false);
-                for_each_action(&dir, &event, |found| {
-                    held |= matches!(found, Found::Driver(d, Op::Probe) if pending.held.contains(d));
-                    changed |= pending.record_found(found);
-                });
+                let mut changed = false;
+                for_each_action(&dir, &event, |found| changed |= pending.record_found(found));
                 if !changed {
-                    drop(pending);
-                    if held {
-                        pace_storm(&mut free_until);
-                    }
                     return;
                 }
                 // Under the pending lock, so the discovery task cannot report idle over this.
@@ -747,25 +739,6 @@ impl Drop for FlexProber {
         if let Some(task) = &self.task {
             task.abort();
         }
-    }
-}
-
-/// How long the watch thread pauses when events stop adding anything (a storm in a driver
-/// directory whose probe is queued already).
-const STORM_PAUSE: Duration = Duration::from_millis(5);
-
-/// After a pause, how long the thread reads freely before it may pause again: enough to drain
-/// what the kernel queued meanwhile.
-const STORM_DRAIN: Duration = Duration::from_millis(1);
-
-/// Pauses the watch thread for [`STORM_PAUSE`] unless it paused less than [`STORM_DRAIN`]
-/// ago, so that the kernel queues a storm's events and they are read in batches instead of
-/// one wakeup each. Only events for a driver whose probe is queued already (held) lead here;
-/// an event that matters is at most one pause late.
-fn pace_storm(free_until: &mut std::time::Instant) {
-    if std::time::Instant::now() >= *free_until {
-        std::thread::sleep(STORM_PAUSE);
-        *free_until = std::time::Instant::now() + STORM_DRAIN;
     }
 }
 
