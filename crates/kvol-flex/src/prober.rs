@@ -16,7 +16,9 @@
 //! The pure parts: [`classify`] maps a notify event to the driver directory it concerns and
 //! what to do; [`Pending`] coalesces (last event per driver wins, and an event for a driver
 //! whose probe is already queued adds nothing: the watch thread drops it without waking
-//! anyone); [`Scheduler`] decides when a
+//! anyone, and the first such event has that driver's directory watch dropped until the probe
+//! starts and adds it back before it looks, so a storm costs a few events a second instead of
+//! every event); [`Scheduler`] decides when a
 //! driver may be probed (one probe at a time per driver, at most one `init` per
 //! `min_reprobe_interval`, and the last request is always run eventually, by a trailing
 //! probe). The I/O around them: the notify handler, the discovery task and the probe tasks.
@@ -26,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -239,6 +242,13 @@ pub struct Pending {
     /// probe it would start later reads what any event until then changed, so such events
     /// are dropped here without waking the discovery task (what keeps event storms cheap).
     pub held: BTreeSet<String>,
+    /// Held drivers whose directory watch the discovery task is asked to drop: the first event
+    /// dropped as held asks, so a storm stops reaching the process at all until the probe, which
+    /// adds the watch again before it looks (kubelet's "mark dirty, look later", done by the kernel).
+    pub quiet: BTreeSet<String>,
+    /// Held drivers whose directory watch is dropped (or being dropped); cleared when their
+    /// probe starts.
+    pub quieted: BTreeSet<String>,
 }
 
 impl Pending {
@@ -247,7 +257,7 @@ impl Pending {
         match action {
             Action::Rescan => !std::mem::replace(&mut self.rescan, true),
             Action::PluginDirChanged => !std::mem::replace(&mut self.plugin_dir_changed, true),
-            Action::Driver { dir, op: Op::Probe } if self.held.contains(&dir) => false,
+            Action::Driver { dir, op: Op::Probe } if self.held.contains(&dir) => self.ask_quiet(&dir),
             Action::Driver { dir, op } => self.drivers.insert(dir, op) != Some(op),
         }
     }
@@ -257,27 +267,33 @@ impl Pending {
         match found {
             Found::Rescan => self.record(Action::Rescan),
             Found::PluginDirChanged => self.record(Action::PluginDirChanged),
-            Found::Driver(dir, op)
-                if (op == Op::Probe && self.held.contains(dir)) || self.drivers.get(dir) == Some(&op) =>
-            {
-                false
-            }
+            Found::Driver(dir, Op::Probe) if self.held.contains(dir) => self.ask_quiet(dir),
+            Found::Driver(dir, op) if self.drivers.get(dir) == Some(&op) => false,
             Found::Driver(dir, op) => self.record(Action::Driver { dir: dir.to_string(), op }),
         }
     }
 
-    /// Takes the recorded actions, leaving `held` in place.
+    /// Asks once per held period for held driver `dir`'s watch to be dropped; false when asked already.
+    fn ask_quiet(&mut self, dir: &str) -> bool {
+        if self.quieted.contains(dir) || self.quiet.contains(dir) {
+            return false;
+        }
+        self.quiet.insert(dir.to_string())
+    }
+
+    /// Takes the recorded actions (and requests to quiet), leaving `held` and `quieted` in place.
     pub fn take_actions(&mut self) -> Pending {
         Pending {
             rescan: std::mem::take(&mut self.rescan),
             plugin_dir_changed: std::mem::take(&mut self.plugin_dir_changed),
             drivers: std::mem::take(&mut self.drivers),
-            held: BTreeSet::new(),
+            quiet: std::mem::take(&mut self.quiet),
+            ..Pending::default()
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        !self.rescan && !self.plugin_dir_changed && self.drivers.is_empty()
+        !self.rescan && !self.plugin_dir_changed && self.drivers.is_empty() && self.quiet.is_empty()
     }
 }
 
@@ -620,6 +636,8 @@ struct Shared {
     stop: Notify,
     status: Mutex<BTreeMap<String, ProbedDriver>>,
     progress: watch::Sender<Progress>,
+    /// Events the notify handler was given (to show what quieting spares).
+    events: AtomicU64,
 }
 
 /// A running prober. Dropping it stops discovery; [`FlexProber::shutdown`] also waits for it.
@@ -649,10 +667,12 @@ impl FlexProber {
             stop: Notify::new(),
             status: Mutex::new(BTreeMap::new()),
             progress,
+            events: AtomicU64::new(0),
         });
         let handler = {
             let (shared, dir) = (Arc::clone(&shared), config.dir.clone());
             move |res: notify::Result<Event>| {
+                shared.events.fetch_add(1, Ordering::Relaxed);
                 let event = match res {
                     Ok(event) => event,
                     Err(e) => {
@@ -708,6 +728,11 @@ impl FlexProber {
     /// The drivers that did not load, as `kvol plugins` rows.
     pub fn not_registered(&self) -> Vec<NotRegistered> {
         lock(&self.shared.status).values().filter_map(ProbedDriver::not_registered).collect()
+    }
+
+    /// How many watch events have reached the prober since it started.
+    pub fn events_seen(&self) -> u64 {
+        self.shared.events.load(Ordering::Relaxed)
     }
 
     /// The discovery counters; `changed()` on it wakes on every step.
@@ -822,6 +847,30 @@ impl Discovery {
         for (dir, op) in pending.drivers {
             self.sched.enqueue(&dir, op);
         }
+        for dir in pending.quiet {
+            self.quiet(dir);
+        }
+    }
+
+    /// Drops held driver `dir`'s directory watch until its queued probe starts, which adds it
+    /// again before it looks inside; a driver whose probe started meanwhile keeps its watch.
+    fn quiet(&mut self, dir: String) {
+        if !self.sched.queued_probes().any(|d| d == dir) {
+            return;
+        }
+        let path = self.ctx.dir.join(&dir);
+        // Recorded first, so that events still in flight are dropped without asking again.
+        lock(&self.shared.pending).quieted.insert(dir);
+        // Not under the pending lock: the notify thread takes it to deliver events.
+        let _ = lock(&self.watcher).unwatch(&path);
+        tracing::trace!(dir = %path.display(), "flexvolume driver directory quieted until its probe");
+    }
+
+    /// Adds `dir`'s watch again (a `Gone` of a quieted driver whose directory stays).
+    fn rewatch(&self, dir: &Path) {
+        if let Err(e) = lock(&self.watcher).watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch flexvolume driver directory");
+        }
     }
 
     /// The plugin directory was removed or moved: drop the stale watches, recreate it, watch it
@@ -879,15 +928,22 @@ impl Discovery {
         loop {
             let (starts, wake) = self.sched.ready(Instant::now());
             // Before a probe starts, events for its driver must count again: it may read the
-            // directory before they happen.
+            // directory before they happen. (A probe adds a quieted driver's watch back itself.)
+            let mut rewatch = BTreeSet::new();
             if !starts.is_empty() {
                 let mut pending = lock(&self.shared.pending);
                 for start in &starts {
                     pending.held.remove(&start.dir);
+                    if pending.quieted.remove(&start.dir) && start.op == Op::Gone {
+                        rewatch.insert(start.dir.clone());
+                    }
                 }
             }
             let mut again = false;
             for start in starts {
+                if rewatch.contains(&start.dir) {
+                    self.rewatch(&self.ctx.dir.join(&start.dir));
+                }
                 match start.op {
                     Op::Probe => {
                         let (ctx, watcher) = (Arc::clone(&self.ctx), Arc::clone(&self.watcher));
@@ -1093,33 +1149,35 @@ mod tests {
         }
         p.record(Action::Rescan);
         let want = BTreeMap::from([("a".to_string(), Op::Gone), ("b".to_string(), Op::Probe)]);
-        assert_eq!(
-            p,
-            Pending { rescan: true, plugin_dir_changed: false, drivers: want, held: BTreeSet::new() }
-        );
+        assert_eq!(p, Pending { rescan: true, drivers: want, ..Pending::default() });
     }
 
     #[test]
     fn only_actions_that_add_something_wake_discovery() {
-        // (already recorded, held, action) → whether recording it changes anything.
-        type Row = (&'static [(&'static str, Op)], &'static [&'static str], Action, bool);
+        // (already recorded, held, quieted, action) → whether recording it changes anything.
+        type Row =
+            (&'static [(&'static str, Op)], &'static [&'static str], &'static [&'static str], Action, bool);
         let rows: &[Row] = &[
-            (&[], &[], drv("a", Op::Probe), true),
-            (&[("a", Op::Probe)], &[], drv("a", Op::Probe), false),
-            (&[("a", Op::Probe)], &[], drv("a", Op::Gone), true),
-            (&[("a", Op::Gone)], &[], drv("a", Op::Probe), true),
-            // A probe already queued reads whatever this event changed.
-            (&[], &["a"], drv("a", Op::Probe), false),
+            (&[], &[], &[], drv("a", Op::Probe), true),
+            (&[("a", Op::Probe)], &[], &[], drv("a", Op::Probe), false),
+            (&[("a", Op::Probe)], &[], &[], drv("a", Op::Gone), true),
+            (&[("a", Op::Gone)], &[], &[], drv("a", Op::Probe), true),
+            // A probe already queued reads whatever this event changed; the first such event
+            // asks for the driver's watch to be dropped until then, the rest add nothing.
+            (&[], &["a"], &[], drv("a", Op::Probe), true),
+            (&[], &["a"], &["a"], drv("a", Op::Probe), false),
             // A removal still counts: the queued probe must not be what reports it.
-            (&[], &["a"], drv("a", Op::Gone), true),
-            (&[], &["a"], drv("b", Op::Probe), true),
-            (&[], &["a"], Action::Rescan, true),
-            (&[], &[], Action::PluginDirChanged, true),
+            (&[], &["a"], &["a"], drv("a", Op::Gone), true),
+            (&[], &["a"], &["a"], drv("b", Op::Probe), true),
+            (&[], &["a"], &["a"], Action::Rescan, true),
+            (&[], &[], &[], Action::PluginDirChanged, true),
         ];
-        for (recorded, held, action, want) in rows {
+        for (recorded, held, quieted, action, want) in rows {
+            let names = |dirs: &[&str]| dirs.iter().map(|d| d.to_string()).collect::<BTreeSet<_>>();
             let mut p = Pending {
                 drivers: recorded.iter().map(|(d, op)| (d.to_string(), *op)).collect(),
-                held: held.iter().map(|d| d.to_string()).collect(),
+                held: names(held),
+                quieted: names(quieted),
                 ..Pending::default()
             };
             let found = match action {
@@ -1127,21 +1185,19 @@ mod tests {
                 Action::PluginDirChanged => Found::PluginDirChanged,
                 Action::Driver { dir, op } => Found::Driver(dir, *op),
             };
-            assert_eq!(
-                p.clone().record(action.clone()),
-                *want,
-                "record {action:?} over {recorded:?}, held {held:?}"
-            );
-            assert_eq!(
-                p.record_found(found),
-                *want,
-                "record_found {action:?} over {recorded:?}, held {held:?}"
-            );
+            let context = format!("{action:?} over {recorded:?}, held {held:?}, quieted {quieted:?}");
+            assert_eq!(p.clone().record(action.clone()), *want, "record {context}");
+            assert_eq!(p.record_found(found), *want, "record_found {context}");
+            if *want {
+                assert!(!p.record(action.clone()), "a second {context} adds nothing");
+            }
         }
         let mut p = Pending { held: BTreeSet::from(["a".to_string()]), ..Pending::default() };
         p.record(Action::Rescan);
+        assert!(p.record(drv("a", Op::Probe)), "a held driver's first event asks to quiet it");
         let taken = p.take_actions();
-        assert!(taken.rescan && p.is_empty() && p.held.contains("a"), "taking actions keeps what is held");
+        assert!(taken.rescan && taken.quiet.contains("a"), "the request to quiet is taken with the actions");
+        assert!(p.is_empty() && p.held.contains("a"), "taking actions keeps what is held");
     }
 
     /// One step of a scheduler scenario, at a time in milliseconds from the start.

@@ -377,6 +377,33 @@ async fn changes_made_during_an_event_storm_are_not_lost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stormed_driver_directory_stops_reaching_the_prober_until_its_probe() {
+    let env = Env::start();
+    env.install("v~busy", INIT_OK);
+    eventually("loaded", || env.registered("v/busy")).await;
+    env.prober.wait_idle().await;
+    let before = env.prober.events_seen();
+    // 5,000 files created (create, open, close-write) and removed: 20,000 inotify events.
+    const FILES: u64 = 5000;
+    let script = "cd \"$1\" && i=0; while [ $i -lt $2 ]; do : > s$i; i=$((i+1)); done; rm -f s*";
+    let dir = env.plugin_dir.join("v~busy");
+    let status = std::process::Command::new("sh")
+        .args(["-c", script, "storm"])
+        .arg(&dir)
+        .arg(FILES.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the storm script failed in {}", dir.display());
+    env.prober.wait_idle().await;
+    let seen = env.prober.events_seen() - before;
+    eprintln!("a storm of {} events in a driver directory: {seen} reached the prober", FILES * 4);
+    assert!(seen < FILES * 2, "{seen} of {} storm events reached the prober", FILES * 4);
+    // The probe that followed put the watch back: a change now is seen.
+    env.install("v~busy", INIT_ATTACH);
+    eventually("a change after the storm applied", || env.attachable("v/busy") == Some(true)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untrusted_drivers_are_refused_with_the_reason() {
     let env = Env::start();
     env.install("v~drv", INIT_OK);
