@@ -162,6 +162,12 @@ pub fn volume_usage(c: FsCounters, size: i64, used: u64) -> Vec<csi::VolumeUsage
     all
 }
 
+/// A block volume's usage: its size only, in bytes (a device has no free space or inodes to
+/// report; kubelet shows only the capacity of a block volume too).
+pub fn block_usage(size: i64) -> Vec<csi::VolumeUsage> {
+    vec![csi::VolumeUsage { total: size, unit: csi::volume_usage::Unit::Bytes as i32, ..Default::default() }]
+}
+
 /// The bytes the filesystem holding `path` has available to unprivileged users.
 pub(crate) fn filesystem_available(path: &Path) -> Result<i64, Status> {
     Ok(usage(counters(path)?)[0].available)
@@ -553,6 +559,12 @@ impl Hostpath {
         }
         if !self.is_mounted(&path)? {
             return Err(Status::not_found(format!("volume {id} is not mounted on {}", path.display())));
+        }
+        if record.block {
+            return Ok(csi::NodeGetVolumeStatsResponse {
+                usage: block_usage(record.visible_size()),
+                volume_condition: None,
+            });
         }
         let used = fsutil::disk_usage(&path).map_err(|e| with_context(id, internal(e)))?;
         let usage = volume_usage(counters(&path)?, record.visible_size(), used);

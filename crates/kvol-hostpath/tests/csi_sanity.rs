@@ -149,3 +149,16 @@ async fn csi_sanity_passes_with_every_feature_on() {
     assert_eq!(counts.failed, 0, "{counts:?}");
     assert!(counts.passed >= 89, "upstream's driver passes 89 with every feature on: {counts:?}");
 }
+
+/// Block volumes (loop devices): csi-sanity's volumes all made and used with block access.
+#[tokio::test(flavor = "current_thread")]
+async fn csi_sanity_passes_with_block_access() {
+    let Some(sanity) = sanity_binary() else { return };
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: no /dev/loop-control on this machine");
+        return;
+    }
+    let counts = run_sanity(&sanity, |c| c, &["-csi.testvolumeaccesstype=block"]).await;
+    assert_eq!(counts.failed, 0, "{counts:?}");
+    assert!(counts.passed >= 73, "as many as with mount access: {counts:?}");
+}

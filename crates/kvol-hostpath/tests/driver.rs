@@ -1505,6 +1505,14 @@ async fn block_volumes_are_loop_devices_bound_onto_target_files() {
     file.seek(SeekFrom::Start(MIB as u64)).unwrap();
     file.read_exact(&mut back).unwrap();
     assert!(back == data, "what went through the device is in the image");
+    let stats = csi::NodeGetVolumeStatsRequest {
+        volume_id: id.clone(),
+        volume_path: target.display().to_string(),
+        ..Default::default()
+    };
+    let usage = d.node.node_get_volume_stats(stats).await.unwrap().into_inner().usage;
+    assert_eq!(usage.len(), 1, "a device reports its size only: {usage:?}");
+    assert_eq!((usage[0].total, usage[0].unit), (16 * MIB, csi::volume_usage::Unit::Bytes as i32));
 
     // A restarted driver finds the loop device again rather than attaching another.
     d.stop().await;
