@@ -1,0 +1,206 @@
+//! Cluster mode end to end: a pod created in a real kube-apiserver → its CSI ephemeral volume published by `kvol agent --kubeconfig`, beside the same publish made straight to the driver.
+//!
+//! `cargo bench -p kvol --bench cluster` as root, with `KVOL_KUBE_APISERVER` and `KVOL_ETCD`
+//! naming a kube-apiserver and an etcd (see the README's "Cluster mode"); without them it prints
+//! why and does nothing. The agent runs in a private mount namespace it inherits from this
+//! process. `KVOL_BENCH_ROUNDS` sets the number of pods (default 20); `KVOL_BENCH_AGENT_LOG` the
+//! agent's `KVOL_LOG` and `KVOL_BENCH_AGENT_LOG_FILE` where its log goes.
+
+#[path = "../../kvol-cluster/tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::Api;
+use kube::api::PostParams;
+use kvol_csi::proto::csi::node_client::NodeClient;
+use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+use kvol_csi::proto::csi::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability};
+use kvol_node::status::{Phase, read_status};
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
+use serde_json::json;
+
+const DRIVER: &str = "hostpath.csi.kvol.io";
+const NODE: &str = "bench-node";
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn create<K>(api: &Api<K>, body: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(body).expect("a valid object");
+    api.create(&PostParams::default(), &object).await.expect("created")
+}
+
+/// A pod on the bench node with one CSI ephemeral volume of the bundled driver.
+fn ephemeral_pod(name: &str) -> serde_json::Value {
+    json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
+        "containers": [{"name": "c", "image": "none"}],
+        "volumes": [{"name": "data", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1Mi"}}}]}})
+}
+
+/// Volumes the agent's status file shows published (0 until this agent has written one).
+fn published(state: &Path, pid: u32) -> usize {
+    match read_status(state) {
+        Ok(r) if r.pid == pid => r.volumes.iter().filter(|v| v.phase == Phase::Published).count(),
+        _ => 0,
+    }
+}
+
+async fn wait_published(state: &Path, pid: u32, n: usize, limit: Duration) -> Duration {
+    let start = Instant::now();
+    while published(state, pid) < n {
+        assert!(start.elapsed() < limit, "only {} of {n} published after {limit:?}", published(state, pid));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    start.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The same publish, straight to the driver's socket: NodePublishVolume of an ephemeral volume.
+async fn direct_publishes(socket: &Path, work: &Path, rounds: usize) -> Vec<Duration> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut node = NodeClient::new(channel);
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let mut out = Vec::new();
+    for i in 0..rounds {
+        let target = work.join(format!("direct/t{i}"));
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let volume_id = format!("csi-direct-{i}");
+        let context = [("csi.storage.k8s.io/ephemeral", "true"), ("size", "1Mi")];
+        let start = Instant::now();
+        node.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: volume_id.clone(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(capability.clone()),
+            volume_context: context.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..NodePublishVolumeRequest::default()
+        })
+        .await
+        .unwrap();
+        out.push(start.elapsed());
+        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id,
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+    }
+    out
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (the bench needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let rounds: usize = std::env::var("KVOL_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    runtime.block_on(async {
+        create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
+        create(
+            &Api::<CSIDriver>::all(client.clone()),
+            json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false, "podInfoOnMount": true,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"]}}),
+        )
+        .await;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap();
+    let agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["agent", "--no-metrics", "--no-example-flex-drivers", "--node-name", NODE, "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .arg("--root")
+            .arg(&root)
+            .env("KVOL_LOG", std::env::var("KVOL_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdout(Stdio::null())
+            .stderr(match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
+                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::null(),
+            })
+            .spawn()
+            .unwrap(),
+    );
+    let pid = agent.0.id();
+    // Ready when the node's CSINode lists the bundled driver: registration went through the API.
+    runtime.block_on(async {
+        let nodes = Api::<CSINode>::all(client.clone());
+        let start = Instant::now();
+        loop {
+            let registered = nodes
+                .get_opt(NODE)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER));
+            if registered {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the agent never registered {DRIVER} in CSINode"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let through_agent: Vec<Duration> = runtime.block_on(async {
+        let mut out = Vec::new();
+        for i in 0..rounds {
+            let start = Instant::now();
+            create(&pods, ephemeral_pod(&format!("p{i}"))).await;
+            wait_published(&root, pid, i + 1, Duration::from_secs(60)).await;
+            out.push(start.elapsed());
+        }
+        out
+    });
+    let socket = root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
+    let direct = runtime.block_on(direct_publishes(&socket, &root, rounds));
+    let (a, d) = (median(through_agent.clone()), median(direct));
+    println!("a pod created in the API → its CSI ephemeral volume published ({rounds} pods, medians)");
+    println!(
+        "  {:.1} ms through the API and the agent (min {:.1}, max {:.1}); NodePublishVolume straight to the driver {:.1} ms; ratio {:.1}x; goal <= 30 ms, {}",
+        ms(a),
+        ms(*through_agent.iter().min().unwrap()),
+        ms(*through_agent.iter().max().unwrap()),
+        ms(d),
+        a.as_secs_f64() / d.as_secs_f64().max(1e-9),
+        if a <= Duration::from_millis(30) { "met" } else { "NOT MET" }
+    );
+    drop(agent);
+    drop(server);
+}
