@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -35,7 +35,8 @@ use crate::model::{ObjectSet, SourceProblem};
 /// The namespace of a namespaced object that names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// How long the directory must be quiet after a change before it is read again.
+/// How long the directory must be quiet after a change to a file still open for writing before
+/// it is read again (a file that lands whole is read at once: see [`landing`]).
 pub const QUIET: Duration = Duration::from_millis(50);
 
 /// The longest a rebuild waits for the directory to go quiet: a directory that never stops
@@ -570,6 +571,70 @@ pub fn is_relevant(event: &notify::Event, dir: &Path) -> bool {
     })
 }
 
+/// How a relevant change landed: whole, or perhaps still being written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landing {
+    /// The file is complete as it stands: closed after writing (`IN_CLOSE_WRITE`), renamed into
+    /// or out of place (`IN_MOVED_TO`, `IN_MOVED_FROM`), or removed.
+    Settled,
+    /// A writer may still hold the file (created, written, metadata changed), or the watcher
+    /// lost events: wait for quiet.
+    Open,
+}
+
+/// How `event` landed; pure.
+pub fn landing(event: &notify::Event) -> Landing {
+    if event.need_rescan() {
+        return Landing::Open;
+    }
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::From | RenameMode::Both))
+        | EventKind::Remove(_) => Landing::Settled,
+        _ => Landing::Open,
+    }
+}
+
+/// The manifests written but not yet closed since the last read: a settled change is read at
+/// once only when no other file is still open for writing, so a half-written file is never
+/// read for want of waiting.
+#[derive(Debug, Default)]
+pub struct OpenWrites {
+    open: std::collections::BTreeSet<PathBuf>,
+    unknown: bool,
+}
+
+impl OpenWrites {
+    /// Notes a relevant change of `paths`; returns whether the directory can be read now.
+    pub fn note(&mut self, landing: Landing, paths: &[PathBuf]) -> bool {
+        match landing {
+            Landing::Open if paths.is_empty() => self.unknown = true,
+            Landing::Open => self.open.extend(paths.iter().cloned()),
+            Landing::Settled => {
+                for path in paths {
+                    self.open.remove(path);
+                }
+            }
+        }
+        landing == Landing::Settled && self.open.is_empty() && !self.unknown
+    }
+}
+
+/// How long the source waits for a directory still being written to go quiet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quiet {
+    /// The quiet needed after a change to a file still open for writing.
+    pub quiet: Duration,
+    /// The longest wait: a directory that never goes quiet is still read this often.
+    pub max_delay: Duration,
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Quiet { quiet: QUIET, max_delay: MAX_DELAY }
+    }
+}
+
 /// Why the manifests source could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -582,7 +647,7 @@ pub enum SourceError {
 }
 
 enum Signal {
-    Changed,
+    Changed(Landing, Vec<PathBuf>),
     Stop,
 }
 
@@ -590,7 +655,8 @@ enum Signal {
 /// whenever the directory's content changes.
 ///
 /// Rebuilds run on the source's own thread, never the caller's: after a change the thread waits
-/// until the directory has been quiet for [`QUIET`] (at most [`MAX_DELAY`]), reads it again, and
+/// until the directory has been quiet for [`QUIET`] (at most [`MAX_DELAY`]) — unless the change
+/// landed whole and no other file is open for writing ([`OpenWrites`]) — reads it again, and
 /// publishes the set if it differs from the last one. A change made while a rebuild runs brings
 /// another, so the last change is always applied.
 pub struct ManifestsSource {
@@ -621,6 +687,15 @@ impl ManifestsSource {
         dir: PathBuf,
         memory: Option<Arc<dyn ManifestMemory>>,
     ) -> Result<ManifestsSource, SourceError> {
+        ManifestsSource::start_with(dir, memory, Quiet::default())
+    }
+
+    /// [`ManifestsSource::start_with_memory`] with its own quiet period.
+    pub fn start_with(
+        dir: PathBuf,
+        memory: Option<Arc<dyn ManifestMemory>>,
+        quiet: Quiet,
+    ) -> Result<ManifestsSource, SourceError> {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
@@ -630,16 +705,15 @@ impl ManifestsSource {
         let to_thread = signals.clone();
         let watched = dir.clone();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = match event {
-                Ok(event) => is_relevant(&event, &watched),
+            let signal = match event {
+                Ok(event) if is_relevant(&event, &watched) => Signal::Changed(landing(&event), event.paths),
+                Ok(_) => return,
                 Err(e) => {
                     tracing::warn!(dir = %watched.display(), "manifests watcher error, rereading: {e}");
-                    true
+                    Signal::Changed(Landing::Open, Vec::new())
                 }
             };
-            if relevant {
-                let _ = to_thread.send(Signal::Changed);
-            }
+            let _ = to_thread.send(signal);
         })
         .map_err(|source| SourceError::Watch { path: dir.clone(), source })?;
         watcher
@@ -658,7 +732,7 @@ impl ManifestsSource {
             let (dir, sets) = (dir.clone(), Arc::clone(&sets));
             thread::Builder::new()
                 .name("kvol-manifests".to_string())
-                .spawn(move || run(&dir, &received, &sets, cache))
+                .spawn(move || run(&dir, &received, &sets, cache, quiet))
                 .map_err(SourceError::Thread)?
         };
         Ok(ManifestsSource { dir, watcher: Some(watcher), signals, thread: Some(thread), sets })
@@ -766,20 +840,30 @@ fn run(
     signals: &mpsc::Receiver<Signal>,
     sets: &watch::Sender<Arc<ObjectSet>>,
     mut cache: ParseCache,
+    quiet: Quiet,
 ) {
     loop {
-        match signals.recv() {
-            Ok(Signal::Changed) => {}
+        let mut writes = OpenWrites::default();
+        let mut read_now = match signals.recv() {
+            Ok(Signal::Changed(landing, paths)) => writes.note(landing, &paths),
             Ok(Signal::Stop) | Err(_) => return,
+        };
+        // What already arrived with it (a rename's To and Both) is one change.
+        loop {
+            match signals.try_recv() {
+                Ok(Signal::Changed(landing, paths)) => read_now = writes.note(landing, &paths),
+                Ok(Signal::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,
+                Err(mpsc::TryRecvError::Empty) => break,
+            }
         }
         let first = Instant::now();
-        loop {
-            let left = MAX_DELAY.saturating_sub(first.elapsed());
+        while !read_now {
+            let left = quiet.max_delay.saturating_sub(first.elapsed());
             if left.is_zero() {
                 break;
             }
-            match signals.recv_timeout(QUIET.min(left)) {
-                Ok(Signal::Changed) => {}
+            match signals.recv_timeout(quiet.quiet.min(left)) {
+                Ok(Signal::Changed(landing, paths)) => read_now = writes.note(landing, &paths),
                 Ok(Signal::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
             }
@@ -812,7 +896,7 @@ fn log_problems(dir: &Path, set: &ObjectSet, before: &ObjectSet) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{CreateKind, ModifyKind, RemoveKind, RenameMode};
+    use notify::event::{CreateKind, DataChange, MetadataKind, RemoveKind};
 
     /// Parses and describes the outcome: objects as `Kind key`, problems as their display.
     fn outcome(text: &str) -> Vec<String> {
@@ -1073,6 +1157,75 @@ mod tests {
         ];
         for (name, want) in cases {
             assert_eq!(is_manifest_name(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn landings() {
+        let cases = [
+            (
+                "closed after writing",
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                Landing::Settled,
+            ),
+            ("renamed into place", EventKind::Modify(ModifyKind::Name(RenameMode::To)), Landing::Settled),
+            ("renamed, both names", EventKind::Modify(ModifyKind::Name(RenameMode::Both)), Landing::Settled),
+            ("renamed away", EventKind::Modify(ModifyKind::Name(RenameMode::From)), Landing::Settled),
+            ("removed", EventKind::Remove(RemoveKind::File), Landing::Settled),
+            ("created", EventKind::Create(CreateKind::File), Landing::Open),
+            ("written", EventKind::Modify(ModifyKind::Data(DataChange::Any)), Landing::Open),
+            ("written, kind unknown", EventKind::Modify(ModifyKind::Any), Landing::Open),
+            ("chmod", EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)), Landing::Open),
+            ("renamed, side unknown", EventKind::Modify(ModifyKind::Name(RenameMode::Any)), Landing::Open),
+            ("something else", EventKind::Other, Landing::Open),
+        ];
+        for (what, kind, want) in cases {
+            assert_eq!(landing(&notify::Event::new(kind)), want, "{what}");
+        }
+        let lost = notify::Event::new(EventKind::Access(AccessKind::Close(AccessMode::Write)))
+            .set_flag(notify::event::Flag::Rescan);
+        assert_eq!(landing(&lost), Landing::Open, "events were lost");
+    }
+
+    #[test]
+    fn a_settled_change_is_read_at_once_unless_another_file_is_still_open() {
+        use Landing::{Open, Settled};
+        let (a, b) = (PathBuf::from("/m/a.yaml"), PathBuf::from("/m/b.yaml"));
+        // (what, the changes in order, whether the directory may be read after each)
+        type Case = (&'static str, Vec<(Landing, Vec<PathBuf>)>, Vec<bool>);
+        let cases: [Case; 6] = [
+            ("renamed into place", vec![(Settled, vec![a.clone()])], vec![true]),
+            (
+                "created, written, closed",
+                vec![(Open, vec![a.clone()]), (Open, vec![a.clone()]), (Settled, vec![a.clone()])],
+                vec![false, false, true],
+            ),
+            (
+                "one closed while another is still open",
+                vec![(Open, vec![a.clone()]), (Open, vec![b.clone()]), (Settled, vec![a.clone()])],
+                vec![false, false, false],
+            ),
+            (
+                "both closed",
+                vec![
+                    (Open, vec![a.clone()]),
+                    (Open, vec![b.clone()]),
+                    (Settled, vec![a.clone()]),
+                    (Settled, vec![b.clone()]),
+                ],
+                vec![false, false, false, true],
+            ),
+            (
+                "lost events wait for quiet",
+                vec![(Open, vec![]), (Settled, vec![a.clone()])],
+                vec![false, false],
+            ),
+            ("removed", vec![(Settled, vec![b.clone()])], vec![true]),
+        ];
+        for (what, steps, want) in cases {
+            let mut writes = OpenWrites::default();
+            let got: Vec<bool> = steps.iter().map(|(landing, paths)| writes.note(*landing, paths)).collect();
+            assert_eq!(got, want, "{what}");
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvol_node::ObjectSet;
-use kvol_node::source::{ManifestsSource, static_pod_uid};
+use kvol_node::source::{ManifestsSource, Quiet, static_pod_uid};
 use tokio::sync::watch;
 
 /// How long a change may take to arrive before a test fails.
@@ -320,4 +320,56 @@ fn a_file_broken_before_a_restart_keeps_the_objects_it_last_read_cleanly() {
     // Without memory (a fresh cache, as before this change), the pod would be lost.
     let forgetful = load_dir_cached(dir.path(), &mut ParseCache::default());
     assert!(!forgetful.pods.contains_key("default/web"));
+}
+
+/// A quiet period so long that a change read before it ended was read because it landed whole.
+const LONG_QUIET: Quiet = Quiet { quiet: Duration::from_secs(30), max_delay: Duration::from_secs(60) };
+
+#[tokio::test]
+async fn a_manifest_renamed_into_place_is_read_at_once_without_waiting_for_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = ManifestsSource::start_with(dir.path().to_path_buf(), None, LONG_QUIET).unwrap();
+    let mut sets = source.subscribe();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        write(dir.path(), &format!(".{name}.yaml.tmp"), &pod(name, "one"));
+        let landed = Instant::now();
+        fs::rename(dir.path().join(format!(".{name}.yaml.tmp")), dir.path().join(format!("{name}.yaml")))
+            .unwrap();
+        wait_for(&mut sets, name, |s| s.pods.len() == i + 1).await;
+        let took = landed.elapsed();
+        eprintln!("{name}.yaml renamed into place: read after {took:?}");
+        assert!(took < DEADLINE, "read after {took:?}, not at once");
+    }
+    // Written in place and closed: read at once too.
+    let landed = Instant::now();
+    write(dir.path(), "a.yaml", &pod("a", "two"));
+    wait_for(&mut sets, "a rewritten", |s| label(s, "default/a").as_deref() == Some("two")).await;
+    eprintln!("a.yaml written and closed: read after {:?}", landed.elapsed());
+    // Removed: at once.
+    fs::remove_file(dir.path().join("b.yaml")).unwrap();
+    wait_for(&mut sets, "b removed", |s| s.pods.len() == 2).await;
+    source.shutdown();
+}
+
+#[tokio::test]
+async fn a_manifest_still_open_for_writing_is_not_read_half_written() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let source = ManifestsSource::start_with(dir.path().to_path_buf(), None, LONG_QUIET).unwrap();
+    let mut sets = source.subscribe();
+    let text = format!("{}---\n{}", pod("first", "one"), pod("second", "one"));
+    let (head, tail) = text.split_at(text.find("---").unwrap() + 2);
+    let mut file = fs::File::create(dir.path().join("slow.yaml")).unwrap();
+    file.write_all(head.as_bytes()).unwrap();
+    file.flush().unwrap();
+    // Another manifest lands whole while slow.yaml is still open: it must wait with it.
+    write(dir.path(), ".other.yaml.tmp", &pod("other", "one"));
+    fs::rename(dir.path().join(".other.yaml.tmp"), dir.path().join("other.yaml")).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!sets.has_changed().unwrap(), "read while slow.yaml was open: {:#?}", sets.borrow());
+    file.write_all(tail.as_bytes()).unwrap();
+    drop(file);
+    let set = wait_for(&mut sets, "the whole file", |s| s.pods.len() == 3).await;
+    assert!(set.problems.is_empty(), "{:?}", set.problems);
+    source.shutdown();
 }
