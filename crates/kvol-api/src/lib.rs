@@ -3,6 +3,7 @@
 pub mod backoff;
 pub mod config;
 pub mod gates;
+pub mod go_duration;
 pub mod keys;
 pub mod plugin;
 pub mod validation;

@@ -54,8 +54,8 @@ use k8s_openapi::api::core::v1::{
 use kvol_plugin::beneath;
 use kvol_plugin::local::{create_dir_all, is_mounted};
 use kvol_plugin::plugin::{
-    Attacher, DeviceMounter, FsGroupChangePolicy, NodeExpander, PublishRequest, UnpublishRequest,
-    VolumeMounter,
+    Attacher, DeviceMounter, FsGroupChangePolicy, NodeExpander, PublishRequest, StatsReader, StatsRequest,
+    UnpublishRequest, VolumeMounter, VolumeStats,
 };
 use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
@@ -872,6 +872,11 @@ impl VolumePlugin for CsiPlugin {
         Some(self)
     }
 
+    /// Only a driver whose node service has `GET_VOLUME_STATS` is asked, as kubelet asks.
+    fn stats_reader(&self) -> Option<&dyn StatsReader> {
+        self.capabilities.node.get_volume_stats.then_some(self as &dyn StatsReader)
+    }
+
     fn node_expander(&self) -> Option<&dyn NodeExpander> {
         self.capabilities.node.expand.then_some(self as &dyn NodeExpander)
     }
@@ -1167,6 +1172,57 @@ impl NodeExpander for CsiPlugin {
     }
 }
 
+#[async_trait]
+impl StatsReader for CsiPlugin {
+    /// `NodeGetVolumeStats` at the path the volume was published to (the `mount` directory, or
+    /// a block volume's publish file), with its staging path when the driver stages; the
+    /// condition is read only from a driver with `VOLUME_CONDITION`.
+    async fn volume_stats(&self, req: &StatsRequest<'_>) -> PluginResult<VolumeStats> {
+        let spec = req.spec;
+        let (handle, staging) = match self.source(spec)? {
+            Source::Persistent { csi, .. } => {
+                let staging = self.capabilities.node.stage_unstage.then(|| {
+                    req.staging_path
+                        .map_or_else(|| self.stage_path_of(spec, &csi.volume_handle), Path::to_path_buf)
+                });
+                (csi.volume_handle.clone(), staging)
+            }
+            Source::Ephemeral { .. } => (ephemeral_volume_handle(req.pod_uid, spec.name()), None),
+        };
+        let volume_path = match kvol_plugin::block::PodDevice::parse(req.target) {
+            Some(_) => paths::block_publish_dir(&self.host.paths, spec.name()).join(req.pod_uid),
+            None => paths::publish_path(req.target),
+        };
+        let response = self.client.node_get_volume_stats(&handle, &volume_path, staging.as_deref()).await?;
+        let condition = self.capabilities.node.volume_condition.then_some(response.volume_condition);
+        Ok(stats_from_usage(&response.usage, condition.flatten().map(|c| c.abnormal)))
+    }
+}
+
+/// A `NodeGetVolumeStats` answer as kubelet reads it: the `BYTES` entry gives capacity,
+/// available and used, the `INODES` entry the inode counts; negative numbers are dropped.
+fn stats_from_usage(usage: &[crate::proto::csi::VolumeUsage], abnormal: Option<bool>) -> VolumeStats {
+    use crate::proto::csi::volume_usage::Unit;
+    let count = |n: i64| u64::try_from(n).ok();
+    let mut stats = VolumeStats { abnormal, ..VolumeStats::default() };
+    for entry in usage {
+        match Unit::try_from(entry.unit) {
+            Ok(Unit::Bytes) => {
+                stats.capacity_bytes = count(entry.total);
+                stats.available_bytes = count(entry.available);
+                stats.used_bytes = count(entry.used);
+            }
+            Ok(Unit::Inodes) => {
+                stats.inodes = count(entry.total);
+                stats.inodes_free = count(entry.available);
+                stats.inodes_used = count(entry.used);
+            }
+            Ok(Unit::Unknown) | Err(_) => {}
+        }
+    }
+    stats
+}
+
 /// A teardown call answered `NOT_FOUND` has nothing left to do at the driver: the volume does
 /// not exist there (a teardown issued again after a crash, an ephemeral volume the driver has
 /// already dropped), so the caller goes on to clean up its own records. kvol departs from
@@ -1188,6 +1244,52 @@ mod tests {
 
     use super::*;
     use k8s_openapi::ByteString;
+
+    #[test]
+    fn volume_usage_reads_as_kubelet_reads_it() {
+        use crate::proto::csi::VolumeUsage;
+        use crate::proto::csi::volume_usage::Unit;
+        let usage =
+            |unit: Unit, total, available, used| VolumeUsage { unit: unit as i32, total, available, used };
+        let rows: [(&str, Vec<VolumeUsage>, Option<bool>, VolumeStats); 4] = [
+            ("nothing reported", vec![], None, VolumeStats::default()),
+            (
+                "bytes and inodes",
+                vec![usage(Unit::Bytes, 100, 60, 40), usage(Unit::Inodes, 10, 7, 3)],
+                Some(false),
+                VolumeStats {
+                    capacity_bytes: Some(100),
+                    available_bytes: Some(60),
+                    used_bytes: Some(40),
+                    inodes: Some(10),
+                    inodes_free: Some(7),
+                    inodes_used: Some(3),
+                    abnormal: Some(false),
+                },
+            ),
+            (
+                "bytes only, abnormal",
+                vec![usage(Unit::Bytes, 100, 0, 100)],
+                Some(true),
+                VolumeStats {
+                    capacity_bytes: Some(100),
+                    available_bytes: Some(0),
+                    used_bytes: Some(100),
+                    abnormal: Some(true),
+                    ..VolumeStats::default()
+                },
+            ),
+            (
+                "negative and unknown entries dropped",
+                vec![usage(Unit::Bytes, -1, 5, 5), usage(Unit::Unknown, 9, 9, 9)],
+                None,
+                VolumeStats { available_bytes: Some(5), used_bytes: Some(5), ..VolumeStats::default() },
+            ),
+        ];
+        for (name, entries, abnormal, want) in rows {
+            assert_eq!(stats_from_usage(&entries, abnormal), want, "{name}");
+        }
+    }
 
     #[test]
     fn secret_values_decode_data_and_let_string_data_win() {

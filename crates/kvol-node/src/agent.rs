@@ -71,6 +71,9 @@ pub struct AgentConfig {
     /// How often a volume whose CSI driver `requiresRepublish` is published again (kubelet
     /// does it on each pod sync, about once a minute).
     pub republish: Duration,
+    /// How often the volumes of claims are measured for `kubelet_volume_stats_*` (kubelet's
+    /// `--volume-stats-agg-period`, one minute); zero: never.
+    pub volume_stats_period: Duration,
     /// The deadline of every call to a CSI driver (kubelet's `csiTimeout`, two minutes); a
     /// call cut short by it leaves its volume uncertain.
     pub csi_call_timeout: Duration,
@@ -111,6 +114,7 @@ impl AgentConfig {
             metrics_address: None,
             resync: Duration::from_secs(10),
             republish: Duration::from_secs(60),
+            volume_stats_period: Duration::from_secs(60),
             csi_call_timeout: kvol_csi::client::DEFAULT_CALL_TIMEOUT,
             allowed_host_paths: None,
             provision_claims: true,
@@ -305,6 +309,18 @@ async fn run(
         None => None,
     };
 
+    let stats_volumes = (!config.volume_stats_period.is_zero()).then(|| {
+        let (sender, receiver) = tokio::sync::watch::channel(Arc::new(Vec::new()));
+        tokio::spawn(crate::volume_stats::run_collector(
+            config.volume_stats_period,
+            receiver,
+            Arc::clone(&registry),
+            metrics.clone(),
+            stop_rx.clone(),
+        ));
+        sender
+    });
+
     let source = match source {
         Some(source) => source,
         None => {
@@ -344,7 +360,12 @@ async fn run(
         metrics: &metrics,
         secrets: &secrets,
         source: source.as_ref(),
-        provisioning: Provisioning { done: provisioned, running: provisioning, dir: provisioned_dir },
+        provisioning: Provisioning {
+            done: provisioned,
+            running: provisioning,
+            dir: provisioned_dir,
+            channels: ControllerChannels::default(),
+        },
         wake: &wake,
         started,
         metrics_address,
@@ -352,6 +373,8 @@ async fn run(
         last_resync: Instant::now(),
         last_status: None,
         cached_view: None,
+        stats_volumes,
+        last_claimed: None,
     };
     loop {
         agent.pass();
@@ -405,6 +428,27 @@ struct Provisioning {
     done: Arc<std::sync::Mutex<Provisioned>>,
     running: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
     dir: PathBuf,
+    channels: ControllerChannels,
+}
+
+/// One gRPC channel per driver endpoint for provisioning, connected on first use and kept (a
+/// channel reconnects by itself after the driver restarts): a claim costs its CreateVolume,
+/// not a new connection.
+#[derive(Clone, Debug, Default)]
+struct ControllerChannels(Arc<std::sync::Mutex<BTreeMap<String, tonic::transport::Channel>>>);
+
+impl ControllerChannels {
+    fn get(&self, endpoint: &str) -> Result<tonic::transport::Channel, String> {
+        let mut channels = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(channel) = channels.get(endpoint) {
+            return Ok(channel.clone());
+        }
+        let channel = tonic::transport::Endpoint::from_shared(format!("unix://{endpoint}"))
+            .map_err(|e| format!("csi driver endpoint {endpoint}: {e}"))?
+            .connect_lazy();
+        channels.insert(endpoint.to_string(), channel.clone());
+        Ok(channel)
+    }
 }
 
 /// The agent's loop: each [`Loop::pass`] takes the same named steps, from the objects to the
@@ -429,6 +473,10 @@ struct Loop<'a> {
     last_resync: Instant,
     last_status: Option<(StatusReport, Instant)>,
     cached_view: Option<ObjectsView>,
+    /// The volumes of claims, for the stats collector (`None`: stats are off).
+    stats_volumes: Option<tokio::sync::watch::Sender<Arc<Vec<crate::volume_stats::ClaimedVolume>>>>,
+    /// The published volumes and objects the volumes of claims were last found from.
+    last_claimed: Option<(Arc<crate::model::ActualState>, Arc<ObjectSet>, u64)>,
 }
 
 impl Loop<'_> {
@@ -437,15 +485,7 @@ impl Loop<'_> {
         let pass_started = Instant::now();
         let view = self.objects_view();
         if self.config.provision_claims {
-            start_provisioning(
-                self.config,
-                &view.objects,
-                self.handler,
-                &self.provisioning.done,
-                &self.provisioning.running,
-                &self.provisioning.dir,
-                self.wake,
-            );
+            start_provisioning(self.config, &view.objects, self.handler, &self.provisioning, self.wake);
         }
         let snapshot = self.registry.snapshot();
         let resolutions = self.resolve(&snapshot, &view.desired);
@@ -456,6 +496,7 @@ impl Loop<'_> {
         self.submit(&view.desired, &resolutions);
         let problems = self.problems(&view.objects);
         let written = self.report(problems, &view.desired, &resolutions, &snapshot);
+        self.offer_claimed_volumes(&view);
         tracing::debug!(
             elapsed_us = pass_started.elapsed().as_micros() as u64,
             volumes = view.desired.volumes.len(),
@@ -601,6 +642,28 @@ impl Loop<'_> {
         due
     }
 
+    /// Tells the stats collector which published volumes come from claims, when the published
+    /// volumes or the objects changed since it was last told.
+    fn offer_claimed_volumes(&mut self, view: &ObjectsView) {
+        let Some(sender) = &self.stats_volumes else { return };
+        let actual = self.executor.snapshot().actual;
+        let unchanged = self.last_claimed.as_ref().is_some_and(|(a, o, v)| {
+            Arc::ptr_eq(a, &actual) && Arc::ptr_eq(o, &view.source) && *v == view.provisioned_version
+        });
+        if unchanged {
+            return;
+        }
+        let claimed = crate::volume_stats::claimed_volumes(&view.objects.pods, &actual.published);
+        sender.send_if_modified(|current| {
+            let changed = **current != claimed;
+            if changed {
+                *current = Arc::new(claimed);
+            }
+            changed
+        });
+        self.last_claimed = Some((actual, Arc::clone(&view.source), view.provisioned_version));
+    }
+
     /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
     /// 250 ms (plugin changes are polled), at least 5 ms.
     fn nap(&self) -> Duration {
@@ -619,11 +682,10 @@ fn start_provisioning(
     config: &AgentConfig,
     objects: &ObjectSet,
     handler: &Arc<CsiRegistrationHandler>,
-    provisioned: &Arc<std::sync::Mutex<Provisioned>>,
-    provisioning: &Arc<std::sync::Mutex<BTreeMap<String, String>>>,
-    dir: &std::path::Path,
+    state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
+    let Provisioning { done: provisioned, running: provisioning, dir, channels } = state;
     let drivers = handler.drivers();
     let names: Vec<String> = drivers.iter().map(|d| d.name.clone()).collect();
     let requests = {
@@ -649,11 +711,17 @@ fn start_provisioning(
         else {
             continue;
         };
-        let (provisioned, provisioning, dir, wake) =
-            (Arc::clone(provisioned), Arc::clone(provisioning), dir.to_path_buf(), Arc::clone(wake));
+        let (provisioned, provisioning, dir, wake, channels) = (
+            Arc::clone(provisioned),
+            Arc::clone(provisioning),
+            dir.to_path_buf(),
+            Arc::clone(wake),
+            channels.clone(),
+        );
         tokio::spawn(async move {
             let claim = request.claim_key.clone();
-            let outcome = provision_one(&request, &endpoint).await.and_then(|pv| {
+            let channel = channels.get(&endpoint);
+            let outcome = async { provision_one(&request, channel?).await }.await.and_then(|pv| {
                 crate::provision::save(&dir, &claim, &pv)?;
                 Ok(pv)
             });
@@ -682,14 +750,9 @@ fn start_provisioning(
 
 async fn provision_one(
     request: &crate::provision::ProvisionRequest,
-    endpoint: &str,
+    channel: tonic::transport::Channel,
 ) -> Result<k8s_openapi::api::core::v1::PersistentVolume, String> {
     let create = crate::provision::create_request(request)?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{endpoint}"))
-        .map_err(|e| e.to_string())?
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to csi driver {} at {endpoint}: {e}", request.driver))?;
     let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
     let response = tokio::time::timeout(Duration::from_secs(120), client.create_volume(create))
         .await

@@ -15,6 +15,7 @@ pub mod source;
 pub mod status;
 pub mod store;
 pub mod supervisor;
+pub mod volume_stats;
 
 pub use model::{
     ActualState, AttachedVolume, DesiredState, DesiredVolume, ObjectSet, Operation, PodVolumeKey,

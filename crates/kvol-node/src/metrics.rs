@@ -5,6 +5,8 @@
 //! | `storage_operation_duration_seconds` (histogram) | `migrated`, `operation_name`, `status`, `volume_plugin` | kubelet `pkg/volume/util/metrics.go`; `status` is `success` or `fail-unknown` |
 //! | `csi_operations_seconds` (histogram) | `driver_name`, `grpc_status_code`, `method_name`, `migrated` | the same file, fed by kubelet's gRPC interceptor (`pkg/volume/csi/csi_metrics.go`): the full gRPC method and grpc-go's name of the code |
 //! | `volume_manager_total_volumes` (gauge) | `plugin_name`, `state` (`desired_state_of_world`, `actual_state_of_world`) | kubelet `pkg/kubelet/volumemanager/metrics/metrics.go`: volumes to mount (plugin `N/A` when none resolves) and volumes mounted |
+//! | `kubelet_volume_stats_capacity_bytes`, `_available_bytes`, `_used_bytes`, `_inodes`, `_inodes_free`, `_inodes_used` (gauges) | `namespace`, `persistentvolumeclaim` | kubelet `pkg/kubelet/metrics/collectors/volume_stats.go`: each claim's published volume as last measured ([`crate::volume_stats`]) |
+//! | `kubelet_volume_stats_health_status_abnormal` (gauge) | `namespace`, `persistentvolumeclaim` | the same file: 1 when the CSI driver's volume condition says abnormal, 0 when it says healthy; absent when the driver reports no condition |
 //! | `kvol_volumes` (gauge) | `state` (`published`, `pending`, `failing`) | kvol's own |
 //!
 //! Both histograms have kubelet's buckets. Labels are declared in the order kubelet's Go
@@ -30,6 +32,8 @@ use tonic::Code;
 
 use crate::model::{DesiredState, PodVolumeKey, PublishedVolume};
 use crate::reconciler::Resolutions;
+use crate::volume_stats::ClaimRef;
+use kvol_plugin::plugin::VolumeStats;
 
 /// kubelet's buckets of both operation histograms, in seconds.
 pub const BUCKETS: [f64; 13] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];
@@ -71,6 +75,39 @@ pub const ACTUAL_STATE: &str = "actual_state_of_world";
 /// kubelet's `plugin_name` of a wanted volume no plugin serves.
 pub const PLUGIN_NOT_AVAILABLE: &str = "N/A";
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ClaimLabels {
+    namespace: String,
+    persistentvolumeclaim: String,
+}
+
+impl ClaimLabels {
+    fn of(claim: &ClaimRef) -> ClaimLabels {
+        ClaimLabels { namespace: claim.namespace.clone(), persistentvolumeclaim: claim.name.clone() }
+    }
+}
+
+/// One gauge family per field of [`VolumeStats`], in the order of [`VOLUME_STATS`].
+type StatsFamilies = [Family<ClaimLabels, Gauge>; 7];
+
+/// A gauge's name, help, and the field of [`VolumeStats`] it shows.
+type StatsGauge = (&'static str, &'static str, fn(&VolumeStats) -> Option<u64>);
+
+/// kubelet's volume stats gauges.
+const VOLUME_STATS: [StatsGauge; 7] = [
+    ("kubelet_volume_stats_capacity_bytes", "Capacity of the volume in bytes", |s| s.capacity_bytes),
+    ("kubelet_volume_stats_available_bytes", "Bytes still available in the volume", |s| s.available_bytes),
+    ("kubelet_volume_stats_used_bytes", "Bytes used in the volume", |s| s.used_bytes),
+    ("kubelet_volume_stats_inodes", "Inodes the volume can hold", |s| s.inodes),
+    ("kubelet_volume_stats_inodes_free", "Inodes still free in the volume", |s| s.inodes_free),
+    ("kubelet_volume_stats_inodes_used", "Inodes used in the volume", |s| s.inodes_used),
+    (
+        "kubelet_volume_stats_health_status_abnormal",
+        "Whether the volume's driver reports it abnormal: 1 abnormal, 0 healthy",
+        |s| s.abnormal.map(u64::from),
+    ),
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VolumeLabels {
     state: &'static str,
@@ -92,6 +129,9 @@ pub struct Metrics {
     total_volumes: Family<TotalVolumesLabels, Gauge>,
     /// The `total_volumes` series last set, so those gone are removed.
     total_keys: std::sync::Mutex<std::collections::BTreeSet<TotalVolumesLabels>>,
+    volume_stats: StatsFamilies,
+    /// The claims whose stats are set, so those gone are removed.
+    stats_keys: std::sync::Mutex<std::collections::BTreeSet<ClaimRef>>,
 }
 
 impl Metrics {
@@ -118,6 +158,10 @@ impl Metrics {
             "Number of volumes in Volume Manager",
             total_volumes.clone(),
         );
+        let volume_stats: StatsFamilies = Default::default();
+        for ((name, help, _), family) in VOLUME_STATS.iter().zip(&volume_stats) {
+            registry.register(*name, *help, family.clone());
+        }
         Arc::new(Metrics {
             registry,
             operations,
@@ -125,6 +169,8 @@ impl Metrics {
             volumes,
             total_volumes,
             total_keys: Default::default(),
+            volume_stats,
+            stats_keys: Default::default(),
         })
     }
 
@@ -172,6 +218,48 @@ impl Metrics {
             self.total_volumes.remove(gone);
         }
         *keys = now;
+    }
+
+    /// The `kubelet_volume_stats_*` gauges: each claim measured gets what its stats tell (a
+    /// field not told has no series); claims not in `measured` lose theirs.
+    pub fn set_volume_stats(&self, measured: &BTreeMap<ClaimRef, VolumeStats>) {
+        let mut keys = self.stats_keys.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in keys.iter().filter(|claim| !measured.contains_key(claim)) {
+            self.remove_stats(&ClaimLabels::of(gone));
+        }
+        for (claim, stats) in measured {
+            let labels = ClaimLabels::of(claim);
+            for ((_, _, field), family) in VOLUME_STATS.iter().zip(&self.volume_stats) {
+                match field(stats) {
+                    Some(value) => {
+                        family.get_or_create(&labels).set(i64::try_from(value).unwrap_or(i64::MAX));
+                    }
+                    None => {
+                        family.remove(&labels);
+                    }
+                }
+            }
+        }
+        *keys = measured.keys().cloned().collect();
+    }
+
+    /// Drops the volume stats of every claim `keep` says no to (its volume is no longer
+    /// published), without waiting for the next measuring.
+    pub fn keep_volume_stats(&self, keep: impl Fn(&ClaimRef) -> bool) {
+        let mut keys = self.stats_keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.retain(|claim| {
+            let kept = keep(claim);
+            if !kept {
+                self.remove_stats(&ClaimLabels::of(claim));
+            }
+            kept
+        });
+    }
+
+    fn remove_stats(&self, labels: &ClaimLabels) {
+        for family in &self.volume_stats {
+            family.remove(labels);
+        }
     }
 
     /// Every metric in the OpenMetrics text format, ending in `# EOF`.
@@ -307,6 +395,11 @@ mod tests {
         text.lines().filter(|l| l.starts_with(name) && !l.starts_with('#')).collect()
     }
 
+    /// The samples of exactly the metric `name` (not of others it is a prefix of).
+    fn series<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{'))).collect()
+    }
+
     #[test]
     fn grpc_codes_are_named_as_grpc_go_names_them() {
         let table = [
@@ -413,6 +506,52 @@ mod tests {
             assert!(text.lines().any(|l| l == count), "no {count} in\n{text}");
         }
         assert_eq!(samples(&text, "csi_operations_seconds_count").len(), 3, "{text}");
+    }
+
+    #[test]
+    fn volume_stats_are_labelled_by_claim_and_follow_the_last_measuring() {
+        let metrics = Metrics::new();
+        let claim = |name: &str| ClaimRef { namespace: "ns".into(), name: name.into() };
+        let full = VolumeStats {
+            capacity_bytes: Some(1000),
+            available_bytes: Some(600),
+            used_bytes: Some(400),
+            inodes: Some(10),
+            inodes_free: Some(7),
+            inodes_used: Some(3),
+            abnormal: Some(true),
+        };
+        let bytes_only = VolumeStats {
+            capacity_bytes: Some(50),
+            available_bytes: Some(50),
+            used_bytes: Some(0),
+            ..VolumeStats::default()
+        };
+        metrics.set_volume_stats(&BTreeMap::from([(claim("a"), full), (claim("b"), bytes_only)]));
+        let text = metrics.encode();
+        for line in [
+            r#"kubelet_volume_stats_capacity_bytes{namespace="ns",persistentvolumeclaim="a"} 1000"#,
+            r#"kubelet_volume_stats_available_bytes{namespace="ns",persistentvolumeclaim="a"} 600"#,
+            r#"kubelet_volume_stats_used_bytes{namespace="ns",persistentvolumeclaim="a"} 400"#,
+            r#"kubelet_volume_stats_inodes{namespace="ns",persistentvolumeclaim="a"} 10"#,
+            r#"kubelet_volume_stats_inodes_free{namespace="ns",persistentvolumeclaim="a"} 7"#,
+            r#"kubelet_volume_stats_inodes_used{namespace="ns",persistentvolumeclaim="a"} 3"#,
+            r#"kubelet_volume_stats_health_status_abnormal{namespace="ns",persistentvolumeclaim="a"} 1"#,
+            r#"kubelet_volume_stats_capacity_bytes{namespace="ns",persistentvolumeclaim="b"} 50"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+        }
+        // What b's driver does not report has no series.
+        assert_eq!(series(&text, "kubelet_volume_stats_inodes").len(), 1, "{text}");
+        assert_eq!(series(&text, "kubelet_volume_stats_health_status_abnormal").len(), 1, "{text}");
+
+        // b measured again alone: a's series go; b no longer published: all go.
+        metrics.set_volume_stats(&BTreeMap::from([(claim("b"), bytes_only)]));
+        let text = metrics.encode();
+        assert_eq!(series(&text, "kubelet_volume_stats_capacity_bytes").len(), 1, "{text}");
+        assert!(series(&text, "kubelet_volume_stats_inodes").is_empty(), "{text}");
+        metrics.keep_volume_stats(|c| c.name != "b");
+        assert!(series(&metrics.encode(), "kubelet_volume_stats_capacity_bytes").is_empty());
     }
 
     #[test]

@@ -182,6 +182,11 @@ pub trait VolumePlugin: Send + Sync + fmt::Debug {
     fn deleter(&self) -> Option<&dyn Deleter> {
         None
     }
+    /// How the plugin measures a published volume (kubelet's `MetricsProvider`); none by
+    /// default, as for kubelet's hostPath.
+    fn stats_reader(&self) -> Option<&dyn StatsReader> {
+        None
+    }
 
     /// What the plugin can do, from the parts it offers.
     fn capabilities(&self) -> Capabilities {
@@ -279,6 +284,81 @@ pub struct UnpublishRequest<'a> {
 pub trait VolumeMounter: Send + Sync {
     async fn publish(&self, req: &PublishRequest<'_>) -> Result<()>;
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()>;
+}
+
+/// A published volume's usage, as kubelet's `kubelet_volume_stats_*` gauges report it; what
+/// the plugin cannot tell stays `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub capacity_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub inodes: Option<u64>,
+    pub inodes_free: Option<u64>,
+    pub inodes_used: Option<u64>,
+    /// The driver's volume condition (CSI `VOLUME_CONDITION`): `Some(true)` when it says the
+    /// volume is abnormal, `None` when it does not report one.
+    pub abnormal: Option<bool>,
+}
+
+impl VolumeStats {
+    /// The usage of the filesystem at `path`, as kubelet's `MetricsStatFS` computes it: capacity
+    /// from the blocks, available from those an unprivileged user may take, used from those not
+    /// free.
+    pub fn of_filesystem(path: &Path) -> std::io::Result<VolumeStats> {
+        let fs = rustix::fs::statvfs(path)?;
+        let block = fs.f_frsize;
+        Ok(VolumeStats {
+            capacity_bytes: Some(fs.f_blocks.saturating_mul(block)),
+            available_bytes: Some(fs.f_bavail.saturating_mul(block)),
+            used_bytes: Some(fs.f_blocks.saturating_sub(fs.f_bfree).saturating_mul(block)),
+            inodes: Some(fs.f_files),
+            inodes_free: Some(fs.f_ffree),
+            inodes_used: Some(fs.f_files.saturating_sub(fs.f_ffree)),
+            abnormal: None,
+        })
+    }
+}
+
+/// The usage of a volume published at `target`, measured off the async threads (a dead mount
+/// can block `statvfs`): a raw block volume's device reports its size only, a filesystem what
+/// [`VolumeStats::of_filesystem`] reads.
+pub async fn measure_published(target: &Path) -> Result<VolumeStats> {
+    let target = target.to_path_buf();
+    let measured = tokio::task::spawn_blocking(move || {
+        let outcome = match crate::block::PodDevice::parse(&target) {
+            Some(_) => device_size(&target)
+                .map(|size| VolumeStats { capacity_bytes: Some(size), ..VolumeStats::default() }),
+            None => VolumeStats::of_filesystem(&target),
+        };
+        outcome.map_err(|e| crate::PluginError::io("measure the volume at", &target, e))
+    })
+    .await;
+    measured.unwrap_or_else(|e| {
+        Err(crate::PluginError::io("measure a volume", "", std::io::Error::other(e.to_string())))
+    })
+}
+
+/// The size of the block device at `path` (its end, as seeking finds it).
+fn device_size(path: &Path) -> std::io::Result<u64> {
+    use std::io::Seek;
+    std::fs::File::open(path)?.seek(std::io::SeekFrom::End(0))
+}
+
+/// Which published volume to measure.
+#[derive(Clone, Copy, Debug)]
+pub struct StatsRequest<'a> {
+    pub spec: &'a VolumeSpec,
+    pub pod_uid: &'a str,
+    /// The pod volume directory (or, for a raw block volume, the pod's device path).
+    pub target: &'a Path,
+    pub staging_path: Option<&'a Path>,
+}
+
+/// Measures published volumes (kubelet's `MetricsProvider`).
+#[async_trait]
+pub trait StatsReader: Send + Sync {
+    async fn volume_stats(&self, req: &StatsRequest<'_>) -> Result<VolumeStats>;
 }
 
 /// Grows a volume on the storage side (the control plane's part of expansion).

@@ -62,6 +62,10 @@ pub struct AgentArgs {
     /// How often a volume whose CSI driver says `requiresRepublish` is published again.
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub republish_seconds: u64,
+    /// How often the volumes of claims are measured for the `kubelet_volume_stats_*` metrics
+    /// (kubelet's flag and default; a Go duration such as `1m0s`, `30s`; `0` turns it off).
+    #[arg(long, default_value = "1m0s", value_name = "DURATION", value_parser = kvol_api::go_duration::parse_go_duration)]
+    pub volume_stats_agg_period: Duration,
     /// The deadline of every call to a CSI driver; a call cut short by it leaves its volume
     /// uncertain (torn down like a finished one, or tried again).
     #[arg(long, default_value = "120", value_name = "SECONDS")]
@@ -104,6 +108,7 @@ pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow:
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
+    config.volume_stats_period = args.volume_stats_agg_period;
     if let Some(prefixes) = &args.allowed_host_paths {
         if let Some(bad) = prefixes.iter().find(|p| !p.is_absolute()) {
             anyhow::bail!("--allowed-host-paths: {} is not an absolute path", bad.display());

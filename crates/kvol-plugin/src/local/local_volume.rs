@@ -18,7 +18,8 @@ use super::{remove_empty, unmount_and_remove_target};
 use crate::error::{PluginError, Result};
 use crate::host::PluginHost;
 use crate::plugin::{
-    AccessMode, DeviceMounter, PluginKind, PublishRequest, UnpublishRequest, VolumeMounter, VolumePlugin,
+    AccessMode, DeviceMounter, PluginKind, PublishRequest, StatsReader, StatsRequest, UnpublishRequest,
+    VolumeMounter, VolumePlugin, VolumeStats,
 };
 use crate::spec::{SourceKey, VolumeSpec};
 
@@ -178,6 +179,18 @@ impl VolumePlugin for LocalVolumePlugin {
 
     fn mounter(&self) -> Option<&dyn VolumeMounter> {
         Some(self)
+    }
+
+    fn stats_reader(&self) -> Option<&dyn StatsReader> {
+        Some(self)
+    }
+}
+
+/// Kubelet measures local volumes with `statvfs` (a block one by its device's size).
+#[async_trait]
+impl StatsReader for LocalVolumePlugin {
+    async fn volume_stats(&self, req: &StatsRequest<'_>) -> Result<VolumeStats> {
+        crate::plugin::measure_published(req.target).await
     }
 }
 
