@@ -15,7 +15,8 @@ use csi::volume_capability::access_mode::Mode;
 use kvol_csi::proto::csi::{self, node_server::Node};
 
 /// The node RPCs this driver serves.
-pub const NODE_CAPABILITIES: [Rpc; 3] = [Rpc::StageUnstageVolume, Rpc::GetVolumeStats, Rpc::ExpandVolume];
+pub const NODE_CAPABILITIES: [Rpc; 4] =
+    [Rpc::StageUnstageVolume, Rpc::GetVolumeStats, Rpc::ExpandVolume, Rpc::VolumeCondition];
 
 /// What to do for a stage or publish request on a path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -560,15 +561,32 @@ impl Hostpath {
         if !self.is_mounted(&path)? {
             return Err(Status::not_found(format!("volume {id} is not mounted on {}", path.display())));
         }
+        let volume_condition = Some(self.condition(id, record));
         if record.block {
             return Ok(csi::NodeGetVolumeStatsResponse {
                 usage: block_usage(record.visible_size()),
-                volume_condition: None,
+                volume_condition,
             });
         }
         let used = fsutil::disk_usage(&path).map_err(|e| with_context(id, internal(e)))?;
         let usage = volume_usage(counters(&path)?, record.visible_size(), used);
-        Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition: None })
+        Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition })
+    }
+
+    /// `VOLUME_CONDITION`: a volume whose data under the driver's state directory is gone
+    /// (removed behind the driver's back) is abnormal, and the message says which path.
+    fn condition(&self, id: &str, record: &VolumeRecord) -> csi::VolumeCondition {
+        let dir = self.layout.volume_dir(id, record);
+        let data = if record.block { crate::block::image(&dir) } else { dir };
+        match std::fs::symlink_metadata(&data) {
+            Ok(_) => {
+                csi::VolumeCondition { abnormal: false, message: "the volume's data is in place".into() }
+            }
+            Err(e) => csi::VolumeCondition {
+                abnormal: true,
+                message: format!("the data of volume {id} at {} cannot be reached: {e}", data.display()),
+            },
+        }
     }
 
     pub fn node_expand(

@@ -910,6 +910,19 @@ async fn volume_stats_report_the_filesystem_of_a_published_path() {
     assert!(inodes.used <= inodes.total, "{inodes:?}");
     d.node.node_get_volume_stats(stats(&staging)).await.expect("the staging path has stats too");
 
+    // VOLUME_CONDITION: healthy while the volume's data is in place, abnormal (naming the
+    // path) while it is gone, healthy again once it is back.
+    let condition =
+        |r: tonic::Response<csi::NodeGetVolumeStatsResponse>| r.into_inner().volume_condition.unwrap();
+    assert!(!condition(d.node.node_get_volume_stats(stats(&target)).await.unwrap()).abnormal);
+    let data = sb.path("state").join("volumes").join(&id);
+    let moved = sb.path("state").join("moved-away");
+    std::fs::rename(&data, &moved).unwrap();
+    let gone = condition(d.node.node_get_volume_stats(stats(&target)).await.unwrap());
+    assert!(gone.abnormal && gone.message.contains(&data.display().to_string()), "{gone:?}");
+    std::fs::rename(&moved, &data).unwrap();
+    assert!(!condition(d.node.node_get_volume_stats(stats(&target)).await.unwrap()).abnormal);
+
     d.node.node_unpublish_volume(unpublish_req(&id, &target)).await.unwrap();
     assert_eq!(code(d.node.node_get_volume_stats(stats(&target)).await), Code::NotFound);
     d.node.node_unstage_volume(unstage_req(&id, &staging)).await.unwrap();

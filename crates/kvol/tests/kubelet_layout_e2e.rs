@@ -146,7 +146,7 @@ fn scrape(address: &str) -> String {
 }
 
 /// Every metric the example dashboard queries is one this agent serves (and kubelet serves:
-/// the dashboard uses kubelet's names only).
+/// the dashboard uses kubelet's names only); the volume stats need a claim published.
 fn assert_dashboard_metrics_are_served(metrics: &str) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/node-volumes.json");
     let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -158,6 +158,7 @@ fn assert_dashboard_metrics_are_served(metrics: &str) {
                 if word.starts_with("storage_")
                     || word.starts_with("csi_")
                     || word.starts_with("volume_manager_")
+                    || word.starts_with("kubelet_volume_stats_")
                 {
                     names.push(word.trim_end_matches("_bucket").trim_end_matches("_count").to_string());
                 }
@@ -215,7 +216,6 @@ fn the_bundled_driver_registers_in_kubelets_registry_and_publishes_into_kubelets
     }
     // kubelet's root holds kubelet's directories only; kvol's own files are in the state dir.
     assert_eq!(entries(&node.root_dir()), ["plugins", "plugins_registry", "pods"]);
-    assert_dashboard_metrics_are_served(&metrics);
     let state = entries(&node.state_dir());
     for wanted in ["csi-hostpath", "state.redb", "status.json"] {
         assert!(state.iter().any(|n| n == wanted), "{wanted} missing from the state dir: {state:?}");
@@ -257,4 +257,173 @@ fn the_upstream_registrar_with_kubelets_paths_registers_a_driver_with_the_agent(
     node.assert_in_kubelets_tree(&report, "default/app", "scratch");
     driver.assert_running();
     registrar.assert_running();
+}
+
+/// A pod with a claim of the bundled driver (provisioned by the agent), a claim of a local PV
+/// at `local_path`, an emptyDir and a Flexvolume volume.
+fn claims_pod(local_path: &Path) -> String {
+    format!(
+        r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: kvol-hostpath}}
+provisioner: {BUNDLED}
+---
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {{name: {BUNDLED}}}
+spec: {{attachRequired: false, volumeLifecycleModes: [Persistent]}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data, namespace: default}}
+spec: {{storageClassName: kvol-hostpath, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 16Mi}}}}}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: local-pv}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  local: {{path: {}}}
+  claimRef: {{namespace: default, name: local}}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [node-a]}}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: local, namespace: default}}
+spec: {{volumeName: local-pv, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: db, namespace: default}}
+spec:
+  containers: [{{name: app, image: busybox}}]
+  volumes:
+  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
+  - {{name: local, persistentVolumeClaim: {{claimName: local}}}}
+  - {{name: cache, emptyDir: {{}}}}
+  - {{name: fast, flexVolume: {{driver: kvol/tmpfs, options: {{size: 8Mi}}}}}}
+"#,
+        local_path.display()
+    )
+}
+
+/// Scrapes until `ok` holds for the text (at most 30 s); the last text.
+fn scrape_until(address: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let text = scrape(address);
+        if ok(&text) {
+            return text;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never {what}; last scrape:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of the sample `series` (name and labels, exactly), if served.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn claim_series(name: &str, claim: &str) -> String {
+    format!("{name}{{namespace=\"default\",persistentvolumeclaim=\"{claim}\"}}")
+}
+
+/// The real agent's `/metrics`, line by line against kubelet's names, types and labels, for a
+/// CSI claim, a local claim, an emptyDir and a Flexvolume volume; the volume stats follow what
+/// is written, the driver's volume condition, and the pod's going.
+#[test]
+fn the_agents_metrics_are_kubelets_line_by_line() {
+    enter_private_mount_namespace();
+    let node = KubeletNode::new();
+    let local_path = node.host("/mnt/disks/ssd0");
+    std::fs::create_dir_all(&local_path).unwrap();
+    let mut agent =
+        node.start_agent(&["--metrics-address", "127.0.0.1:0", "--volume-stats-agg-period", "100ms"]);
+    node.write("db.yaml", &claims_pod(&local_path));
+    for volume in ["data", "local", "cache", "fast"] {
+        node.wait_published(&mut agent, "default/db", volume);
+    }
+    let address = metrics_address(&node);
+    let capacity = |claim: &str| claim_series("kubelet_volume_stats_capacity_bytes", claim);
+    let text = scrape_until(&address, "measured both claims", |t| {
+        sample(t, &capacity("data")).is_some() && sample(t, &capacity("local")).is_some()
+    });
+
+    // Each metric is declared with kubelet's type.
+    for (name, kind) in [
+        ("storage_operation_duration_seconds", "histogram"),
+        ("csi_operations_seconds", "histogram"),
+        ("volume_manager_total_volumes", "gauge"),
+        ("kubelet_volume_stats_capacity_bytes", "gauge"),
+        ("kubelet_volume_stats_available_bytes", "gauge"),
+        ("kubelet_volume_stats_used_bytes", "gauge"),
+        ("kubelet_volume_stats_inodes", "gauge"),
+        ("kubelet_volume_stats_inodes_free", "gauge"),
+        ("kubelet_volume_stats_inodes_used", "gauge"),
+        ("kubelet_volume_stats_health_status_abnormal", "gauge"),
+    ] {
+        let line = format!("# TYPE {name} {kind}");
+        assert!(text.lines().any(|l| l == line), "no line {line} in\n{text}");
+    }
+    assert_dashboard_metrics_are_served(&text);
+    // Each plugin's operations and volumes, labelled as kubelet labels them.
+    for plugin in [
+        "kubernetes.io/csi:hostpath.csi.kvol.io",
+        "kubernetes.io/local-volume",
+        "kubernetes.io/empty-dir",
+        "kvol/tmpfs",
+    ] {
+        let mount = format!(
+            "storage_operation_duration_seconds_count{{migrated=\"false\",operation_name=\"volume_mount\",status=\"success\",volume_plugin=\"{plugin}\"}}"
+        );
+        assert_eq!(sample(&text, &mount), Some(1.0), "{mount} in\n{text}");
+        for state in ["desired_state_of_world", "actual_state_of_world"] {
+            let total = format!("volume_manager_total_volumes{{plugin_name=\"{plugin}\",state=\"{state}\"}}");
+            assert_eq!(sample(&text, &total), Some(1.0), "{total} in\n{text}");
+        }
+    }
+    let stats_call = "csi_operations_seconds_count{driver_name=\"hostpath.csi.kvol.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Node/NodeGetVolumeStats\",migrated=\"false\"}";
+    assert!(sample(&text, stats_call).is_some_and(|n| n >= 1.0), "{stats_call} in\n{text}");
+
+    // The CSI claim: the size it was provisioned with, the driver's condition; the local claim:
+    // its filesystem as statvfs sees it, and no condition (only CSI drivers report one).
+    assert_eq!(sample(&text, &capacity("data")), Some(16.0 * 1024.0 * 1024.0), "{text}");
+    let health = |claim: &str| claim_series("kubelet_volume_stats_health_status_abnormal", claim);
+    assert_eq!(sample(&text, &health("data")), Some(0.0), "{text}");
+    assert_eq!(sample(&text, &health("local")), None, "{text}");
+    let fs = nix::sys::statvfs::statvfs(&local_path).unwrap();
+    assert_eq!(sample(&text, &capacity("local")), Some((fs.blocks() * fs.fragment_size()) as f64), "{text}");
+    let inodes = claim_series("kubelet_volume_stats_inodes", "local");
+    assert_eq!(sample(&text, &inodes), Some(fs.files() as f64), "{text}");
+    // Only claims are measured: the emptyDir and the Flexvolume volume have no stats.
+    let measured: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("kubelet_volume_stats_capacity_bytes{")).collect();
+    assert_eq!(measured.len(), 2, "{measured:?}");
+
+    // What the pod writes shows in the next measuring.
+    let report = kvol_node::status::read_status(&node.state_dir()).unwrap();
+    let data = report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap();
+    std::fs::write(data.join("mount/blob"), vec![7u8; 1 << 20]).unwrap();
+    let used = claim_series("kubelet_volume_stats_used_bytes", "data");
+    scrape_until(&address, "counted the written MiB", |t| sample(t, &used).is_some_and(|u| u >= 1048576.0));
+
+    // The driver's data gone behind its back: the claim turns abnormal, and healthy when back.
+    let volumes = node.state_dir().join("csi-hostpath/volumes");
+    let id = entries(&volumes).pop().expect("the provisioned volume's data");
+    std::fs::rename(volumes.join(&id), node.top.join("moved-away")).unwrap();
+    scrape_until(&address, "reported the claim abnormal", |t| sample(t, &health("data")) == Some(1.0));
+    std::fs::rename(node.top.join("moved-away"), volumes.join(&id)).unwrap();
+    scrape_until(&address, "reported the claim healthy again", |t| sample(t, &health("data")) == Some(0.0));
+
+    // The pod gone: its claims' stats go with it.
+    std::fs::remove_file(node.top.join("manifests/db.yaml")).unwrap();
+    scrape_until(&address, "dropped the stats of the pod's claims", |t| {
+        !t.lines().any(|l| l.starts_with("kubelet_volume_stats_"))
+    });
+    agent.assert_running();
 }
