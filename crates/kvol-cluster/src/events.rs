@@ -176,6 +176,7 @@ mod tests {
             pod_uid: "u1".into(),
             volume: "data".into(),
             operation: "volume_mount",
+            block: false,
             count,
             error: "exit status 32".into(),
         }

@@ -267,6 +267,7 @@ async fn a_failing_pod_volume_is_one_event_on_the_pod_with_kubelets_reason_and_a
         pod_uid: "uid-web".into(),
         volume: "data".into(),
         operation: "volume_attach",
+        block: false,
         count,
         error: "attach of volume \"h1\" failed (volumeattachment csi-1): disk is attached to n9".into(),
     };

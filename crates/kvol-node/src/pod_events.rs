@@ -3,7 +3,10 @@
 //! Reasons and message prefixes are kubelet's (`pkg/kubelet/events`, the operation generator):
 //! a failed attach is `FailedAttachVolume` / "AttachVolume.Attach failed for volume …"; a failed
 //! stage `FailedMount` / "MountVolume.MountDevice failed for volume …"; a failed publish
-//! `FailedMount` / "MountVolume.SetUp failed for volume …". The prefixes are kept as kubelet
+//! `FailedMount` / "MountVolume.SetUp failed for volume …". A raw block volume (`volumeMode:
+//! Block`) is mapped, not mounted, and kubelet says so: `FailedMapVolume` /
+//! "MapVolume.SetUpDevice failed …" for its stage, "MapVolume.MapPodDevice failed …" for its
+//! publish. The prefixes are kept as kubelet
 //! writes them so that what people search for in `kubectl describe pod` is found. Teardown
 //! failures are node-side, not the pod's (the pod may be gone), and are not reported.
 
@@ -22,6 +25,8 @@ pub struct VolumeFailure {
     pub volume: String,
     /// The executor's operation name (`volume_attach`, `mount_device`, `volume_mount`).
     pub operation: &'static str,
+    /// The volume is a raw block volume (mapped into the pod, not mounted).
+    pub block: bool,
     /// How many times in a row it failed.
     pub count: u32,
     pub error: String,
@@ -32,12 +37,15 @@ pub trait PodEventSink: Send + Sync + std::fmt::Debug {
     fn report(&self, failures: &[VolumeFailure]);
 }
 
-/// Kubelet's Event reason and message prefix for a failed `operation`; `None` for teardown.
-pub fn kubelet_reason(operation: &str) -> Option<(&'static str, &'static str)> {
-    match operation {
-        "volume_attach" => Some(("FailedAttachVolume", "AttachVolume.Attach failed")),
-        "mount_device" => Some(("FailedMount", "MountVolume.MountDevice failed")),
-        "volume_mount" => Some(("FailedMount", "MountVolume.SetUp failed")),
+/// Kubelet's Event reason and message prefix for a failed `operation` on a filesystem or a
+/// raw `block` volume; `None` for teardown.
+pub fn kubelet_reason(operation: &str, block: bool) -> Option<(&'static str, &'static str)> {
+    match (operation, block) {
+        ("volume_attach", _) => Some(("FailedAttachVolume", "AttachVolume.Attach failed")),
+        ("mount_device", false) => Some(("FailedMount", "MountVolume.MountDevice failed")),
+        ("volume_mount", false) => Some(("FailedMount", "MountVolume.SetUp failed")),
+        ("mount_device", true) => Some(("FailedMapVolume", "MapVolume.SetUpDevice failed")),
+        ("volume_mount", true) => Some(("FailedMapVolume", "MapVolume.MapPodDevice failed")),
         _ => None,
     }
 }
@@ -56,12 +64,14 @@ pub fn volume_failures(
             .failures
             .get(&format!("pod:{key}"))
             .or_else(|| unique.and_then(|u| exec.failures.get(&format!("volume:{u}"))));
-        if let Some(f) = failure.filter(|f| kubelet_reason(f.operation).is_some()) {
+        let block = want.spec.as_ref().is_some_and(|s| s.is_block());
+        if let Some(f) = failure.filter(|f| kubelet_reason(f.operation, block).is_some()) {
             out.push(VolumeFailure {
                 pod: want.pod_name.clone(),
                 pod_uid: key.pod_uid.clone(),
                 volume: key.volume.clone(),
                 operation: f.operation,
+                block,
                 count: f.count,
                 error: f.last_error.clone(),
             });
@@ -120,7 +130,7 @@ impl EventBook {
 
 /// The Event for one failure; `None` for an operation kubelet reports no Event for.
 fn pod_event(f: &VolumeFailure) -> Option<PodEvent> {
-    let (reason, prefix) = kubelet_reason(f.operation)?;
+    let (reason, prefix) = kubelet_reason(f.operation, f.block)?;
     let (namespace, pod_name) = f.pod.split_once('/').unwrap_or(("default", f.pod.as_str()));
     let message = format!("{prefix} for volume {:?} : {}", f.volume, f.error);
     let key = short_hash(&format!("{}\n{}\n{reason}\n{message}", f.pod_uid, f.volume));
@@ -155,6 +165,7 @@ mod tests {
             pod_uid: "u1".into(),
             volume: volume.into(),
             operation,
+            block: false,
             count,
             error: error.into(),
         }
@@ -163,15 +174,19 @@ mod tests {
     #[test]
     fn reasons_are_kubelets() {
         let cases = [
-            ("volume_attach", Some(("FailedAttachVolume", "AttachVolume.Attach failed"))),
-            ("mount_device", Some(("FailedMount", "MountVolume.MountDevice failed"))),
-            ("volume_mount", Some(("FailedMount", "MountVolume.SetUp failed"))),
-            ("volume_unmount", None),
-            ("unmount_device", None),
-            ("volume_detach", None),
+            ("volume_attach", false, Some(("FailedAttachVolume", "AttachVolume.Attach failed"))),
+            ("volume_attach", true, Some(("FailedAttachVolume", "AttachVolume.Attach failed"))),
+            ("mount_device", false, Some(("FailedMount", "MountVolume.MountDevice failed"))),
+            ("volume_mount", false, Some(("FailedMount", "MountVolume.SetUp failed"))),
+            ("mount_device", true, Some(("FailedMapVolume", "MapVolume.SetUpDevice failed"))),
+            ("volume_mount", true, Some(("FailedMapVolume", "MapVolume.MapPodDevice failed"))),
+            ("volume_unmount", false, None),
+            ("volume_unmount", true, None),
+            ("unmount_device", false, None),
+            ("volume_detach", true, None),
         ];
-        for (operation, want) in cases {
-            assert_eq!(kubelet_reason(operation), want, "{operation}");
+        for (operation, block, want) in cases {
+            assert_eq!(kubelet_reason(operation, block), want, "{operation} block={block}");
         }
     }
 
