@@ -17,7 +17,7 @@ use crate::model::{
     ActualState, AttachedVolume, Claim, Operation, PodVolumeKey, PublishedVolume, StagedVolume,
     plugin_volume_name,
 };
-use crate::store::{ActualChange, Store};
+use crate::store::{ActualChange, GroupCommit, Store};
 
 /// How failed operations are retried: 500 ms doubling to 2m2s, as kubelet.
 pub const BACKOFF: kvol_api::Backoff = kvol_api::Backoff::OPERATIONS;
@@ -78,6 +78,8 @@ pub struct Executor {
     host: PluginHost,
     registry: Arc<PluginRegistry>,
     store: Arc<Store>,
+    /// The operations' journal writes, committed in groups (see [`GroupCommit`]).
+    journal: GroupCommit,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
     wake: Arc<Notify>,
@@ -98,6 +100,7 @@ impl Executor {
         Arc::new(Executor {
             host,
             registry,
+            journal: GroupCommit::start(Arc::clone(&store)),
             store,
             metrics,
             state: Mutex::new(State { actual: Arc::new(actual), ..State::default() }),
@@ -150,7 +153,7 @@ impl Executor {
     async fn run(self: Arc<Self>, key: String, op: Operation) {
         let started = Instant::now();
         let migrated = spec_of(&op).migrated.is_some();
-        let outcome = match self.store.begin(&op) {
+        let outcome = match self.journal.begin(&op).await {
             Ok(id) => {
                 // CSI calls made for a migrated volume are labelled so in `csi_operations_seconds`.
                 let result = kvol_csi::client::with_migrated(migrated, self.perform(&op)).await;
@@ -158,7 +161,7 @@ impl Executor {
                     Ok(change) => change.clone(),
                     Err(failure) => self.uncertain_change(&op, failure),
                 };
-                let finished = self.store.finish(id, &change);
+                let finished = self.journal.finish(id, &change).await;
                 match (result, finished) {
                     (Ok(_), Ok(())) => Ok(change),
                     (Err(failure), Ok(())) => Err((failure.message, change)),

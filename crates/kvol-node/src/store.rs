@@ -43,6 +43,7 @@
 use std::fmt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{
@@ -115,6 +116,73 @@ pub enum StoreError {
     },
     #[error("store {}: there is no journal entry {id} to finish", path.display())]
     UnknownEntry { path: PathBuf, id: u64 },
+    #[error("the journal's writing thread has stopped")]
+    Closed,
+}
+
+/// One write to the journal: an operation begun, or one finished with its change.
+#[derive(Clone, Debug, PartialEq)]
+pub enum JournalWrite {
+    Begin(Operation),
+    Finish(u64, ActualChange),
+}
+
+/// What a [`JournalWrite`] gave: the new entry's id, or that the entry is finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalDone {
+    Began(u64),
+    Finished,
+}
+
+/// Makes journal writes durable in groups, on a thread of its own: the writes that arrive while
+/// a commit is on its way to disk share the next commit (one fsync for all), and each caller is
+/// answered only once its own write is durable. A lone write is committed at once, as
+/// [`Store::begin`] would; async callers never hold a runtime thread while the disk works.
+#[derive(Clone, Debug)]
+pub struct GroupCommit {
+    queue: std::sync::mpsc::Sender<QueuedWrite>,
+}
+
+type QueuedWrite = (JournalWrite, tokio::sync::oneshot::Sender<Result<JournalDone, StoreError>>);
+
+impl GroupCommit {
+    /// Starts the committing thread; it ends when the last `GroupCommit` clone is dropped.
+    pub fn start(store: Arc<Store>) -> GroupCommit {
+        let (queue, writes) = std::sync::mpsc::channel::<QueuedWrite>();
+        std::thread::Builder::new()
+            .name("kvol-journal".into())
+            .spawn(move || {
+                while let Ok(first) = writes.recv() {
+                    let mut group = vec![first];
+                    group.extend(writes.try_iter());
+                    let (batch, replies): (Vec<JournalWrite>, Vec<_>) = group.into_iter().unzip();
+                    for (reply, done) in replies.into_iter().zip(store.write_group(&batch)) {
+                        let _ = reply.send(done);
+                    }
+                }
+            })
+            .expect("cannot start the journal thread");
+        GroupCommit { queue }
+    }
+
+    /// [`Store::begin`], committed with whatever other writes are waiting.
+    pub async fn begin(&self, operation: &Operation) -> Result<u64, StoreError> {
+        match self.write(JournalWrite::Begin(operation.clone())).await? {
+            JournalDone::Began(id) => Ok(id),
+            JournalDone::Finished => unreachable!("a begin is answered with its id"),
+        }
+    }
+
+    /// [`Store::finish`], committed with whatever other writes are waiting.
+    pub async fn finish(&self, id: u64, change: &ActualChange) -> Result<(), StoreError> {
+        self.write(JournalWrite::Finish(id, change.clone())).await.map(|_| ())
+    }
+
+    async fn write(&self, write: JournalWrite) -> Result<JournalDone, StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.queue.send((write, reply)).map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
 }
 
 /// An operation begun and not finished.
@@ -224,21 +292,8 @@ impl Store {
 
     /// Journals `operation` as begun and returns its id; the entry is on disk when this returns.
     pub fn begin(&self, operation: &Operation) -> Result<u64, StoreError> {
-        let started_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let text = self.encode(&StoredEntryRef { operation, started_unix_ms }, || {
-            format!("the journal entry of {}", operation.name())
-        })?;
         let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
-        let id = {
-            let mut meta = txn.open_table(META).map_err(|e| self.db_error(e))?;
-            let id = meta.get(NEXT_ID_KEY).map_err(|e| self.db_error(e))?.map_or(1, |g| g.value());
-            meta.insert(NEXT_ID_KEY, id + 1).map_err(|e| self.db_error(e))?;
-            let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
-            journal.insert(id, text.as_str()).map_err(|e| self.db_error(e))?;
-            id
-        };
+        let id = self.begin_in(&txn, operation)?;
         txn.commit().map_err(|e| self.db_error(e))?;
         Ok(id)
     }
@@ -247,16 +302,67 @@ impl Store {
     /// unknown `id` is an error and changes nothing.
     pub fn finish(&self, id: u64, change: &ActualChange) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        // On an error the transaction is dropped uncommitted, which aborts it.
+        self.finish_in(&txn, id, change)?;
+        txn.commit().map_err(|e| self.db_error(e))
+    }
+
+    /// Makes `writes` durable in one write transaction (one fsync), answering each in order.
+    /// Should any write fail, nothing of the group is kept and each write is made again in a
+    /// transaction of its own, so one bad write costs the others nothing.
+    pub fn write_group(&self, writes: &[JournalWrite]) -> Vec<Result<JournalDone, StoreError>> {
+        let together = (|| {
+            let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+            let done = writes.iter().map(|w| self.write_in(&txn, w)).collect::<Result<Vec<_>, _>>()?;
+            txn.commit().map_err(|e| self.db_error(e))?;
+            Ok::<_, StoreError>(done)
+        })();
+        match together {
+            Ok(done) => done.into_iter().map(Ok).collect(),
+            Err(_) if writes.len() > 1 => writes.iter().map(|w| self.write_alone(w)).collect(),
+            Err(e) => vec![Err(e)],
+        }
+    }
+
+    fn write_alone(&self, write: &JournalWrite) -> Result<JournalDone, StoreError> {
+        match write {
+            JournalWrite::Begin(operation) => self.begin(operation).map(JournalDone::Began),
+            JournalWrite::Finish(id, change) => self.finish(*id, change).map(|()| JournalDone::Finished),
+        }
+    }
+
+    fn write_in(&self, txn: &WriteTransaction, write: &JournalWrite) -> Result<JournalDone, StoreError> {
+        match write {
+            JournalWrite::Begin(operation) => self.begin_in(txn, operation).map(JournalDone::Began),
+            JournalWrite::Finish(id, change) => self.finish_in(txn, *id, change).map(|()| JournalDone::Finished),
+        }
+    }
+
+    /// Inside `txn`: a new journal entry for `operation`; its id.
+    fn begin_in(&self, txn: &WriteTransaction, operation: &Operation) -> Result<u64, StoreError> {
+        let started_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let text = self.encode(&StoredEntryRef { operation, started_unix_ms }, || {
+            format!("the journal entry of {}", operation.name())
+        })?;
+        let mut meta = txn.open_table(META).map_err(|e| self.db_error(e))?;
+        let id = meta.get(NEXT_ID_KEY).map_err(|e| self.db_error(e))?.map_or(1, |g| g.value());
+        meta.insert(NEXT_ID_KEY, id + 1).map_err(|e| self.db_error(e))?;
+        let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
+        journal.insert(id, text.as_str()).map_err(|e| self.db_error(e))?;
+        Ok(id)
+    }
+
+    /// Inside `txn`: journal entry `id` removed and `change` applied.
+    fn finish_in(&self, txn: &WriteTransaction, id: u64, change: &ActualChange) -> Result<(), StoreError> {
         {
             let mut journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
-            let removed = journal.remove(id).map_err(|e| self.db_error(e))?.is_some();
-            if !removed {
-                // Dropping the transaction uncommitted aborts it.
+            if journal.remove(id).map_err(|e| self.db_error(e))?.is_none() {
                 return Err(StoreError::UnknownEntry { path: self.path.clone(), id });
             }
         }
-        self.apply(&txn, change)?;
-        txn.commit().map_err(|e| self.db_error(e))
+        self.apply(txn, change)
     }
 
     /// Replaces the whole actual state with `actual` and empties the journal, in one durable

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvol_node::rebuild::{PodVolumeDir, clear_orphan, observe, rebuild};
-use kvol_node::store::{ActualChange, JournalEntry, Loaded, Store, StoreError};
+use kvol_node::store::{
+    ActualChange, GroupCommit, JournalDone, JournalEntry, JournalWrite, Loaded, Store, StoreError,
+};
 use kvol_node::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
 use kvol_plugin::plugin::PodInfo;
 use kvol_plugin::testing::{csi_pv, inline_empty_dir};
@@ -489,6 +491,75 @@ fn begin_and_finish_timing() {
         dir.path().display()
     );
     assert_eq!(store.load().unwrap().incomplete, Vec::<JournalEntry>::new());
+}
+
+#[test]
+fn a_group_of_writes_is_answered_in_order_and_a_bad_write_costs_the_others_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("agent.redb")).unwrap();
+    let first = store.begin(&attach("a")).unwrap();
+    let good = [
+        JournalWrite::Begin(attach("b")),
+        JournalWrite::Finish(first, ActualChange::SetAttached(attached("a", None))),
+        JournalWrite::Begin(attach("c")),
+    ];
+    let done: Vec<JournalDone> = store.write_group(&good).into_iter().map(Result::unwrap).collect();
+    assert_eq!(done, [JournalDone::Began(first + 1), JournalDone::Finished, JournalDone::Began(first + 2)]);
+    let loaded = store.load().unwrap();
+    assert_eq!(journal(&loaded), [(first + 1, attach("b")), (first + 2, attach("c"))]);
+    assert!(loaded.actual.attached.contains_key("a"));
+
+    // An entry that does not exist: that write fails alone, the others are kept.
+    let mixed = [
+        JournalWrite::Finish(first + 1, ActualChange::SetAttached(attached("b", None))),
+        JournalWrite::Finish(999, ActualChange::SetAttached(attached("ghost", None))),
+        JournalWrite::Finish(first + 2, ActualChange::Nothing),
+    ];
+    let results = store.write_group(&mixed);
+    assert!(matches!(results[0], Ok(JournalDone::Finished)), "{results:?}");
+    assert!(matches!(results[1], Err(StoreError::UnknownEntry { id: 999, .. })), "{results:?}");
+    assert!(matches!(results[2], Ok(JournalDone::Finished)), "{results:?}");
+    let loaded = store.load().unwrap();
+    assert!(loaded.incomplete.is_empty(), "{:?}", loaded.incomplete);
+    let names: Vec<&String> = loaded.actual.attached.keys().collect();
+    assert_eq!(names, ["a", "b"], "the ghost's change was not applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_made_at_once_through_the_group_commit_are_all_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.redb");
+    let store = Arc::new(Store::open(&path).unwrap());
+    let journal = GroupCommit::start(Arc::clone(&store));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let journal = journal.clone();
+        tasks.spawn(async move {
+            let unique = format!("v{i}");
+            let id = journal.begin(&attach(&unique)).await.unwrap();
+            journal.finish(id, &ActualChange::SetAttached(attached(&unique, None))).await.unwrap();
+            id
+        });
+    }
+    let mut ids = BTreeSet::new();
+    while let Some(id) = tasks.join_next().await {
+        assert!(ids.insert(id.unwrap()), "every entry has its own id");
+    }
+    let grouped = started.elapsed();
+    drop(journal);
+    let loaded = store.load().unwrap();
+    assert!(loaded.incomplete.is_empty(), "{:?}", loaded.incomplete);
+    assert_eq!(loaded.actual.attached.len(), 50);
+    let started = Instant::now();
+    for i in 0..50 {
+        let id = store.begin(&attach(&format!("w{i}"))).unwrap();
+        store.finish(id, &ActualChange::Nothing).unwrap();
+    }
+    println!(
+        "50 operations begun and finished at once: {grouped:?} through the group commit, {:?} one commit each",
+        started.elapsed()
+    );
 }
 
 /// Unmounts whatever is left below `root` when dropped, so a failing test never leaves a
