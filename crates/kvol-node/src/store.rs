@@ -27,7 +27,10 @@
 //! change in one write transaction, so after a crash at any point the store holds either the
 //! entry (the operation may or may not have happened: [`crate::rebuild`] looks at the node to
 //! decide) or the change, never both and never neither. Every commit uses redb's default
-//! durability (`Immediate`: fsynced before `commit` returns).
+//! durability (`Immediate`: fsynced before `commit` returns). The executor writes through
+//! [`GroupCommit`], which puts the writes of operations that begin or end together into one
+//! transaction (one fsync) and answers each only once it is durable: the protocol per
+//! operation is unchanged.
 //!
 //! Journal ids come from `meta.next_journal_id`, so they keep rising across restarts and
 //! [`Store::replace_actual`]; [`Loaded::incomplete`] lists entries in id order, which is the
