@@ -31,6 +31,38 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 pub struct ApiSource {
     sets: Arc<watch::Sender<Arc<ObjectSet>>>,
     task: tokio::task::JoinHandle<()>,
+    traffic: Arc<Traffic>,
+}
+
+/// What the source has taken from the API server so far: the objects its two watches
+/// delivered (listed or changed), and its reads of referenced objects. A node's load: it
+/// grows with the node's own pods, not with the cluster.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    watched_objects: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+/// A reading of [`Traffic`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficCount {
+    pub watched_objects: u64,
+    pub reads: u64,
+}
+
+impl Traffic {
+    fn count(&self) -> TrafficCount {
+        use std::sync::atomic::Ordering::Relaxed;
+        TrafficCount { watched_objects: self.watched_objects.load(Relaxed), reads: self.reads.load(Relaxed) }
+    }
+
+    fn watched(&self) {
+        self.watched_objects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn read(&self) {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl ApiSource {
@@ -48,6 +80,7 @@ impl ApiSource {
                 .default_backoff();
         let mut pod_events = Box::pin(pod_events);
         let mut driver_events = Box::pin(driver_events);
+        let traffic = Arc::new(Traffic::default());
         // The first lists: drive both streams until both stores are ready.
         {
             let ready = async {
@@ -57,22 +90,37 @@ impl ApiSource {
             loop {
                 tokio::select! {
                     _ = &mut ready => break,
-                    event = pod_events.next() => { log_event("pods", event); }
-                    event = driver_events.next() => { log_event("csidrivers", event); }
+                    event = pod_events.next() => { log_event("pods", event, &traffic); }
+                    event = driver_events.next() => { log_event("csidrivers", event, &traffic); }
                 }
             }
         }
-        let mut state = State { client, pods, drivers, cache: Cache::default() };
+        let mut state = State { client, pods, drivers, cache: Cache::default(), traffic: Arc::clone(&traffic) };
         let first = state.rebuild(false).await;
         let sets = Arc::new(watch::channel(Arc::new(first)).0);
         let task = tokio::spawn(run(state, pod_events, driver_events, Arc::clone(&sets)));
-        ApiSource { sets, task }
+        ApiSource { sets, task, traffic }
+    }
+
+    /// What the source has taken from the API server since it started.
+    pub fn traffic(&self) -> TrafficCount {
+        self.traffic.count()
     }
 }
 
-fn log_event<K, E: std::fmt::Display>(what: &str, event: Option<Result<K, E>>) -> bool {
+/// Whether a watch event went well (logging it when not), counting the object it carries.
+fn log_event<K, E: std::fmt::Display>(
+    what: &str,
+    event: Option<Result<watcher::Event<K>, E>>,
+    traffic: &Traffic,
+) -> bool {
     match event {
-        Some(Ok(_)) => true,
+        Some(Ok(event)) => {
+            if matches!(event, watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Delete(_)) {
+                traffic.watched();
+            }
+            true
+        }
         Some(Err(e)) => {
             tracing::warn!(watch = what, error = %e, "api watch failed; retrying, the last known objects stay");
             false
@@ -96,8 +144,8 @@ async fn run<P, D, EP, ED>(
     refresh.tick().await;
     loop {
         let reread = tokio::select! {
-            event = pod_events.next() => { if !log_event("pods", event) { continue } false }
-            event = driver_events.next() => { if !log_event("csidrivers", event) { continue } false }
+            event = pod_events.next() => { if !log_event("pods", event, &state.traffic) { continue } false }
+            event = driver_events.next() => { if !log_event("csidrivers", event, &state.traffic) { continue } false }
             _ = refresh.tick() => true,
         };
         let set = state.rebuild(reread).await;
@@ -116,6 +164,7 @@ struct State {
     pods: Store<Pod>,
     drivers: Store<CSIDriver>,
     cache: Cache,
+    traffic: Arc<Traffic>,
 }
 
 /// The referenced objects last read, by key; an object the API said is gone is absent.
@@ -133,7 +182,7 @@ impl State {
     async fn rebuild(&mut self, reread: bool) -> ObjectSet {
         let pods: Vec<Arc<Pod>> = self.pods.state();
         let mut wanted = refs::pod_refs(pods.iter().map(|p| p.as_ref()));
-        let client = self.client.clone();
+        let client = Reader { client: self.client.clone(), traffic: Arc::clone(&self.traffic) };
         let unbound =
             |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_none();
         sync_namespaced(&client, &mut self.cache.claims, &wanted.claims, reread, unbound).await;
@@ -164,10 +213,16 @@ impl State {
     }
 }
 
+/// The client referenced objects are read with, and where the reads are counted.
+struct Reader {
+    client: Client,
+    traffic: Arc<Traffic>,
+}
+
 /// Makes `cache` hold exactly the `wanted` namespaced objects, reading the missing ones (all
 /// with `reread`, and those `stale` says must be read again).
 async fn sync_namespaced<K>(
-    client: &Client,
+    client: &Reader,
     cache: &mut BTreeMap<String, K>,
     wanted: &std::collections::BTreeSet<String>,
     reread: bool,
@@ -184,14 +239,15 @@ async fn sync_namespaced<K>(
             continue;
         }
         let (ns, name) = refs::split_key(key);
-        let api: Api<K> = Api::namespaced(client.clone(), ns);
+        let api: Api<K> = Api::namespaced(client.client.clone(), ns);
+        client.traffic.read();
         read_into(cache, key, api.get_opt(name).await);
     }
 }
 
 /// As [`sync_namespaced`], for cluster-scoped objects.
 async fn sync_cluster<K>(
-    client: &Client,
+    client: &Reader,
     cache: &mut BTreeMap<String, K>,
     wanted: &std::collections::BTreeSet<String>,
     reread: bool,
@@ -206,7 +262,8 @@ async fn sync_cluster<K>(
         if !reread && cache.contains_key(key) {
             continue;
         }
-        let api: Api<K> = Api::all(client.clone());
+        let api: Api<K> = Api::all(client.client.clone());
+        client.traffic.read();
         read_into(cache, key, api.get_opt(key).await);
     }
 }

@@ -296,3 +296,80 @@ async fn a_failing_pod_volume_is_one_event_on_the_pod_with_kubelets_reason_and_a
         }
     }
 }
+
+/// Creates `count` objects no pod of the nodes under test references: PVs, claims, and pods
+/// on another node, in equal thirds, 16 requests at a time.
+async fn unrelated_objects(client: &Client, prefix: &str, count: usize) {
+    use futures::StreamExt;
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    futures::stream::iter(0..count)
+        .for_each_concurrent(16, |i| {
+            let (pvs, claims, pods) = (pvs.clone(), claims.clone(), pods.clone());
+            async move {
+                let name = format!("{prefix}-{i}");
+                match i % 3 {
+                    0 => drop(create(&pvs, json!({"metadata": {"name": name}, "spec": {
+                        "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
+                        "csi": {"driver": DRIVER, "volumeHandle": name}}})).await),
+                    1 => drop(create(&claims, json!({"metadata": {"name": name}, "spec": {
+                        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}})).await),
+                    _ => drop(create(&pods, json!({"metadata": {"name": name}, "spec": {"nodeName": "elsewhere",
+                        "containers": [{"name": "c", "image": "none"}],
+                        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}]}})).await),
+                }
+            }
+        })
+        .await;
+}
+
+/// One node's life seen by a fresh source: its first pod (with a claim) there at start,
+/// `unrelated` objects created elsewhere while it watches, then its second pod; what the
+/// source took from the API server.
+async fn node_traffic(client: &Client, node: &str, unrelated: usize) -> kvol_cluster::source::TrafficCount {
+    pod_with_claim(client, &format!("{node}-a"), node).await;
+    let source = ApiSource::start(client.clone(), node).await;
+    unrelated_objects(client, &format!("{node}-during"), unrelated).await;
+    pod_with_claim(client, &format!("{node}-b"), node).await;
+    until(&source, "the node's second pod, its claim and its volume", |s| {
+        s.pods.len() == 2 && s.claims.len() == 2 && s.persistent_volumes.len() == 2
+    })
+    .await;
+    let set = source.current();
+    let own = [format!("default/{node}-a"), format!("default/{node}-b")];
+    assert_eq!(keys(&set.pods), own.iter().map(String::as_str).collect::<Vec<_>>(), "only the node's pods");
+    let traffic = source.traffic();
+    Box::new(source).shutdown();
+    traffic
+}
+
+/// Kubelet's design, and the proof: a node's load on the API grows with its own pods,
+/// not with the cluster. The same node life with 2,000 unrelated PVs, claims and pods in the
+/// cluster (and 200 more created while it watches) takes exactly what it takes with none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_api_traffic_does_not_grow_with_the_cluster() {
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": "fast"}, "provisioner": DRIVER}),
+    )
+    .await;
+    create(
+        &Api::<CSIDriver>::all(client.clone()),
+        json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
+    )
+    .await;
+    let quiet = node_traffic(&client, "quiet", 0).await;
+    let started = Instant::now();
+    unrelated_objects(&client, "before", 2000).await;
+    let filled = started.elapsed();
+    let busy = node_traffic(&client, "busy", 200).await;
+    println!(
+        "a node's traffic: {quiet:?} in an empty cluster, {busy:?} beside 2,000 unrelated objects (created in {filled:?}) and 200 more made while it watched"
+    );
+    assert_eq!(busy, quiet, "the node's traffic grew with the cluster");
+    assert!(quiet.watched_objects >= 3 && quiet.reads >= 4, "the count saw the node's own objects: {quiet:?}");
+}

@@ -287,7 +287,7 @@ async fn run(
             registration_dir: Some(config.registration_dir()),
             ..HostpathConfig::new(BUNDLED_DRIVER, &config.node_name)
         };
-        tokio::spawn(supervise_bundled_driver(driver_config, Arc::clone(&mounter), stop_rx.clone()))
+        run_bundled_driver_apart(driver_config, Arc::clone(&mounter), stop_rx.clone())
     });
     let metrics_address = match config.metrics_address {
         Some(address) => {
@@ -398,8 +398,8 @@ async fn run(
         );
     }
     let _ = stop_tx.send(true);
-    if let Some(task) = driver_task {
-        let _ = task.await;
+    if let Some(thread) = driver_task {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     watcher.shutdown().await;
     prober.shutdown().await;
@@ -475,8 +475,8 @@ struct Loop<'a> {
     cached_view: Option<ObjectsView>,
     /// The volumes of claims, for the stats collector (`None`: stats are off).
     stats_volumes: Option<tokio::sync::watch::Sender<Arc<Vec<crate::volume_stats::ClaimedVolume>>>>,
-    /// The published volumes and objects the volumes of claims were last found from.
-    last_claimed: Option<(Arc<crate::model::ActualState>, Arc<ObjectSet>, u64)>,
+    /// The actual state's version and the objects the volumes of claims were last found from.
+    last_claimed: Option<(u64, Arc<ObjectSet>, u64)>,
 }
 
 impl Loop<'_> {
@@ -646,14 +646,14 @@ impl Loop<'_> {
     /// volumes or the objects changed since it was last told.
     fn offer_claimed_volumes(&mut self, view: &ObjectsView) {
         let Some(sender) = &self.stats_volumes else { return };
-        let actual = self.executor.snapshot().actual;
+        let exec = self.executor.snapshot();
         let unchanged = self.last_claimed.as_ref().is_some_and(|(a, o, v)| {
-            Arc::ptr_eq(a, &actual) && Arc::ptr_eq(o, &view.source) && *v == view.provisioned_version
+            *a == exec.version && Arc::ptr_eq(o, &view.source) && *v == view.provisioned_version
         });
         if unchanged {
             return;
         }
-        let claimed = crate::volume_stats::claimed_volumes(&view.objects.pods, &actual.published);
+        let claimed = crate::volume_stats::claimed_volumes(&view.objects.pods, &exec.actual.published);
         sender.send_if_modified(|current| {
             let changed = **current != claimed;
             if changed {
@@ -661,7 +661,7 @@ impl Loop<'_> {
             }
             changed
         });
-        self.last_claimed = Some((actual, Arc::clone(&view.source), view.provisioned_version));
+        self.last_claimed = Some((exec.version, Arc::clone(&view.source), view.provisioned_version));
     }
 
     /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
@@ -785,6 +785,23 @@ fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
 }
 
 /// Runs the bundled driver until told to stop, restarting it (after a pause) if it fails.
+/// Runs the bundled driver on a thread and runtime of its own, as if it were another process:
+/// its file writes and fsyncs then never hold the threads the agent's loop and operations run
+/// on (the driver does its disk work inline in its RPC handlers).
+fn run_bundled_driver_apart(
+    config: HostpathConfig,
+    mounter: Arc<dyn Mounter>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("kvol-bundled-driver".into())
+        .spawn(move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime.block_on(supervise_bundled_driver(config, mounter, stop)),
+            Err(e) => tracing::error!(driver = BUNDLED_DRIVER, error = %e, "cannot start the bundled csi driver's runtime"),
+        })
+        .expect("cannot start the bundled csi driver's thread")
+}
+
 async fn supervise_bundled_driver(
     config: HostpathConfig,
     mounter: Arc<dyn Mounter>,

@@ -53,6 +53,9 @@ pub struct ExecSnapshot {
     pub running: BTreeMap<String, Running>,
     /// By lock key.
     pub failures: BTreeMap<String, Failure>,
+    /// Counts the changes to `actual`: equal versions, equal actual states. Lets a reader tell
+    /// a change without keeping `actual` alive (which would make the next change copy it).
+    pub version: u64,
 }
 
 impl ExecSnapshot {
@@ -70,6 +73,16 @@ struct State {
     failures: BTreeMap<String, Failure>,
     /// Once set, nothing new starts (shutdown).
     closed: bool,
+    /// See [`ExecSnapshot::version`].
+    version: u64,
+}
+
+impl State {
+    /// Applies `change` to the actual state, copying it only if a snapshot still holds it.
+    fn change_actual(&mut self, change: ActualChange) {
+        apply(Arc::make_mut(&mut self.actual), change);
+        self.version += 1;
+    }
 }
 
 /// Runs operations on tokio tasks; a stuck operation holds only its own volume.
@@ -121,6 +134,7 @@ impl Executor {
             published_at: Arc::clone(&state.published_at),
             running: state.running.clone(),
             failures: state.failures.clone(),
+            version: state.version,
         }
     }
 
@@ -189,13 +203,13 @@ impl Executor {
                         }
                         _ => {}
                     }
-                    apply(Arc::make_mut(&mut state.actual), change);
+                    state.change_actual(change);
                     state.failures.remove(&key);
                     tracing::info!(operation = op.name(), volume = %key, plugin = op.plugin(), elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded");
                 }
                 Err((error, change)) => {
                     let uncertain = change != ActualChange::Nothing;
-                    apply(Arc::make_mut(&mut state.actual), change);
+                    state.change_actual(change);
                     let count = state.failures.get(&key).map_or(0, |f| f.count) + 1;
                     let delay = BACKOFF.delay(count);
                     tracing::warn!(operation = op.name(), volume = %key, plugin = op.plugin(), %error, uncertain, retry_in_ms = delay.as_millis() as u64, "operation failed");
@@ -379,7 +393,7 @@ impl Executor {
     fn record_locked(&self, state: &mut State, op: &Operation, change: ActualChange) -> Result<(), String> {
         let id = self.store.begin(op).map_err(|e| e.to_string())?;
         self.store.finish(id, &change).map_err(|e| e.to_string())?;
-        apply(Arc::make_mut(&mut state.actual), change);
+        state.change_actual(change);
         Ok(())
     }
 

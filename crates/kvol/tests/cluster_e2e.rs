@@ -1,0 +1,191 @@
+//! The real `kvol agent --kubeconfig` against a real kube-apiserver (`KVOL_KUBE_APISERVER`, `KVOL_ETCD`; skipped with the reason when unset), with real mounts: the node's pods mounted and nobody else's, the node's storage objects kept in the API, and a 30 s outage of the API server that unmounts nothing.
+
+#[path = "../../kvol-cluster/tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use kvol_node::status::{Phase, StatusReport, read_status};
+use kvol_plugin::{Mounter, SystemMounter};
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
+use serde_json::json;
+
+const DRIVER: &str = "hostpath.csi.kvol.io";
+const NODE: &str = "n1";
+
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            panic!("the agent exited ({status}); its log:\n{log}");
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn create<K>(api: &Api<K>, body: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(body).expect("a valid object");
+    api.create(&PostParams::default(), &object).await.expect("created")
+}
+
+/// A pod on `node` with a CSI ephemeral volume of the bundled driver and an emptyDir.
+fn pod(name: &str, node: &str) -> serde_json::Value {
+    json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": node,
+        "containers": [{"name": "c", "image": "none"}],
+        "volumes": [{"name": "data", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1Mi"}}},
+                    {"name": "cache", "emptyDir": {}}]}})
+}
+
+/// Waits (at most 60 s) until the agent's status file satisfies `ok`.
+fn wait_status(root: &Path, agent: &mut Agent, what: &str, ok: impl Fn(&StatusReport) -> bool) -> StatusReport {
+    let start = Instant::now();
+    loop {
+        agent.assert_running();
+        if let Ok(report) = read_status(root)
+            && report.pid == agent.child.id()
+            && ok(&report)
+        {
+            return report;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "never {what}; status: {:#?}", read_status(root));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn published(report: &StatusReport, pod: &str, volume: &str) -> bool {
+    report.volumes.iter().any(|v| v.pod == pod && v.volume == volume && v.phase == Phase::Published)
+}
+
+/// The CSI volume's publish path (`…/volumes/kubernetes.io~csi/data/mount`).
+fn publish_path(report: &StatusReport, pod: &str) -> PathBuf {
+    let v = report.volumes.iter().find(|v| v.pod == pod && v.volume == "data").expect("the volume");
+    v.target.as_ref().expect("a target").join("mount")
+}
+
+fn mounted(path: &Path, root: &Path) -> bool {
+    SystemMounter.mounts_under(root).unwrap().iter().any(|m| m.target == path)
+}
+
+#[test]
+fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage() {
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    runtime.block_on(async {
+        for node in [NODE, "n2"] {
+            create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": node}})).await;
+        }
+        create(
+            &Api::<CSIDriver>::all(client.clone()),
+            json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false, "podInfoOnMount": true,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"]}}),
+        )
+        .await;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
+    let log = dir.path().join("agent.log");
+    let mut agent = Agent {
+        child: Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["agent", "--no-metrics", "--no-example-flex-drivers", "--node-name", NODE, "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .arg("--root")
+            .arg(&root)
+            .env("KVOL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+
+    // Registration reaches the API: the CSINode lists the driver, the Node carries its node ID.
+    runtime.block_on(async {
+        let start = Instant::now();
+        loop {
+            let csinode = Api::<CSINode>::all(client.clone()).get_opt(NODE).await.ok().flatten();
+            if csinode.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER)) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "the agent never registered {DRIVER} in CSINode");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let node = Api::<Node>::all(client.clone()).get(NODE).await.unwrap();
+        let ids = node.metadata.annotations.unwrap_or_default();
+        let ids = ids.get("csi.volume.kubernetes.io/nodeid").expect("the node-ID annotation");
+        assert!(ids.contains(DRIVER), "{ids}");
+    });
+
+    // This node's pod is mounted; the other node's pod is not this agent's business.
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    runtime.block_on(async {
+        create(&pods, pod("mine", NODE)).await;
+        create(&pods, pod("theirs", "n2")).await;
+    });
+    let report = wait_status(&root, &mut agent, "published mine", |r| {
+        published(r, "default/mine", "data") && published(r, "default/mine", "cache")
+    });
+    assert!(!report.volumes.iter().any(|v| v.pod == "default/theirs"), "{:#?}", report.volumes);
+    let mine = publish_path(&report, "default/mine");
+    assert!(mounted(&mine, &root), "{} is not mounted", mine.display());
+    std::fs::write(mine.join("kept"), "written before the outage").unwrap();
+
+    // The API server away for 30 s: nothing is unmounted, nothing is lost, the agent runs on.
+    server.kill_apiserver();
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(30) {
+        agent.assert_running();
+        assert!(mounted(&mine, &root), "{} was unmounted during the outage", mine.display());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let report = wait_status(&root, &mut agent, "still published", |r| published(r, "default/mine", "data"));
+    assert_eq!(publish_path(&report, "default/mine"), mine);
+    assert_eq!(std::fs::read_to_string(mine.join("kept")).unwrap(), "written before the outage");
+
+    // Back: a pod created after the outage is mounted (the watch resumed), the old one is kept.
+    server.start_apiserver();
+    let client = runtime.block_on(server.client());
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    runtime.block_on(create(&pods, pod("later", NODE)));
+    wait_status(&root, &mut agent, "published later", |r| published(r, "default/later", "data"));
+    assert!(mounted(&mine, &root), "{} was unmounted after the outage", mine.display());
+
+    // A pod deleted in the API is torn down on the node.
+    let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+    runtime.block_on(async { pods.delete("mine", &now).await.expect("deleted") });
+    wait_status(&root, &mut agent, "tore mine down", |r| !r.volumes.iter().any(|v| v.pod == "default/mine"));
+    assert!(!mounted(&mine, &root), "{} is still mounted", mine.display());
+    assert!(!mine.parent().unwrap().exists(), "the pod volume directory is gone");
+    agent.assert_running();
+    drop(agent);
+    let left = SystemMounter.mounts_under(&root).unwrap();
+    for m in left.iter().rev() {
+        let _ = nix::mount::umount2(&m.target, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
