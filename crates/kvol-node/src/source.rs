@@ -395,11 +395,12 @@ pub fn load_dir(dir: &Path) -> ObjectSet {
 #[derive(Debug)]
 struct Parsed {
     identity: (u64, u64, Option<std::time::SystemTime>),
-    /// The objects the file counts for: its own, or its last good ones while it has problems.
-    objects: Vec<(usize, Object)>,
+    /// The objects the file counts for: its own, or its last good ones while it has problems
+    /// (shared with `last_good`, not copied: the objects of a hundred pods weigh megabytes).
+    objects: Arc<Vec<(usize, Object)>>,
     problems: Vec<SourceProblem>,
     /// The objects of its last read without problems, if it had one.
-    last_good: Option<Vec<(usize, Object)>>,
+    last_good: Option<Arc<Vec<(usize, Object)>>>,
 }
 
 /// Parsed files by path: a file whose inode, size and modification time are unchanged is not
@@ -428,12 +429,9 @@ impl ParseCache {
             let path = dir.join(&name);
             let (objects, problems) = parse_documents(&path.display().to_string(), &text);
             if problems.is_empty() {
-                let parsed = Parsed {
-                    identity: (0, 0, None),
-                    objects: objects.clone(),
-                    problems,
-                    last_good: Some(objects),
-                };
+                let objects = Arc::new(objects);
+                let parsed =
+                    Parsed { identity: (0, 0, None), objects: Arc::clone(&objects), problems, last_good: Some(objects) };
                 files.insert(path, parsed);
             }
         }
@@ -508,7 +506,7 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
         if let (Some(identity), Some(parsed)) = (identity, cache.files.get(&path))
             && parsed.identity == identity
         {
-            builder.add(&origin, parsed.objects.clone(), parsed.problems.clone());
+            builder.add(&origin, Vec::clone(&parsed.objects), parsed.problems.clone());
             continue;
         }
         match fs::read_to_string(&path) {
@@ -519,7 +517,10 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
                 }
                 let last_good = cache.files.get(&path).and_then(|p| p.last_good.clone());
                 let (objects, last_good) = match last_good {
-                    _ if problems.is_empty() => (objects.clone(), Some(objects)),
+                    _ if problems.is_empty() => {
+                        let objects = Arc::new(objects);
+                        (Arc::clone(&objects), Some(objects))
+                    }
                     // A file that read cleanly before and now does not (an edit in progress, a
                     // typo) keeps its last good objects: its pods' volumes are not torn down.
                     Some(good) => {
@@ -531,16 +532,14 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
                                 good.len()
                             ),
                         });
-                        (good.clone(), Some(good))
+                        (Arc::clone(&good), Some(good))
                     }
-                    None => (objects, None),
+                    None => (Arc::new(objects), None),
                 };
+                builder.add(&origin, Vec::clone(&objects), problems.clone());
                 if let Some(identity) = identity {
-                    let parsed =
-                        Parsed { identity, objects: objects.clone(), problems: problems.clone(), last_good };
-                    cache.files.insert(path.clone(), parsed);
+                    cache.files.insert(path.clone(), Parsed { identity, objects, problems, last_good });
                 }
-                builder.add(&origin, objects, problems);
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => builder.add_problem(SourceProblem {
