@@ -95,7 +95,8 @@ impl ApiSource {
                 }
             }
         }
-        let mut state = State { client, pods, drivers, cache: Cache::default(), traffic: Arc::clone(&traffic) };
+        let mut state =
+            State { client, pods, drivers, cache: Cache::default(), traffic: Arc::clone(&traffic) };
         let first = state.rebuild(false).await;
         let sets = Arc::new(watch::channel(Arc::new(first)).0);
         let task = tokio::spawn(run(state, pod_events, driver_events, Arc::clone(&sets)));
@@ -116,7 +117,10 @@ fn log_event<K, E: std::fmt::Display>(
 ) -> bool {
     match event {
         Some(Ok(event)) => {
-            if matches!(event, watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Delete(_)) {
+            if matches!(
+                event,
+                watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Delete(_)
+            ) {
                 traffic.watched();
             }
             true

@@ -310,14 +310,32 @@ async fn unrelated_objects(client: &Client, prefix: &str, count: usize) {
             async move {
                 let name = format!("{prefix}-{i}");
                 match i % 3 {
-                    0 => drop(create(&pvs, json!({"metadata": {"name": name}, "spec": {
+                    0 => drop(
+                        create(
+                            &pvs,
+                            json!({"metadata": {"name": name}, "spec": {
                         "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"],
-                        "csi": {"driver": DRIVER, "volumeHandle": name}}})).await),
-                    1 => drop(create(&claims, json!({"metadata": {"name": name}, "spec": {
-                        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}})).await),
-                    _ => drop(create(&pods, json!({"metadata": {"name": name}, "spec": {"nodeName": "elsewhere",
+                        "csi": {"driver": DRIVER, "volumeHandle": name}}}),
+                        )
+                        .await,
+                    ),
+                    1 => drop(
+                        create(
+                            &claims,
+                            json!({"metadata": {"name": name}, "spec": {
+                        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}),
+                        )
+                        .await,
+                    ),
+                    _ => drop(
+                        create(
+                            &pods,
+                            json!({"metadata": {"name": name}, "spec": {"nodeName": "elsewhere",
                         "containers": [{"name": "c", "image": "none"}],
-                        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}]}})).await),
+                        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}]}}),
+                        )
+                        .await,
+                    ),
                 }
             }
         })
@@ -371,5 +389,8 @@ async fn a_nodes_api_traffic_does_not_grow_with_the_cluster() {
         "a node's traffic: {quiet:?} in an empty cluster, {busy:?} beside 2,000 unrelated objects (created in {filled:?}) and 200 more made while it watched"
     );
     assert_eq!(busy, quiet, "the node's traffic grew with the cluster");
-    assert!(quiet.watched_objects >= 3 && quiet.reads >= 4, "the count saw the node's own objects: {quiet:?}");
+    assert!(
+        quiet.watched_objects >= 3 && quiet.reads >= 4,
+        "the count saw the node's own objects: {quiet:?}"
+    );
 }

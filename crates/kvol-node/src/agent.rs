@@ -372,6 +372,8 @@ async fn run(
         orphans_left,
         last_resync: Instant::now(),
         last_status: None,
+        last_report: None,
+        status_deferred: None,
         cached_view: None,
         stats_volumes,
         last_claimed: None,
@@ -472,6 +474,10 @@ struct Loop<'a> {
     orphans_left: Vec<(PathBuf, String)>,
     last_resync: Instant,
     last_status: Option<(StatusReport, Instant)>,
+    /// What the last status report was made from, and when.
+    last_report: Option<(ReportInputs, Instant)>,
+    /// A changed status held back by [`status_write`]: when a pass must write it.
+    status_deferred: Option<Instant>,
     cached_view: Option<ObjectsView>,
     /// The volumes of claims, for the stats collector (`None`: stats are off).
     stats_volumes: Option<tokio::sync::watch::Sender<Arc<Vec<crate::volume_stats::ClaimedVolume>>>>,
@@ -487,18 +493,47 @@ impl Loop<'_> {
         if self.config.provision_claims {
             start_provisioning(self.config, &view.objects, self.handler, &self.provisioning, self.wake);
         }
+        let viewed = pass_started.elapsed();
         let snapshot = self.registry.snapshot();
         let resolutions = self.resolve(&snapshot, &view.desired);
+        let resolved = pass_started.elapsed();
         if self.last_resync.elapsed() >= self.config.resync {
             self.last_resync = Instant::now();
             self.resync(&view.desired);
         }
         self.submit(&view.desired, &resolutions);
+        let submitted = pass_started.elapsed();
         let problems = self.problems(&view.objects);
-        let written = self.report(problems, &view.desired, &resolutions, &snapshot);
+        let inputs = ReportInputs {
+            executor: self.executor.version(),
+            source: Arc::clone(&view.source),
+            provisioned: view.provisioned_version,
+            plugins: snapshot.generation(),
+            problems,
+        };
+        let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
+        let written = match status_write(
+            changed,
+            self.last_report.as_ref().map(|(_, at)| at.elapsed()),
+            REPORT_REFRESH,
+        ) {
+            StatusWrite::Now => {
+                let written = self.report(inputs.problems.clone(), &view.desired, &resolutions, &snapshot);
+                self.last_report = Some((inputs, Instant::now()));
+                written
+            }
+            StatusWrite::After(wait) => {
+                self.status_deferred = Some(Instant::now() + wait);
+                false
+            }
+            StatusWrite::NotYet => false,
+        };
         self.offer_claimed_volumes(&view);
         tracing::debug!(
             elapsed_us = pass_started.elapsed().as_micros() as u64,
+            view_us = viewed.as_micros() as u64,
+            resolve_us = (resolved - viewed).as_micros() as u64,
+            submit_us = (submitted - resolved).as_micros() as u64,
             volumes = view.desired.volumes.len(),
             status_written = written,
             "reconcile pass"
@@ -630,16 +665,21 @@ impl Loop<'_> {
         ));
         let mut comparable = report.clone();
         comparable.updated_unix_ms = 0;
-        let due = self.last_status.as_ref().is_none_or(|(previous, at): &(StatusReport, Instant)| {
-            *previous != comparable || at.elapsed() >= Duration::from_secs(5)
-        });
-        if due {
-            match write_status(&self.config.state_dir, &report) {
-                Ok(()) => self.last_status = Some((comparable, Instant::now())),
+        let last = self.last_status.as_ref();
+        let changed = last.is_none_or(|(previous, _)| *previous != comparable);
+        self.status_deferred = None;
+        match status_write(changed, last.map(|(_, at)| at.elapsed()), STATUS_REFRESH) {
+            StatusWrite::Now => match write_status(&self.config.state_dir, &report) {
+                Ok(()) => {
+                    self.last_status = Some((comparable, Instant::now()));
+                    return true;
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
-            }
+            },
+            StatusWrite::After(wait) => self.status_deferred = Some(Instant::now() + wait),
+            StatusWrite::NotYet => {}
         }
-        due
+        false
     }
 
     /// Tells the stats collector which published volumes come from claims, when the published
@@ -672,7 +712,68 @@ impl Loop<'_> {
             .next_retry()
             .map(|at| at.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::from_secs(1));
-        retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5))
+        let nap = retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5));
+        match self.status_deferred {
+            Some(at) => nap.min(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))),
+            None => nap,
+        }
+    }
+}
+
+/// The status report is made, and its file written, at most once per this while it keeps
+/// changing (a burst of operations ending would otherwise make and write it on every pass);
+/// the last change is made and written once the gap is over.
+pub const STATUS_MIN_GAP: Duration = Duration::from_millis(5);
+
+/// An unchanged status file is written again this often, so its `updated` stays fresh.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+
+/// A report whose inputs did not change is made again this often, so the ages of running
+/// operations it shows stay fresh.
+pub const REPORT_REFRESH: Duration = Duration::from_secs(1);
+
+/// What a status report is made from, as far as telling a change goes: the executor's
+/// version, the objects, the plugins, the problems.
+#[derive(Debug)]
+struct ReportInputs {
+    executor: u64,
+    source: Arc<ObjectSet>,
+    provisioned: u64,
+    plugins: u64,
+    problems: Vec<String>,
+}
+
+impl PartialEq for ReportInputs {
+    /// The objects by identity: a new set from the source is a change, and comparing two sets'
+    /// contents on every pass would cost what this saves.
+    fn eq(&self, other: &ReportInputs) -> bool {
+        self.executor == other.executor
+            && Arc::ptr_eq(&self.source, &other.source)
+            && self.provisioned == other.provisioned
+            && self.plugins == other.plugins
+            && self.problems == other.problems
+    }
+}
+
+/// Whether to make (or write) the status now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusWrite {
+    Now,
+    /// Changed, but made less than [`STATUS_MIN_GAP`] ago: by a pass after this long.
+    After(Duration),
+    NotYet,
+}
+
+/// When to make or write the status: `changed` says whether it (or what it is made from)
+/// differs from the last time, `since_last` how long ago that was (`None`: never); unchanged,
+/// it is done again after `refresh`.
+pub fn status_write(changed: bool, since_last: Option<Duration>, refresh: Duration) -> StatusWrite {
+    match since_last {
+        None => StatusWrite::Now,
+        Some(age) if age >= refresh => StatusWrite::Now,
+        Some(age) if changed && age >= STATUS_MIN_GAP => StatusWrite::Now,
+        Some(age) if changed => StatusWrite::After(STATUS_MIN_GAP - age),
+        Some(_) => StatusWrite::NotYet,
     }
 }
 
@@ -1165,4 +1266,28 @@ fn describe_failure(f: &crate::executor::Failure) -> String {
 /// Where the bundled driver keeps its volumes: for tests and the benchmark.
 pub fn bundled_volume_dir(config: &AgentConfig, volume_id: &str) -> PathBuf {
     config.state_dir.join("csi-hostpath").join("volumes").join(volume_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_file_is_written_at_once_unless_it_was_just_written() {
+        let ms = Duration::from_millis;
+        let rows = [
+            ("never written", false, None, StatusWrite::Now),
+            ("never written, changed", true, None, StatusWrite::Now),
+            ("changed, written long ago", true, Some(ms(6)), StatusWrite::Now),
+            ("changed, written exactly the gap ago", true, Some(STATUS_MIN_GAP), StatusWrite::Now),
+            ("changed, written 2 ms ago", true, Some(ms(2)), StatusWrite::After(STATUS_MIN_GAP - ms(2))),
+            ("unchanged, written 2 ms ago", false, Some(ms(2)), StatusWrite::NotYet),
+            ("unchanged, written 4 s ago", false, Some(Duration::from_secs(4)), StatusWrite::NotYet),
+            ("unchanged, stale", false, Some(STATUS_REFRESH), StatusWrite::Now),
+        ];
+        for (name, changed, since_last, want) in rows {
+            assert_eq!(status_write(changed, since_last, STATUS_REFRESH), want, "{name}");
+        }
+        assert_eq!(status_write(false, Some(REPORT_REFRESH), REPORT_REFRESH), StatusWrite::Now);
+    }
 }

@@ -53,8 +53,10 @@ pub struct ExecSnapshot {
     pub running: BTreeMap<String, Running>,
     /// By lock key.
     pub failures: BTreeMap<String, Failure>,
-    /// Counts the changes to `actual`: equal versions, equal actual states. Lets a reader tell
-    /// a change without keeping `actual` alive (which would make the next change copy it).
+    /// Counts the changes to what a snapshot shows (`actual`, operations started and ended,
+    /// failures): equal versions, equal snapshots but for the running operations' ages. Lets a
+    /// reader tell a change without keeping `actual` alive (which would make the next change
+    /// copy it).
     pub version: u64,
 }
 
@@ -153,10 +155,16 @@ impl Executor {
                 return false;
             }
             state.running.insert(key.clone(), Running { operation: op.name(), started: now, claim });
+            state.version += 1;
         }
         let this = Arc::clone(self);
         tokio::spawn(async move { this.run(key, op).await });
         true
+    }
+
+    /// [`ExecSnapshot::version`], without taking a snapshot.
+    pub fn version(&self) -> u64 {
+        self.lock().version
     }
 
     /// When the next backed-off operation may be retried, if any is waiting.
@@ -192,6 +200,7 @@ impl Executor {
         {
             let mut state = self.lock();
             state.running.remove(&key);
+            state.version += 1;
             match outcome {
                 Ok(change) => {
                     match &change {

@@ -430,8 +430,12 @@ impl ParseCache {
             let (objects, problems) = parse_documents(&path.display().to_string(), &text);
             if problems.is_empty() {
                 let objects = Arc::new(objects);
-                let parsed =
-                    Parsed { identity: (0, 0, None), objects: Arc::clone(&objects), problems, last_good: Some(objects) };
+                let parsed = Parsed {
+                    identity: (0, 0, None),
+                    objects: Arc::clone(&objects),
+                    problems,
+                    last_good: Some(objects),
+                };
                 files.insert(path, parsed);
             }
         }

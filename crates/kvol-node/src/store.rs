@@ -337,7 +337,9 @@ impl Store {
     fn write_in(&self, txn: &WriteTransaction, write: &JournalWrite) -> Result<JournalDone, StoreError> {
         match write {
             JournalWrite::Begin(operation) => self.begin_in(txn, operation).map(JournalDone::Began),
-            JournalWrite::Finish(id, change) => self.finish_in(txn, *id, change).map(|()| JournalDone::Finished),
+            JournalWrite::Finish(id, change) => {
+                self.finish_in(txn, *id, change).map(|()| JournalDone::Finished)
+            }
         }
     }
 

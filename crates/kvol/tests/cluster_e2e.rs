@@ -58,7 +58,12 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
 }
 
 /// Waits (at most 60 s) until the agent's status file satisfies `ok`.
-fn wait_status(root: &Path, agent: &mut Agent, what: &str, ok: impl Fn(&StatusReport) -> bool) -> StatusReport {
+fn wait_status(
+    root: &Path,
+    agent: &mut Agent,
+    what: &str,
+    ok: impl Fn(&StatusReport) -> bool,
+) -> StatusReport {
     let start = Instant::now();
     loop {
         agent.assert_running();
@@ -133,7 +138,10 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
             if csinode.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER)) {
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "the agent never registered {DRIVER} in CSINode");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the agent never registered {DRIVER} in CSINode"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node = Api::<Node>::all(client.clone()).get(NODE).await.unwrap();
