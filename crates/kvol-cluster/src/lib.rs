@@ -6,7 +6,8 @@
 //! reference ([`refs`], read by name), so a node's load on the API grows with its own pods, not
 //! with the cluster. The agent's loop, planner and executor are the same in both modes.
 //! [`events::EventWriter`] makes the pods' volume Events (kubelet's reasons, one per failure).
-//! [`attachments::ApiAttachments`] gives the CSI plugins the VolumeAttachments they wait for.
+//! [`attachments::ApiAttachments`] gives the CSI plugins the VolumeAttachments they wait for,
+//! [`tokens::ApiTokens`] the service-account tokens their CSIDrivers ask for.
 
 pub mod attachments;
 pub mod client;
@@ -15,3 +16,4 @@ pub mod merged;
 pub mod node_objects;
 pub mod refs;
 pub mod source;
+pub mod tokens;

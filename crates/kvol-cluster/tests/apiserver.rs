@@ -394,3 +394,66 @@ async fn a_nodes_api_traffic_does_not_grow_with_the_cluster() {
         "the count saw the node's own objects: {quiet:?}"
     );
 }
+
+/// Tokens minted through the real TokenRequest API for a pod's service account: bound to the
+/// pod, for the audience asked; the API server's TokenReview accepts them as the account
+/// and the pod. A pod that does not exist (a uid that does not match) gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_minted_for_the_pods_service_account_bound_to_the_pod() {
+    use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kvol_cluster::tokens::ApiTokens;
+    use kvol_csi::{TokenAudience, TokenSource};
+    use kvol_plugin::plugin::PodInfo;
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    create(
+        &Api::<ServiceAccount>::namespaced(client.clone(), "default"),
+        json!({"metadata": {"name": "web"}}),
+    )
+    .await;
+    let pod: Pod = create(
+        &Api::<Pod>::namespaced(client.clone(), "default"),
+        json!({"metadata": {"name": "web-0"}, "spec": {"nodeName": "n1", "serviceAccountName": "web",
+            "containers": [{"name": "c", "image": "none"}]}}),
+    )
+    .await;
+    let info = PodInfo {
+        name: "web-0".into(),
+        namespace: "default".into(),
+        uid: pod.metadata.uid.clone().expect("a uid"),
+        service_account: "web".into(),
+        ..PodInfo::default()
+    };
+    let tokens = ApiTokens::new(client.clone());
+    let request = TokenAudience { audience: "vault".into(), expiration_seconds: Some(3600) };
+    let status = tokens.token(&info, &request).await.expect("a token");
+    let token = status.token.expect("the token");
+    assert!(status.expiration_timestamp.is_some());
+
+    let review: TokenReview = create(
+        &Api::<TokenReview>::all(client.clone()),
+        serde_json::to_value(TokenReview {
+            spec: TokenReviewSpec { token, audiences: Some(vec!["vault".into()]) },
+            ..TokenReview::default()
+        })
+        .unwrap(),
+    )
+    .await;
+    let reviewed = review.status.expect("a review");
+    assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
+    let user = reviewed.user.expect("a user");
+    assert_eq!(user.username.as_deref(), Some("system:serviceaccount:default:web"));
+    let extra = user.extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-name"),
+        Some(&vec!["web-0".to_string()]),
+        "{extra:?}"
+    );
+    assert_eq!(reviewed.audiences, Some(vec!["vault".to_string()]));
+
+    let stranger = PodInfo { uid: "not-the-pods-uid".into(), ..info };
+    let refused = tokens.token(&stranger, &request).await.expect_err("bound to a pod that is not there");
+    assert!(refused.contains("serviceaccount default/web"), "{refused}");
+}

@@ -40,6 +40,9 @@ pub struct CsiRegistrationHandler {
     observer: Option<Arc<dyn RpcObserver>>,
     /// Cluster mode: given to every driver's plugin, which then waits for VolumeAttachments.
     attachments: Option<Arc<dyn AttachmentSource>>,
+    /// Cluster mode: given to every driver's plugin, which then hands drivers that ask for them
+    /// the pods' service-account tokens.
+    tokens: Option<Arc<dyn crate::tokens::TokenSource>>,
     state: Mutex<State>,
 }
 
@@ -78,6 +81,7 @@ impl CsiRegistrationHandler {
             timeouts,
             observer: None,
             attachments: None,
+            tokens: None,
             state: Mutex::default(),
         }
     }
@@ -92,6 +96,12 @@ impl CsiRegistrationHandler {
     /// VolumeAttachments); `None` keeps node-driven attach.
     pub fn with_attachments(self, attachments: Option<Arc<dyn AttachmentSource>>) -> Self {
         CsiRegistrationHandler { attachments, ..self }
+    }
+
+    /// This handler giving its drivers' plugins `tokens` (cluster mode: the TokenRequest API);
+    /// `None`: a driver whose CSIDriver asks for tokens cannot publish.
+    pub fn with_tokens(self, tokens: Option<Arc<dyn crate::tokens::TokenSource>>) -> Self {
+        CsiRegistrationHandler { tokens, ..self }
     }
 
     /// The drivers registered now, by name.
@@ -150,7 +160,8 @@ impl CsiRegistrationHandler {
             .await
             .map_err(|e| e.to_string())?
             .with_version(version.to_string())
-            .with_attachments(self.attachments.clone());
+            .with_attachments(self.attachments.clone())
+            .with_tokens(self.tokens.clone());
         let node = &self.host.node.name;
         let mut keys: Vec<String> = info
             .accessible_topology

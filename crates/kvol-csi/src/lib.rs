@@ -11,6 +11,7 @@ pub mod plugin;
 pub mod policy;
 pub mod proto;
 pub mod registration;
+pub mod tokens;
 pub mod versions;
 
 pub use attachment::{AttachmentSource, MemoryAttachments};
@@ -21,4 +22,5 @@ pub use objects::{MemoryObjects, NodeObjects};
 pub use plugin::{CsiPlugin, DriverCapabilities};
 pub use policy::{DriverPolicy, FsGroupPolicy, LifecycleMode};
 pub use registration::{RegisteredPlugin, RegistrationHandler, RegistrationWatcher, WatcherConfig};
+pub use tokens::{TokenAudience, TokenSource};
 pub use versions::Version;

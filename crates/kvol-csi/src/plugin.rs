@@ -54,8 +54,8 @@ use k8s_openapi::api::core::v1::{
 use kvol_plugin::beneath;
 use kvol_plugin::local::{create_dir_all, is_mounted};
 use kvol_plugin::plugin::{
-    Attacher, DeviceMounter, FsGroupChangePolicy, NodeExpander, PublishRequest, StatsReader, StatsRequest,
-    UnpublishRequest, VolumeMounter, VolumeStats,
+    Attacher, DeviceMounter, FsGroupChangePolicy, NodeExpander, PodInfo, PublishRequest, StatsReader,
+    StatsRequest, UnpublishRequest, VolumeMounter, VolumeStats,
 };
 use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
@@ -78,6 +78,7 @@ use crate::proto::csi::{
     CapacityRange, ControllerPublishVolumeRequest, NodeExpandVolumeRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, VolumeCapability,
 };
+use crate::tokens::{SERVICE_ACCOUNT_TOKENS_KEY, TokenSource, tokens_value};
 
 type PluginResult<T> = kvol_plugin::Result<T>;
 
@@ -107,6 +108,9 @@ pub struct CsiPlugin {
     /// Cluster mode: the VolumeAttachments the attach/detach controller makes; the node then
     /// never calls ControllerPublishVolume or ControllerUnpublishVolume. `None`: node-driven.
     attachments: Option<Arc<dyn AttachmentSource>>,
+    /// Cluster mode: mints the service-account tokens a CSIDriver's `tokenRequests` asks for.
+    /// `None` (standalone): a driver asking for tokens cannot publish.
+    tokens: Option<Arc<dyn TokenSource>>,
 }
 
 /// The CSI source of a spec of this driver.
@@ -142,7 +146,15 @@ impl CsiPlugin {
             capabilities: DriverCapabilities::default(),
             version: None,
             attachments: None,
+            tokens: None,
         }
+    }
+
+    /// The same plugin handing drivers whose CSIDriver lists `tokenRequests` the pod's
+    /// service-account tokens, minted by `tokens`.
+    pub fn with_tokens(mut self, tokens: Option<Arc<dyn TokenSource>>) -> CsiPlugin {
+        self.tokens = tokens;
+        self
     }
 
     /// The same plugin attaching the cluster's way: it waits for the VolumeAttachments
@@ -398,6 +410,44 @@ impl CsiPlugin {
         .into())
     }
 
+    /// The volume context of a NodePublishVolume: the volume's attributes, the pod's
+    /// information when the CSIDriver asks for it, and the pod's service-account tokens when it
+    /// lists `tokenRequests` (minted on every publish, so a driver that `requiresRepublish`
+    /// gets fresh ones, as kubelet does).
+    async fn publish_volume_context(
+        &self,
+        attributes: Option<&BTreeMap<String, String>>,
+        pod: &PodInfo,
+        policy: &DriverPolicy,
+        mode: LifecycleMode,
+    ) -> PluginResult<std::collections::HashMap<String, String>> {
+        let mut context = volume_context(attributes, pod, policy, mode);
+        if !policy.token_requests.is_empty() {
+            let Some(source) = &self.tokens else {
+                return Err(CsiError::Policy {
+                    driver: self.driver.clone(),
+                    reason: "its csidriver asks for service-account tokens (tokenRequests), and a node \
+                             without an api server (standalone mode) cannot mint them"
+                        .into(),
+                }
+                .into());
+            };
+            let mut tokens = BTreeMap::new();
+            for request in &policy.token_requests {
+                let token = source.token(pod, request).await.map_err(|reason| CsiError::Driver {
+                    driver: self.driver.clone(),
+                    reason: format!(
+                        "cannot get a service-account token for audience {:?} of pod {}/{}: {reason}",
+                        request.audience, pod.namespace, pod.name
+                    ),
+                })?;
+                tokens.insert(request.audience.clone(), token);
+            }
+            context.insert(SERVICE_ACCOUNT_TOKENS_KEY.to_string(), tokens_value(&tokens));
+        }
+        Ok(context.into_iter().collect())
+    }
+
     async fn publish_volume(&self, req: &PublishRequest<'_>) -> PluginResult<()> {
         let spec = req.spec;
         let source = self.source(spec)?;
@@ -483,7 +533,7 @@ impl CsiPlugin {
             volume_capability: Some(plan.capability),
             readonly: plan.read_only,
             secrets: plan.secrets.into_iter().collect(),
-            volume_context: volume_context(plan.attributes, req.pod, &policy, mode).into_iter().collect(),
+            volume_context: self.publish_volume_context(plan.attributes, req.pod, &policy, mode).await?,
         };
         tracing::info!(
             driver = %self.driver, volume = %plan.handle, target = %target.display(),
@@ -585,7 +635,7 @@ impl CsiPlugin {
             volume_capability: Some(plan.capability),
             readonly: plan.read_only,
             secrets: plan.secrets.into_iter().collect(),
-            volume_context: volume_context(plan.attributes, req.pod, policy, mode).into_iter().collect(),
+            volume_context: self.publish_volume_context(plan.attributes, req.pod, policy, mode).await?,
         };
         tracing::info!(
             driver = %self.driver, volume = %plan.handle, target = %target.display(),

@@ -116,6 +116,8 @@ pub struct DriverPolicy {
     pub fs_group_policy: FsGroupPolicy,
     /// `requiresRepublish`: unset means no.
     pub requires_republish: bool,
+    /// `tokenRequests`: the service-account tokens the driver gets in the volume context.
+    pub token_requests: Vec<crate::tokens::TokenAudience>,
 }
 
 impl Default for DriverPolicy {
@@ -140,6 +142,7 @@ impl DriverPolicy {
                 lifecycle_modes: vec![LifecycleMode::Persistent],
                 fs_group_policy: FsGroupPolicy::default(),
                 requires_republish: false,
+                token_requests: Vec::new(),
             };
         };
         let spec = &driver.spec;
@@ -160,6 +163,15 @@ impl DriverPolicy {
                 .and_then(FsGroupPolicy::parse)
                 .unwrap_or_default(),
             requires_republish: spec.requires_republish.unwrap_or(false),
+            token_requests: spec
+                .token_requests
+                .iter()
+                .flatten()
+                .map(|r| crate::tokens::TokenAudience {
+                    audience: r.audience.clone(),
+                    expiration_seconds: r.expiration_seconds,
+                })
+                .collect(),
         }
     }
 

@@ -361,6 +361,7 @@ struct Setup {
     csidriver: Option<CSIDriverSpec>,
     secrets: Vec<Secret>,
     call_timeout: Duration,
+    tokens: Option<Arc<dyn kvol_csi::TokenSource>>,
 }
 
 impl Setup {
@@ -371,7 +372,13 @@ impl Setup {
             csidriver: None,
             secrets: Vec::new(),
             call_timeout: Duration::from_secs(20),
+            tokens: None,
         }
+    }
+
+    fn tokens(mut self, tokens: Arc<dyn kvol_csi::TokenSource>) -> Setup {
+        self.tokens = Some(tokens);
+        self
     }
 
     fn node_caps(mut self, caps: &[NodeCap]) -> Setup {
@@ -418,7 +425,8 @@ impl Setup {
             CsiClient::new(self.driver_name, &socket, Timeouts::with_call(self.call_timeout)).unwrap();
         let plugin = CsiPlugin::connect(self.driver_name, client, host, Arc::new(objects.clone()), NODE_ID)
             .await
-            .unwrap();
+            .unwrap()
+            .with_tokens(self.tokens);
         Fixture { _dir: dir, root, socket, fake, driver, objects, mounter, plugin }
     }
 }
@@ -686,6 +694,110 @@ async fn stage_publish_and_teardown_send_what_upstream_sends() {
     f.plugin.mounter().unwrap().unpublish(&unpublish_request(&target)).await.unwrap();
     stager.unstage(&staging).await.unwrap();
     assert_eq!(f.volume_calls(), []);
+}
+
+/// A token source that mints `<audience>:<pod uid>:<n>` and remembers what it was asked.
+#[derive(Debug, Default)]
+struct CountingTokens {
+    asked: Mutex<Vec<(String, String, Option<i64>)>>,
+}
+
+#[async_trait::async_trait]
+impl kvol_csi::TokenSource for CountingTokens {
+    async fn token(
+        &self,
+        pod: &PodInfo,
+        request: &kvol_csi::TokenAudience,
+    ) -> Result<k8s_openapi::api::authentication::v1::TokenRequestStatus, String> {
+        let mut asked = self.asked.lock().unwrap();
+        asked.push((pod.uid.clone(), request.audience.clone(), request.expiration_seconds));
+        if request.audience == "refused" {
+            return Err("serviceaccounts \"web\" not found".into());
+        }
+        Ok(k8s_openapi::api::authentication::v1::TokenRequestStatus {
+            token: Some(format!("{}:{}:{}", request.audience, pod.uid, asked.len())),
+            expiration_timestamp: serde_json::from_value(serde_json::json!("2026-11-26T23:00:00Z")).ok(),
+        })
+    }
+}
+
+fn token_requests(audiences: &[(&str, Option<i64>)]) -> CSIDriverSpec {
+    CSIDriverSpec {
+        token_requests: Some(
+            audiences
+                .iter()
+                .map(|(audience, expiration_seconds)| k8s_openapi::api::storage::v1::TokenRequest {
+                    audience: audience.to_string(),
+                    expiration_seconds: *expiration_seconds,
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_csidriver_with_token_requests_gets_the_pods_tokens_minted_at_each_publish() {
+    let tokens = Arc::new(CountingTokens::default());
+    let f = Setup::new()
+        .csidriver(token_requests(&[("vault", Some(600)), ("", None)]))
+        .tokens(tokens.clone())
+        .start()
+        .await;
+    let spec = plain_pv("pv-1", "vol-1");
+    let pod = pod();
+    let target = f.target("pv-1");
+    for round in 1..=2 {
+        f.fake.take_calls();
+        f.plugin
+            .mounter()
+            .unwrap()
+            .publish(&publish_request(&spec, &pod, &target, None, None))
+            .await
+            .unwrap();
+        let calls = f.volume_calls();
+        let value =
+            the_publish(&calls).volume_context.get(kvol_csi::tokens::SERVICE_ACCOUNT_TOKENS_KEY).cloned();
+        let tokens: serde_json::Value = serde_json::from_str(&value.expect("the tokens key")).unwrap();
+        // Fresh tokens each publish: a driver that requiresRepublish renews through it.
+        let (first, second) = (2 * round - 1, 2 * round);
+        assert_eq!(
+            tokens,
+            serde_json::json!({
+                "": {"token": format!(":uid-1:{second}"), "expirationTimestamp": "2026-11-26T23:00:00Z"},
+                "vault": {"token": format!("vault:uid-1:{first}"), "expirationTimestamp": "2026-11-26T23:00:00Z"},
+            }),
+            "round {round}"
+        );
+    }
+    let asked = tokens.asked.lock().unwrap().clone();
+    assert_eq!(asked[0], ("uid-1".to_string(), "vault".to_string(), Some(600)));
+    assert_eq!(asked[1], ("uid-1".to_string(), String::new(), None));
+
+    // A token the API server refuses fails the publish, naming the audience and the pod;
+    // the driver is not called.
+    f.set_csidriver(Some(token_requests(&[("refused", None)])));
+    f.fake.take_calls();
+    let e = f.plugin.mounter().unwrap().publish(&publish_request(&spec, &pod, &target, None, None)).await;
+    let message = e.expect_err("no token, no publish").to_string();
+    assert!(message.contains("\"refused\"") && message.contains("shop/web-0"), "{message}");
+    assert!(!f.volume_calls().iter().any(|c| matches!(c, Call::Publish(_))), "{:?}", f.volume_calls());
+}
+
+#[tokio::test]
+async fn without_a_token_source_a_driver_asking_for_tokens_cannot_publish() {
+    let f = Setup::new().csidriver(token_requests(&[("vault", None)])).start().await;
+    let spec = plain_pv("pv-1", "vol-1");
+    let pod = pod();
+    let e = f
+        .plugin
+        .mounter()
+        .unwrap()
+        .publish(&publish_request(&spec, &pod, &f.target("pv-1"), None, None))
+        .await;
+    let message = e.expect_err("standalone cannot mint tokens").to_string();
+    assert!(message.contains(DRIVER) && message.contains("tokenRequests"), "{message}");
+    assert!(!f.volume_calls().iter().any(|c| matches!(c, Call::Publish(_))));
 }
 
 #[tokio::test]

@@ -90,6 +90,9 @@ pub struct AgentConfig {
     pub attachments: Option<Arc<dyn kvol_csi::AttachmentSource>>,
     /// Cluster mode: told the failing pod volumes after every pass, for the pods' Events.
     pub pod_events: Option<Arc<dyn crate::pod_events::PodEventSink>>,
+    /// Cluster mode: mints the service-account tokens CSIDrivers ask for (`tokenRequests`);
+    /// `None` (standalone): a driver that asks for them cannot publish.
+    pub tokens: Option<Arc<dyn kvol_csi::TokenSource>>,
 }
 
 impl AgentConfig {
@@ -121,6 +124,7 @@ impl AgentConfig {
             node_storage: None,
             attachments: None,
             pod_events: None,
+            tokens: None,
         }
     }
 
@@ -275,7 +279,8 @@ async fn run(
             Timeouts::with_call(config.csi_call_timeout),
         )
         .with_observer(metrics.clone())
-        .with_attachments(config.attachments.clone()),
+        .with_attachments(config.attachments.clone())
+        .with_tokens(config.tokens.clone()),
     );
     let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
@@ -512,11 +517,8 @@ impl Loop<'_> {
             problems,
         };
         let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
-        let written = match status_write(
-            changed,
-            self.last_report.as_ref().map(|(_, at)| at.elapsed()),
-            REPORT_REFRESH,
-        ) {
+        let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
+        let written = match status_write(changed, since, REPORT_REFRESH, self.executor.is_idle()) {
             StatusWrite::Now => {
                 let written = self.report(inputs.problems.clone(), &view.desired, &resolutions, &snapshot);
                 self.last_report = Some((inputs, Instant::now()));
@@ -668,7 +670,8 @@ impl Loop<'_> {
         let last = self.last_status.as_ref();
         let changed = last.is_none_or(|(previous, _)| *previous != comparable);
         self.status_deferred = None;
-        match status_write(changed, last.map(|(_, at)| at.elapsed()), STATUS_REFRESH) {
+        match status_write(changed, last.map(|(_, at)| at.elapsed()), STATUS_REFRESH, exec.running.is_empty())
+        {
             StatusWrite::Now => match write_status(&self.config.state_dir, &report) {
                 Ok(()) => {
                     self.last_status = Some((comparable, Instant::now()));
@@ -767,10 +770,19 @@ pub enum StatusWrite {
 /// When to make or write the status: `changed` says whether it (or what it is made from)
 /// differs from the last time, `since_last` how long ago that was (`None`: never); unchanged,
 /// it is done again after `refresh`.
-pub fn status_write(changed: bool, since_last: Option<Duration>, refresh: Duration) -> StatusWrite {
+///
+/// `settled` (no operation running) writes a change at once: the gap only thins out the
+/// reports of a burst, never delays the one that shows where it ended.
+pub fn status_write(
+    changed: bool,
+    since_last: Option<Duration>,
+    refresh: Duration,
+    settled: bool,
+) -> StatusWrite {
     match since_last {
         None => StatusWrite::Now,
         Some(age) if age >= refresh => StatusWrite::Now,
+        Some(_) if changed && settled => StatusWrite::Now,
         Some(age) if changed && age >= STATUS_MIN_GAP => StatusWrite::Now,
         Some(age) if changed => StatusWrite::After(STATUS_MIN_GAP - age),
         Some(_) => StatusWrite::NotYet,
@@ -1192,7 +1204,10 @@ fn status_report(
                 .or_else(|| ok.and_then(|r| r.staging_path.clone())),
             target: published.map(|p| p.target.clone()).or_else(|| ok.map(|r| r.target.clone())),
             last_error,
-            pending_reason: want.and_then(|w| w.pending.clone()),
+            pending_reason: want.and_then(|w| w.pending.clone()).or_else(|| {
+                want.filter(|w| w.terminating && published.is_none())
+                    .map(|_| "the pod is being deleted: nothing new is set up for it".to_string())
+            }),
             progress: running
                 .map(|r| format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())),
         });
@@ -1275,19 +1290,27 @@ mod tests {
     #[test]
     fn the_status_file_is_written_at_once_unless_it_was_just_written() {
         let ms = Duration::from_millis;
+        // (what, changed, written how long ago, operations running, decision)
         let rows = [
-            ("never written", false, None, StatusWrite::Now),
-            ("never written, changed", true, None, StatusWrite::Now),
-            ("changed, written long ago", true, Some(ms(6)), StatusWrite::Now),
-            ("changed, written exactly the gap ago", true, Some(STATUS_MIN_GAP), StatusWrite::Now),
-            ("changed, written 2 ms ago", true, Some(ms(2)), StatusWrite::After(STATUS_MIN_GAP - ms(2))),
-            ("unchanged, written 2 ms ago", false, Some(ms(2)), StatusWrite::NotYet),
-            ("unchanged, written 4 s ago", false, Some(Duration::from_secs(4)), StatusWrite::NotYet),
-            ("unchanged, stale", false, Some(STATUS_REFRESH), StatusWrite::Now),
+            ("never written", false, None, true, StatusWrite::Now),
+            ("never written, changed", true, None, true, StatusWrite::Now),
+            ("changed, written long ago", true, Some(ms(6)), true, StatusWrite::Now),
+            ("changed, written exactly the gap ago", true, Some(STATUS_MIN_GAP), true, StatusWrite::Now),
+            (
+                "changed mid-burst, written 2 ms ago",
+                true,
+                Some(ms(2)),
+                true,
+                StatusWrite::After(STATUS_MIN_GAP - ms(2)),
+            ),
+            ("changed and settled, written 2 ms ago", true, Some(ms(2)), false, StatusWrite::Now),
+            ("unchanged, written 2 ms ago", false, Some(ms(2)), false, StatusWrite::NotYet),
+            ("unchanged, written 4 s ago", false, Some(Duration::from_secs(4)), true, StatusWrite::NotYet),
+            ("unchanged, stale", false, Some(STATUS_REFRESH), true, StatusWrite::Now),
         ];
-        for (name, changed, since_last, want) in rows {
-            assert_eq!(status_write(changed, since_last, STATUS_REFRESH), want, "{name}");
+        for (name, changed, since_last, running, want) in rows {
+            assert_eq!(status_write(changed, since_last, STATUS_REFRESH, !running), want, "{name}");
         }
-        assert_eq!(status_write(false, Some(REPORT_REFRESH), REPORT_REFRESH), StatusWrite::Now);
+        assert_eq!(status_write(false, Some(REPORT_REFRESH), REPORT_REFRESH, true), StatusWrite::Now);
     }
 }

@@ -30,7 +30,9 @@ pub const RUNTIME_SOURCES: &[&str] = &["configMap", "downwardAPI", "gitRepo", "i
 
 /// The volumes the pods bound to `node_name` want. A pod is on the node when its
 /// `spec.nodeName` is unset or names the node; a pod that has finished (phase Succeeded or
-/// Failed) or is being deleted wants nothing.
+/// Failed) wants nothing. A pod being deleted still wants what it has until it is gone (its
+/// containers may run out their grace period), but nothing new: its volumes are marked
+/// [`DesiredVolume::terminating`].
 pub fn desired_state(objects: &ObjectSet, node_name: &str) -> DesiredState {
     let mut state = DesiredState::default();
     for pod in objects.pods.values().filter(|pod| wants_volumes(pod, node_name)) {
@@ -49,7 +51,7 @@ fn wants_volumes(pod: &Pod, node_name: &str) -> bool {
         .is_none_or(|name| name.is_empty() || name == node_name);
     let finished =
         matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"));
-    on_node && !finished && pod.metadata.deletion_timestamp.is_none()
+    on_node && !finished
 }
 
 /// What kvol's plugins are told about a pod: its uid is `metadata.uid`, or [`static_pod_uid`]
@@ -109,6 +111,7 @@ fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
             spec,
             pending,
             mount_options,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
         });
     }
     out
@@ -354,7 +357,8 @@ mod tests {
             (None, Some(reason)) => format!("pending: {reason}"),
             other => panic!("a volume has a spec or is pending, not {other:?}"),
         };
-        format!("{}: {what}", v.key.volume)
+        let terminating = if v.terminating { " (terminating)" } else { "" };
+        format!("{}: {what}{terminating}", v.key.volume)
     }
 
     #[test]
@@ -629,10 +633,10 @@ mod tests {
             ("a pod that succeeded", empty_dir(), json!({"status.phase": "Succeeded"}), vec![]),
             ("a pod that failed", empty_dir(), json!({"status.phase": "Failed"}), vec![]),
             (
-                "a pod being deleted",
+                "a pod being deleted keeps its volumes, marked terminating",
                 empty_dir(),
                 json!({"metadata.deletionTimestamp": "2025-01-01T00:00:00Z"}),
-                vec![],
+                vec![r#"v: inline volume "v" read_only=false options=[] (terminating)"#.into()],
             ),
         ];
         for (what, volumes, extra, want) in cases {

@@ -162,6 +162,11 @@ impl Executor {
         true
     }
 
+    /// Whether no operation is running.
+    pub fn is_idle(&self) -> bool {
+        self.lock().running.is_empty()
+    }
+
     /// [`ExecSnapshot::version`], without taking a snapshot.
     pub fn version(&self) -> u64 {
         self.lock().version

@@ -92,6 +92,9 @@ pub struct DesiredVolume {
     pub pending: Option<String>,
     /// Mount options from the PV (`spec.mountOptions`).
     pub mount_options: Vec<String>,
+    /// The pod is being deleted (`deletionTimestamp` set) and its containers may still run
+    /// out their grace period: what it has stays set up, nothing new is (kubelet's rule).
+    pub terminating: bool,
 }
 
 /// What the pods on this node want.

@@ -113,7 +113,8 @@ pub fn plan(
     }
 
     let mut bring_up = Vec::new();
-    for (key, volume) in &desired.volumes {
+    // A terminating pod's volumes are kept above, and nothing new is set up for them.
+    for (key, volume) in desired.volumes.iter().filter(|(_, v)| !v.terminating) {
         let Some(r) = wanted(key) else { continue };
         if let Some(published) = actual.published.get(key) {
             // Published (kept), or being torn down before it is published anew; an uncertain
@@ -267,6 +268,7 @@ mod tests {
                 spec: Some(spec),
                 pending: None,
                 mount_options: vec![],
+                terminating: false,
             },
         );
     }
@@ -361,6 +363,32 @@ mod tests {
             Operation::Publish { volume, .. } => assert_eq!(volume.device_path.as_deref(), Some("/dev/x")),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_terminating_pod_keeps_what_it_has_and_gets_nothing_new() {
+        let r = res("v1", true, true, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        desired.volumes.values_mut().for_each(|v| v.terminating = true);
+        let resolutions: Resolutions = [(key("p1", "data"), Ok(r.clone()))].into();
+        let mut actual = ActualState::default();
+        assert!(plan(&desired, &resolutions, &actual, &[]).is_empty(), "nothing attached for it");
+        actual.attached.insert("v1".into(), attached(&r, Some("/dev/x")));
+        assert!(plan(&desired, &resolutions, &actual, &[]).is_empty(), "attached: not staged, not detached");
+        actual.staged.insert("v1".into(), staged(&r));
+        actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
+        assert!(plan(&desired, &resolutions, &actual, &[]).is_empty(), "published: kept");
+        actual.published.get_mut(&key("p1", "data")).unwrap().uncertain = true;
+        assert!(
+            plan(&desired, &resolutions, &actual, &[]).is_empty(),
+            "uncertain: kept, not published again"
+        );
+        // The pod gone: everything comes down.
+        assert_eq!(
+            names(&plan(&DesiredState::default(), &Resolutions::default(), &actual, &[])),
+            ["volume_unmount pod:p1/data"]
+        );
     }
 
     #[test]

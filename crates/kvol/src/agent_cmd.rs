@@ -180,6 +180,7 @@ impl ClusterMode {
         config.provision_claims = false;
         config.attachments =
             Some(std::sync::Arc::new(kvol_cluster::attachments::ApiAttachments::new(client.clone())));
+        config.tokens = Some(std::sync::Arc::new(kvol_cluster::tokens::ApiTokens::new(client.clone())));
         let events = std::sync::Arc::new(kvol_cluster::events::ApiNodeEvents::new(client.clone()));
         config.pod_events =
             Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));

@@ -184,7 +184,15 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     wait_status(&root, &mut agent, "published later", |r| published(r, "default/later", "data"));
     assert!(mounted(&mine, &root), "{} was unmounted after the outage", mine.display());
 
-    // A pod deleted in the API is torn down on the node.
+    // A pod deleted gracefully keeps its volume while its containers may still run (no kubelet
+    // here finishes the deletion), as kubelet keeps it; removed from the API, it is torn down.
+    runtime.block_on(async { pods.delete("mine", &DeleteParams::default()).await.expect("deleted") });
+    let terminating = runtime.block_on(async { pods.get("mine").await.expect("still there") });
+    assert!(terminating.metadata.deletion_timestamp.is_some(), "{:?}", terminating.metadata);
+    std::thread::sleep(Duration::from_secs(2));
+    let report = wait_status(&root, &mut agent, "kept mine", |r| published(r, "default/mine", "data"));
+    assert!(mounted(&mine, &root), "{} was unmounted during the grace period", mine.display());
+    assert_eq!(publish_path(&report, "default/mine"), mine);
     let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
     runtime.block_on(async { pods.delete("mine", &now).await.expect("deleted") });
     wait_status(&root, &mut agent, "tore mine down", |r| !r.volumes.iter().any(|v| v.pod == "default/mine"));
