@@ -378,6 +378,7 @@ async fn run(
         last_resync: Instant::now(),
         last_status: None,
         last_report: None,
+        cached_resolutions: None,
         status_deferred: None,
         cached_view: None,
         stats_volumes,
@@ -481,6 +482,8 @@ struct Loop<'a> {
     last_status: Option<(StatusReport, Instant)>,
     /// What the last status report was made from, and when.
     last_report: Option<(ReportInputs, Instant)>,
+    /// The last resolutions and what they were made from.
+    cached_resolutions: Option<(ResolveKey, Arc<Resolutions>)>,
     /// A changed status held back by [`status_write`]: when a pass must write it.
     status_deferred: Option<Instant>,
     cached_view: Option<ObjectsView>,
@@ -500,7 +503,7 @@ impl Loop<'_> {
         }
         let viewed = pass_started.elapsed();
         let snapshot = self.registry.snapshot();
-        let resolutions = self.resolve(&snapshot, &view.desired);
+        let resolutions = self.resolve(&snapshot, &view);
         let resolved = pass_started.elapsed();
         if self.last_resync.elapsed() >= self.config.resync {
             self.last_resync = Instant::now();
@@ -563,8 +566,9 @@ impl Loop<'_> {
         }
     }
 
-    /// How each wanted volume is served, with the node's migration as its CSINode says.
-    fn resolve(&self, snapshot: &Snapshot, desired: &DesiredState) -> Resolutions {
+    /// How each wanted volume is served, with the node's migration as its CSINode says; made
+    /// again only when the objects, the plugins or the node's migration changed.
+    fn resolve(&mut self, snapshot: &Snapshot, view: &ObjectsView) -> Arc<Resolutions> {
         let config = self.config;
         let own = NodeMigration::of_own_node(
             &config.node_name,
@@ -572,7 +576,22 @@ impl Loop<'_> {
             self.handler.drivers().iter().map(|d| d.name.as_str()),
         );
         let node = self.objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
-        resolve_all(snapshot, &config.gates, &node.unwrap_or(own), &self.host.paths, desired)
+        let migration = node.unwrap_or(own);
+        let key = ResolveKey {
+            source: Arc::clone(&view.source),
+            provisioned: view.provisioned_version,
+            plugins: snapshot.generation(),
+            migration,
+        };
+        if let Some((last, resolutions)) = &self.cached_resolutions
+            && *last == key
+        {
+            return Arc::clone(resolutions);
+        }
+        let resolutions =
+            Arc::new(resolve_all(snapshot, &config.gates, &key.migration, &self.host.paths, &view.desired));
+        self.cached_resolutions = Some((key, Arc::clone(&resolutions)));
+        resolutions
     }
 
     /// Now and then: published records checked against the mount table, and directories of
@@ -689,14 +708,15 @@ impl Loop<'_> {
     /// volumes or the objects changed since it was last told.
     fn offer_claimed_volumes(&mut self, view: &ObjectsView) {
         let Some(sender) = &self.stats_volumes else { return };
-        let exec = self.executor.snapshot();
+        let (actual, version) = self.executor.actual();
         let unchanged = self.last_claimed.as_ref().is_some_and(|(a, o, v)| {
-            *a == exec.version && Arc::ptr_eq(o, &view.source) && *v == view.provisioned_version
+            *a == version && Arc::ptr_eq(o, &view.source) && *v == view.provisioned_version
         });
         if unchanged {
             return;
         }
-        let claimed = crate::volume_stats::claimed_volumes(&view.objects.pods, &exec.actual.published);
+        let claimed = crate::volume_stats::claimed_volumes(&view.objects.pods, &actual.published);
+        drop(actual);
         sender.send_if_modified(|current| {
             let changed = **current != claimed;
             if changed {
@@ -704,7 +724,7 @@ impl Loop<'_> {
             }
             changed
         });
-        self.last_claimed = Some((exec.version, Arc::clone(&view.source), view.provisioned_version));
+        self.last_claimed = Some((version, Arc::clone(&view.source), view.provisioned_version));
     }
 
     /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
@@ -755,6 +775,25 @@ impl PartialEq for ReportInputs {
             && self.provisioned == other.provisioned
             && self.plugins == other.plugins
             && self.problems == other.problems
+    }
+}
+
+/// What resolutions are made from, as far as telling a change goes.
+#[derive(Debug)]
+struct ResolveKey {
+    source: Arc<ObjectSet>,
+    provisioned: u64,
+    plugins: u64,
+    migration: NodeMigration,
+}
+
+impl PartialEq for ResolveKey {
+    /// The objects by identity, as [`ReportInputs`] compares them.
+    fn eq(&self, other: &ResolveKey) -> bool {
+        Arc::ptr_eq(&self.source, &other.source)
+            && self.provisioned == other.provisioned
+            && self.plugins == other.plugins
+            && self.migration == other.migration
     }
 }
 

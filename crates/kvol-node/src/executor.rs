@@ -77,6 +77,8 @@ struct State {
     closed: bool,
     /// See [`ExecSnapshot::version`].
     version: u64,
+    /// Counts the changes to `actual` only.
+    actual_version: u64,
 }
 
 impl State {
@@ -84,6 +86,7 @@ impl State {
     fn change_actual(&mut self, change: ActualChange) {
         apply(Arc::make_mut(&mut self.actual), change);
         self.version += 1;
+        self.actual_version += 1;
     }
 }
 
@@ -160,6 +163,13 @@ impl Executor {
         let this = Arc::clone(self);
         tokio::spawn(async move { this.run(key, op).await });
         true
+    }
+
+    /// The actual state and the count of its changes (equal counts, equal states); cheaper
+    /// than a snapshot, and to be dropped before the next change, as a snapshot is.
+    pub fn actual(&self) -> (Arc<ActualState>, u64) {
+        let state = self.lock();
+        (Arc::clone(&state.actual), state.actual_version)
     }
 
     /// Whether no operation is running.
