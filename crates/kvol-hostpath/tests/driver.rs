@@ -290,7 +290,8 @@ async fn identity_and_node_info_describe_the_driver() {
             None => panic!("a capability without an rpc"),
         })
         .collect();
-    assert_eq!(caps, [N::StageUnstageVolume as i32, N::GetVolumeStats as i32, N::ExpandVolume as i32]);
+    let want = [N::StageUnstageVolume, N::GetVolumeStats, N::ExpandVolume, N::VolumeCondition];
+    assert_eq!(caps, want.map(|c| c as i32));
 
     let info = d.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.node_id, "node-a");
