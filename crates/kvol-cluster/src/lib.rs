@@ -12,6 +12,7 @@
 pub mod attachments;
 pub mod client;
 pub mod events;
+pub mod inventory;
 pub mod merged;
 pub mod node_objects;
 pub mod refs;

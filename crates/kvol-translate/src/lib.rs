@@ -25,6 +25,7 @@
 
 mod error;
 mod go;
+pub mod migration_check;
 mod plugins;
 mod source;
 #[cfg(test)]

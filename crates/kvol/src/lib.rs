@@ -7,6 +7,7 @@ pub mod documents;
 pub mod flex_cmd;
 pub mod gates_cmd;
 pub mod lvm_driver_cmd;
+pub mod migrate_cmd;
 pub mod plugins_cmd;
 pub mod status_cmd;
 pub mod translate_cmd;
@@ -61,6 +62,9 @@ pub enum Command {
     /// knows and what the config's `storage` section decides for this node.
     #[command(subcommand)]
     Components(components_cmd::ComponentsCommand),
+    /// CSI migration of in-tree volumes: `check` says what would migrate and what blocks it.
+    #[command(subcommand)]
+    Migrate(migrate_cmd::MigrateCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -222,6 +226,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
             components_cmd::run_plan(args, &config.storage)
         }
+        Command::Migrate(command) => migrate_cmd::run(&gates, command),
     };
     match result {
         Ok(code) => code,

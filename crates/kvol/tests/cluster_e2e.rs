@@ -205,3 +205,53 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
         let _ = nix::mount::umount2(&m.target, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+/// `kvol migrate check --kubeconfig` reads the live cluster: an in-tree PV, the CSINodes and
+/// the Secrets; a missing secret blocks, and creating it unblocks.
+#[test]
+fn migrate_check_reads_a_live_cluster() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    runtime.block_on(async {
+        create(
+            &Api::<PersistentVolume>::all(client.clone()),
+            json!({"metadata": {"name": "share"}, "spec": {"capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "azureFile": {"shareName": "s", "secretName": "creds", "secretNamespace": "default"}}}),
+        )
+        .await;
+        create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
+        create(
+            &Api::<CSINode>::all(client.clone()),
+            json!({"metadata": {"name": NODE}, "spec": {"drivers": [{"name": "file.csi.azure.com", "nodeID": NODE}]}}),
+        )
+        .await;
+    });
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["migrate", "check", "-o", "json", "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .env_remove("KVOL_CONFIG")
+            .env_remove("KVOL_FEATURE_GATES")
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    assert_eq!(report["plugins"][0]["plugin"], "kubernetes.io/azure-file");
+    assert_eq!(report["plugins"][0]["registeredOn"], json!([NODE]));
+    assert_eq!(report["plugins"][0]["missingSecrets"], json!(["default/creds"]));
+    runtime.block_on(create(
+        &Api::<Secret>::namespaced(client.clone(), "default"),
+        json!({"metadata": {"name": "creds"}}),
+    ));
+    let out = check();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["blockers"], json!([]), "{report:#}");
+    assert_eq!(out.status.code(), Some(0));
+}
