@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -88,6 +88,45 @@ fn publish_path(report: &StatusReport, pod: &str) -> PathBuf {
     v.target.as_ref().expect("a target").join("mount")
 }
 
+/// CreateVolume of a 1 MiB filesystem volume named `name` on the driver at `socket`; its id.
+async fn create_volume(socket: &Path, name: &str) -> String {
+    use kvol_csi::proto::csi::controller_client::ControllerClient;
+    use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    use kvol_csi::proto::csi::{CapacityRange, CreateVolumeRequest, VolumeCapability};
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display()))
+        .unwrap()
+        .connect()
+        .await
+        .expect("the bundled driver's socket");
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let answer = ControllerClient::new(channel)
+        .create_volume(CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+            volume_capabilities: vec![capability],
+            ..CreateVolumeRequest::default()
+        })
+        .await
+        .expect("CreateVolume");
+    answer.into_inner().volume.expect("a volume").volume_id
+}
+
+/// Every path below `dir` (none if it is gone).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path);
+    }
+    out
+}
+
 fn mounted(path: &Path, root: &Path) -> bool {
     SystemMounter.mounts_under(root).unwrap().iter().any(|m| m.target == path)
 }
@@ -117,7 +156,7 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     let log = dir.path().join("agent.log");
     let mut agent = Agent {
         child: Command::new(env!("CARGO_BIN_EXE_kvol"))
-            .args(["agent", "--no-metrics", "--no-example-flex-drivers", "--node-name", NODE, "--kubeconfig"])
+            .args(["agent", "--no-metrics", "--node-name", NODE, "--kubeconfig"])
             .arg(&server.kubeconfig)
             .arg("--root")
             .arg(&root)
@@ -164,6 +203,47 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     assert!(mounted(&mine, &root), "{} is not mounted", mine.display());
     std::fs::write(mine.join("kept"), "written before the outage").unwrap();
 
+    // Every other kind kvol serves, from the API: hostPath, a Flexvolume driver's volume, and a
+    // claim bound to a PV of the bundled driver (created on the driver, as a provisioner would).
+    let host_dir = dir.path().join("host-data");
+    let socket = root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
+    let handle = runtime.block_on(create_volume(&socket, "claimed"));
+    runtime.block_on(async {
+        create(
+            &Api::<PersistentVolume>::all(client.clone()),
+            json!({"metadata": {"name": "pv-claimed"}, "spec": {"capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                "claimRef": {"namespace": "default", "name": "claimed"},
+                "csi": {"driver": DRIVER, "volumeHandle": handle}}}),
+        )
+        .await;
+        create(
+            &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
+            json!({"metadata": {"name": "claimed"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                "storageClassName": "", "volumeName": "pv-claimed", "resources": {"requests": {"storage": "1Mi"}}}}),
+        )
+        .await;
+        create(
+            &pods,
+            json!({"metadata": {"name": "kinds", "namespace": "default"}, "spec": {"nodeName": NODE,
+                "containers": [{"name": "c", "image": "none"}],
+                "volumes": [
+                    {"name": "host", "hostPath": {"path": host_dir, "type": "DirectoryOrCreate"}},
+                    {"name": "fast", "flexVolume": {"driver": "kvol/tmpfs", "options": {"size": "8Mi"}}},
+                    {"name": "claimed", "persistentVolumeClaim": {"claimName": "claimed"}}]}}),
+        )
+        .await;
+    });
+    let report = wait_status(&root, &mut agent, "published every kind", |r| {
+        ["host", "fast", "claimed"].iter().all(|v| published(r, "default/kinds", v))
+    });
+    let kinds_uid = report.volumes.iter().find(|v| v.pod == "default/kinds").unwrap().pod_uid.clone();
+    let kinds_dir = root.join("kubelet/pods").join(&kinds_uid);
+    assert!(
+        !SystemMounter.mounts_under(&kinds_dir).unwrap().is_empty(),
+        "the kinds pod's volumes are mounted"
+    );
+
     // The API server away for 30 s: nothing is unmounted, nothing is lost, the agent runs on.
     server.kill_apiserver();
     let outage = Instant::now();
@@ -198,6 +278,13 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     wait_status(&root, &mut agent, "tore mine down", |r| !r.volumes.iter().any(|v| v.pod == "default/mine"));
     assert!(!mounted(&mine, &root), "{} is still mounted", mine.display());
     assert!(!mine.parent().unwrap().exists(), "the pod volume directory is gone");
+    runtime.block_on(async { pods.delete("kinds", &now).await.expect("deleted") });
+    wait_status(&root, &mut agent, "tore kinds down", |r| {
+        !r.volumes.iter().any(|v| v.pod == "default/kinds")
+    });
+    let left: Vec<PathBuf> = walk(&kinds_dir);
+    assert!(SystemMounter.mounts_under(&kinds_dir).unwrap().is_empty(), "mounts left: {left:#?}");
+    assert!(left.iter().all(|p| p.is_dir()), "files left after the pod's deletion: {left:#?}");
     agent.assert_running();
     drop(agent);
     let left = SystemMounter.mounts_under(&root).unwrap();
@@ -210,7 +297,7 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
 /// the Secrets; a missing secret blocks, and creating it unblocks.
 #[test]
 fn migrate_check_reads_a_live_cluster() {
-    use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+    use k8s_openapi::api::core::v1::Secret;
     let Some((apiserver, etcd)) = support::binaries() else { return };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let server = support::ApiServer::start(&apiserver, &etcd);
