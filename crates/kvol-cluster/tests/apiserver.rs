@@ -67,6 +67,20 @@ async fn pod_with_claim(client: &Client, pod: &str, node: &str) {
     .await;
 }
 
+/// The StorageClass `fast` and the CSIDriver of the bundled driver (no attach).
+async fn class_and_driver(client: &Client) {
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": "fast"}, "provisioner": DRIVER}),
+    )
+    .await;
+    create(
+        &Api::<CSIDriver>::all(client.clone()),
+        json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
+    )
+    .await;
+}
+
 /// Waits until `check` holds for the source's set.
 async fn until(source: &ApiSource, what: &str, check: impl Fn(&ObjectSet) -> bool) {
     let mut rx = source.subscribe();
@@ -89,16 +103,7 @@ async fn the_api_source_holds_the_nodes_pods_and_only_what_they_reference_throug
     let client = server.client().await;
     create_node(&client, "n1").await;
     create_node(&client, "n2").await;
-    create(
-        &Api::<StorageClass>::all(client.clone()),
-        json!({"metadata": {"name": "fast"}, "provisioner": DRIVER}),
-    )
-    .await;
-    create(
-        &Api::<CSIDriver>::all(client.clone()),
-        json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
-    )
-    .await;
+    class_and_driver(&client).await;
     pod_with_claim(&client, "mine", "n1").await;
     pod_with_claim(&client, "theirs", "n2").await;
 
@@ -370,16 +375,7 @@ async fn a_nodes_api_traffic_does_not_grow_with_the_cluster() {
     let Some((apiserver, etcd)) = support::binaries() else { return };
     let server = ApiServer::start(&apiserver, &etcd);
     let client = server.client().await;
-    create(
-        &Api::<StorageClass>::all(client.clone()),
-        json!({"metadata": {"name": "fast"}, "provisioner": DRIVER}),
-    )
-    .await;
-    create(
-        &Api::<CSIDriver>::all(client.clone()),
-        json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
-    )
-    .await;
+    class_and_driver(&client).await;
     let quiet = node_traffic(&client, "quiet", 0).await;
     let started = Instant::now();
     unrelated_objects(&client, "before", 2000).await;

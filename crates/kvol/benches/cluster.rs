@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::Api;
 use kube::api::PostParams;
 use kvol_csi::proto::csi::node_client::NodeClient;
@@ -157,26 +157,7 @@ fn main() {
     );
     let pid = agent.0.id();
     // Ready when the node's CSINode lists the bundled driver: registration went through the API.
-    runtime.block_on(async {
-        let nodes = Api::<CSINode>::all(client.clone());
-        let start = Instant::now();
-        loop {
-            let registered = nodes
-                .get_opt(NODE)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER));
-            if registered {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "the agent never registered {DRIVER} in CSINode"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    runtime.block_on(support::wait_for_csinode_driver(&client, NODE, DRIVER));
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     let through_agent: Vec<Duration> = runtime.block_on(async {
         let mut out = Vec::new();

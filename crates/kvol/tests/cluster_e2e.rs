@@ -171,18 +171,7 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
 
     // Registration reaches the API: the CSINode lists the driver, the Node carries its node ID.
     runtime.block_on(async {
-        let start = Instant::now();
-        loop {
-            let csinode = Api::<CSINode>::all(client.clone()).get_opt(NODE).await.ok().flatten();
-            if csinode.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == DRIVER)) {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "the agent never registered {DRIVER} in CSINode"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::wait_for_csinode_driver(&client, NODE, DRIVER).await;
         let node = Api::<Node>::all(client.clone()).get(NODE).await.unwrap();
         let ids = node.metadata.annotations.unwrap_or_default();
         let ids = ids.get("csi.volume.kubernetes.io/nodeid").expect("the node-ID annotation");

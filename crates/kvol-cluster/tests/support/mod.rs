@@ -174,6 +174,24 @@ impl Drop for ApiServer {
     }
 }
 
+/// Waits (at most 60 s) until the CSINode of `node` lists `driver`: its registration went
+/// through the API.
+pub async fn wait_for_csinode_driver(client: &kube::Client, node: &str, driver: &str) {
+    let nodes: kube::Api<k8s_openapi::api::storage::v1::CSINode> = kube::Api::all(client.clone());
+    let start = Instant::now();
+    loop {
+        let csinode = nodes.get_opt(node).await.ok().flatten();
+        if csinode.is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == driver)) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{driver} never appeared in the CSINode of {node}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Standard base64 with padding (a kubeconfig's certificate data).
 fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
