@@ -195,7 +195,8 @@ pub fn node_expanded_size(
     Ok(wanted.max(visible))
 }
 
-fn counters(path: &Path) -> Result<FsCounters, Status> {
+/// The statvfs(3) counters of the filesystem holding `path`.
+pub fn counters(path: &Path) -> Result<FsCounters, Status> {
     let s = nix::sys::statvfs::statvfs(path)
         .map_err(|e| Status::internal(format!("cannot statvfs {}: {e}", path.display())))?;
     Ok(FsCounters {
@@ -223,7 +224,7 @@ fn capability<'a>(
 
 /// Removes a target the driver made: an empty directory, or the empty file a block volume's
 /// device was bound on. Gone already is success; anything holding data stays.
-fn remove_target(target: &Path) -> std::io::Result<()> {
+pub fn remove_target(target: &Path) -> std::io::Result<()> {
     let result = match std::fs::symlink_metadata(target) {
         Ok(m) if m.is_file() && m.len() == 0 => std::fs::remove_file(target),
         Ok(_) => std::fs::remove_dir(target),

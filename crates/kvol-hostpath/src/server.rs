@@ -32,7 +32,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// else has visibly replaced it since (another file, or a socket of another inode or change
 /// time).
 #[derive(Debug)]
-struct SocketFile {
+pub struct SocketFile {
     path: PathBuf,
     identity: (u64, u64, i64, i64),
 }
@@ -42,6 +42,11 @@ fn identity(meta: &std::fs::Metadata) -> (u64, u64, i64, i64) {
 }
 
 impl SocketFile {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     fn is_ours(&self) -> bool {
         std::fs::symlink_metadata(&self.path)
             .is_ok_and(|m| m.file_type().is_socket() && identity(&m) == self.identity)
@@ -60,14 +65,31 @@ impl Drop for SocketFile {
 
 /// A bound socket, listening but not yet served.
 #[derive(Debug)]
-struct BoundSocket {
+pub struct BoundSocket {
     listener: std::os::unix::net::UnixListener,
     file: SocketFile,
 }
 
+impl BoundSocket {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    /// The connections to serve (inside a tokio runtime), and the file guard that removes the
+    /// socket when dropped.
+    pub fn into_incoming(self) -> Result<(UnixListenerStream, SocketFile), CsiError> {
+        let BoundSocket { listener, file } = self;
+        match tokio::net::UnixListener::from_std(listener) {
+            Ok(l) => Ok((UnixListenerStream::new(l), file)),
+            Err(e) => Err(CsiError::io("listen on", &file.path, e)),
+        }
+    }
+}
+
 /// Binds a unix socket on `path`: creates its directory, replaces a stale socket file (never
 /// anything else), and listens.
-fn bind_socket(path: &Path) -> Result<BoundSocket, CsiError> {
+pub fn bind_socket(path: &Path) -> Result<BoundSocket, CsiError> {
     let refuse = |reason: String| CsiError::Registration { socket: path.to_path_buf(), reason };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| CsiError::io("create directory", dir, e))?;
@@ -155,13 +177,7 @@ impl HostpathDriver {
             driver: driver.clone(),
             reason: format!("server on {} failed: {e}", what.display()),
         };
-        let listen = |socket: BoundSocket| {
-            let BoundSocket { listener, file } = socket;
-            match tokio::net::UnixListener::from_std(listener) {
-                Ok(l) => Ok((UnixListenerStream::new(l), file)),
-                Err(e) => Err(CsiError::io("listen on", &file.path, e)),
-            }
-        };
+        let listen = BoundSocket::into_incoming;
         let (csi_incoming, csi_file) = listen(csi)?;
         let (registration_incoming, registration_file) = registration.map(listen).transpose()?.unzip();
         let csi_path = csi_file.path.clone();

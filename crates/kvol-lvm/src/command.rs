@@ -26,8 +26,32 @@ pub enum CommandError {
     Output { command: String, source: vgs::VgsError },
 }
 
-/// Runs `program args…` with at most `timeout`, returning its stdout; killed when the time is up.
-pub async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, CommandError> {
+/// What a finished command left: its exit code (`None` when killed by a signal) and output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub command: String,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// Its stdout when it exited 0, else an error with its stderr.
+    pub fn ok(self) -> Result<String, CommandError> {
+        match self.code {
+            Some(0) => Ok(self.stdout),
+            code => Err(CommandError::Failed {
+                command: self.command,
+                status: code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit status: {c}")),
+                stderr: self.stderr.trim().to_string(),
+            }),
+        }
+    }
+}
+
+/// Runs `program args…` with at most `timeout`, whatever its exit status; killed when the time
+/// is up.
+pub async fn output(program: &str, args: &[&str], timeout: Duration) -> Result<Finished, CommandError> {
     let command = std::iter::once(program).chain(args.iter().copied()).collect::<Vec<_>>().join(" ");
     let child = tokio::process::Command::new(program)
         .args(args)
@@ -42,11 +66,17 @@ pub async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<Stri
         Ok(result) => result.map_err(|source| CommandError::Spawn { command: command.clone(), source })?,
         Err(_) => return Err(CommandError::Timeout { command, timeout }),
     };
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-        return Err(CommandError::Failed { command, status: output.status.to_string(), stderr });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    Ok(Finished {
+        command,
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+/// Runs `program args…` with at most `timeout`, returning its stdout; killed when the time is up.
+pub async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, CommandError> {
+    output(program, args, timeout).await?.ok()
 }
 
 /// The node's volume groups, from `vgs` (udev-free).

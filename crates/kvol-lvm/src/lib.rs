@@ -8,10 +8,15 @@
 //! - [`command`]: lvm2's tools run with a deadline, killed when it passes, udev-free.
 //! - [`config_file`]: reading the file, or generating it when absent, never replacing a user's.
 
+pub mod capacity;
 pub mod command;
 pub mod config_file;
 pub mod generate;
+pub mod lvm;
 pub mod lvmd;
+pub mod lvs;
+pub mod naming;
+pub mod reload;
 pub mod vgs;
 
 /// The driver's default CSI name.
