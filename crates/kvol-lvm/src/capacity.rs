@@ -104,7 +104,11 @@ mod tests {
             (0, 12 * MIB, Ok(3 * EXT)),
             (0, 9 * MIB, Ok(2 * EXT)),
             (5 * MIB, 9 * MIB, Ok(2 * EXT)),
-            (5 * MIB, 7 * MIB, Err("no whole number of 4194304-byte extents lies in 5242880..=7340032 bytes")),
+            (
+                5 * MIB,
+                7 * MIB,
+                Err("no whole number of 4194304-byte extents lies in 5242880..=7340032 bytes"),
+            ),
             (0, MIB, Err("no whole number of 4194304-byte extents lies in 0..=1048576 bytes")),
             (10 * MIB, 5 * MIB, Err("required bytes 10485760 are more than the limit 5242880")),
             (-1, 0, Err("capacity range -1..0 has a negative bound")),

@@ -42,7 +42,8 @@ impl Finished {
             Some(0) => Ok(self.stdout),
             code => Err(CommandError::Failed {
                 command: self.command,
-                status: code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit status: {c}")),
+                status: code
+                    .map_or_else(|| "killed by a signal".to_string(), |c| format!("exit status: {c}")),
                 stderr: self.stderr.trim().to_string(),
             }),
         }

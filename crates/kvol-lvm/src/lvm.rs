@@ -27,7 +27,8 @@ pub enum NewLv<'a> {
 
 /// The `lvcreate` arguments that make `name` as `how` with `tags` (pure).
 pub fn lvcreate_args(name: &str, how: &NewLv, tags: &[String]) -> Vec<String> {
-    let mut args: Vec<String> = vec!["--config".into(), NO_UDEV_CONFIG.into(), "-y".into(), "-n".into(), name.into()];
+    let mut args: Vec<String> =
+        vec!["--config".into(), NO_UDEV_CONFIG.into(), "-y".into(), "-n".into(), name.into()];
     for tag in tags {
         args.extend(["--addtag".into(), tag.clone()]);
     }
@@ -67,16 +68,21 @@ impl Lvm {
 
     async fn report(&self, tool: &str, fields: &str, select: &[&str]) -> Result<String, CommandError> {
         let config = format!("{NO_UDEV_CONFIG} {REPORT_CONFIG}");
-        let mut args: Vec<String> = ["--config", &config, "--reportformat", "json", "--units", "b", "--nosuffix", "-o", fields]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut args: Vec<String> =
+            ["--config", &config, "--reportformat", "json", "--units", "b", "--nosuffix", "-o", fields]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         args.extend(select.iter().map(|s| s.to_string()));
         self.run(tool, &args).await
     }
 
     fn parsed<T>(tool: &str, result: Result<T, lvs::ReportError>) -> Result<T, CommandError> {
-        result.map_err(|e| CommandError::Failed { command: tool.into(), status: "bad output".into(), stderr: e.to_string() })
+        result.map_err(|e| CommandError::Failed {
+            command: tool.into(),
+            status: "bad output".into(),
+            stderr: e.to_string(),
+        })
     }
 
     /// Every logical volume carrying driver `driver`'s tag, in any volume group.
@@ -188,8 +194,14 @@ mod tests {
                 NewLv::Thin { vg: "vg0", pool: "pool", size: 1 << 30, options: &[] },
                 "-y -n v --addtag kvol.driver=d -V 1073741824b --thinpool vg0/pool",
             ),
-            (NewLv::ThinSnapshot { vg: "vg0", origin: "vol-1", active: false }, "-y -n v --addtag kvol.driver=d -s -k y vg0/vol-1"),
-            (NewLv::ThinSnapshot { vg: "vg0", origin: "snap-1", active: true }, "-y -n v --addtag kvol.driver=d -s -k n vg0/snap-1"),
+            (
+                NewLv::ThinSnapshot { vg: "vg0", origin: "vol-1", active: false },
+                "-y -n v --addtag kvol.driver=d -s -k y vg0/vol-1",
+            ),
+            (
+                NewLv::ThinSnapshot { vg: "vg0", origin: "snap-1", active: true },
+                "-y -n v --addtag kvol.driver=d -s -k n vg0/snap-1",
+            ),
         ];
         for (how, want) in rows {
             let args = lvcreate_args("v", &how, &tags);

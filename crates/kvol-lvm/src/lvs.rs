@@ -187,7 +187,16 @@ mod tests {
             .iter()
             .map(|l| {
                 let (pool, origin) = (l.pool.as_deref(), l.origin.as_deref());
-                (l.name.as_str(), l.size, l.is_thin_pool(), l.is_active(), pool, origin, l.created, l.tags.len())
+                (
+                    l.name.as_str(),
+                    l.size,
+                    l.is_thin_pool(),
+                    l.is_active(),
+                    pool,
+                    origin,
+                    l.created,
+                    l.tags.len(),
+                )
             })
             .collect();
         assert_eq!(

@@ -76,8 +76,11 @@ pub fn decode(text: &str) -> Option<String> {
 
 /// The tags a new logical volume gets: driver, name, class, and its source when it has one.
 pub fn tags(driver: &str, name: &str, class: &str, source: Option<&str>) -> Vec<String> {
-    let mut tags =
-        vec![format!("{DRIVER_TAG}{driver}"), format!("{NAME_TAG}{}", encode(name)), format!("{CLASS_TAG}{class}")];
+    let mut tags = vec![
+        format!("{DRIVER_TAG}{driver}"),
+        format!("{NAME_TAG}{}", encode(name)),
+        format!("{CLASS_TAG}{class}"),
+    ];
     if let Some(source) = source {
         tags.push(format!("{SOURCE_TAG}{source}"));
     }
@@ -95,9 +98,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_through_the_tag_alphabet() {
-        let allowed = |s: &str| {
-            s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+.-/=!:&#".contains(&b))
-        };
+        let allowed = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+.-/=!:&#".contains(&b));
         let rows = [
             ("pvc-0a1b", "pvc-0a1b"),
             ("my_volume", "my_5fvolume"),
@@ -137,7 +138,10 @@ mod tests {
     #[test]
     fn tags_carry_driver_name_class_and_source() {
         let t = tags("lvm.csi.kvol.io", "pvc 1", "ssd", Some("snap-x"));
-        assert_eq!(t, ["kvol.driver=lvm.csi.kvol.io", "kvol.name=pvc_201", "kvol.class=ssd", "kvol.source=snap-x"]);
+        assert_eq!(
+            t,
+            ["kvol.driver=lvm.csi.kvol.io", "kvol.name=pvc_201", "kvol.class=ssd", "kvol.source=snap-x"]
+        );
         assert_eq!(tag_value(&t, CLASS_TAG), Some("ssd"));
         assert_eq!(tag_value(&t[..3], SOURCE_TAG), None);
     }
