@@ -50,8 +50,9 @@ pub enum Command {
     Flex(FlexCommand),
     /// Run the bundled hostpath CSI driver and its registrar until SIGTERM or SIGINT.
     CsiDriver(csi_driver_cmd::CsiDriverArgs),
-    /// The LVM CSI driver's TopoLVM-compatible lvmd.yaml: --check validates a file, --prepare
-    /// generates it from the node's volume groups unless the user wrote it.
+    /// Run the LVM CSI driver (lvm.csi.kvol.io) and its registrar until SIGTERM or SIGINT; or,
+    /// for its TopoLVM-compatible lvmd.yaml, --check validates a file and --prepare generates
+    /// it from the node's volume groups unless the user wrote it.
     LvmDriver(lvm_driver_cmd::LvmDriverArgs),
     /// Run the node agent: pods in the manifests directory get their volumes attached, staged
     /// and published; state survives a crash. SIGTERM stops it without unmounting anything.
@@ -220,7 +221,10 @@ pub fn run(cli: Cli) -> ExitCode {
             let node = args.node_name.clone().unwrap_or_else(host_name);
             csi_driver_cmd::run(args, &node)
         }
-        Command::LvmDriver(args) => lvm_driver_cmd::run(args),
+        Command::LvmDriver(args) => {
+            let node = args.node_name.clone().unwrap_or_else(host_name);
+            lvm_driver_cmd::run(args, &node)
+        }
         Command::Status(args) => status_cmd::run(args),
         Command::Components(components_cmd::ComponentsCommand::List(args)) => components_cmd::run_list(args),
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {

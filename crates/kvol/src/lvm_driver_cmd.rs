@@ -1,14 +1,18 @@
-//! `kvol lvm-driver`: checks the LVM driver's lvmd.yaml (`--check`), or prepares it from the node's volume groups (`--prepare`).
+//! `kvol lvm-driver`: runs the LVM CSI driver (lvmd.yaml prepared first; an invalid one stops it with every problem listed), or only checks (`--check`) or prepares (`--prepare`) its lvmd.yaml.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use kvol_lvm::config_file::{self, ConfigError, Loaded};
+use kvol_lvm::{LvmDriver, LvmDriverConfig, ReloadOutcome};
+use kvol_plugin::mount::SystemMounter;
+use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Clone, clap::Args)]
-#[command(group = clap::ArgGroup::new("mode").required(true).args(["check", "prepare"]))]
+#[command(group = clap::ArgGroup::new("mode").args(["check", "prepare"]))]
 pub struct LvmDriverArgs {
     /// The TopoLVM-compatible lvmd.yaml (`--config` is kvol's own config file, a global flag).
     #[arg(long, default_value = kvol_lvm::DEFAULT_CONFIG_PATH)]
@@ -26,23 +30,111 @@ pub struct LvmDriverArgs {
     /// How long one lvm command may take.
     #[arg(long, default_value_t = 60)]
     pub lvm_timeout_seconds: u64,
+    /// The CSI driver name (also the tag on the driver's logical volumes).
+    #[arg(long, visible_alias = "driver-name", default_value = kvol_lvm::DEFAULT_DRIVER_NAME)]
+    pub name: String,
+    /// This node's name (NodeGetInfo's node id and topology); defaults to the host name.
+    #[arg(long, env = "KVOL_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The CSI socket; defaults to /var/lib/kubelet/plugins/<name>/csi.sock.
+    #[arg(long, visible_alias = "endpoint")]
+    pub csi_socket: Option<PathBuf>,
+    /// The kubelet's plugin-registration directory; the driver serves <name>-reg.sock there.
+    #[arg(long, default_value = kvol_hostpath::DEFAULT_REGISTRATION_DIR)]
+    pub registration_dir: PathBuf,
+    /// Serve no registration socket (register the driver some other way).
+    #[arg(long, conflicts_with = "registration_dir")]
+    pub no_register: bool,
 }
 
-/// Runs the chosen mode; problems go to stderr one per line.
-pub fn run(args: &LvmDriverArgs) -> anyhow::Result<ExitCode> {
+/// The driver configuration the arguments describe, on node `node`.
+pub fn config(args: &LvmDriverArgs, node: &str) -> LvmDriverConfig {
+    let csi_socket = args.csi_socket.clone().unwrap_or_else(|| kvol_hostpath::default_csi_socket(&args.name));
+    let csi_socket = match csi_socket.to_str().and_then(|s| s.strip_prefix("unix://")) {
+        Some(path) => PathBuf::from(path),
+        None => csi_socket,
+    };
+    LvmDriverConfig {
+        driver_name: args.name.clone(),
+        node_name: node.to_string(),
+        lvmd_config: args.lvmd_config.clone(),
+        csi_socket,
+        registration_dir: (!args.no_register).then(|| args.registration_dir.clone()),
+        lvm_timeout: Duration::from_secs(args.lvm_timeout_seconds),
+    }
+}
+
+/// Runs the chosen mode (the driver when neither --check nor --prepare is given); problems go
+/// to stderr one per line.
+pub fn run(args: &LvmDriverArgs, node: &str) -> anyhow::Result<ExitCode> {
     let result = if args.check { config_file::load(&args.lvmd_config) } else { prepare(args)? };
     match result {
-        Ok(loaded) => {
+        Ok(loaded) if args.check || args.prepare => {
             print_summary(args, &loaded);
             Ok(ExitCode::SUCCESS)
+        }
+        Ok(loaded) => {
+            print_summary(args, &loaded);
+            serve(config(args, node), loaded)
         }
         Err(e) => {
             for problem in e.problems() {
                 eprintln!("{problem}");
             }
+            if !args.check && !args.prepare {
+                eprintln!(
+                    "kvol: the lvm driver does not start until {} is valid",
+                    args.lvmd_config.display()
+                );
+            }
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Serves the driver until SIGTERM or SIGINT; SIGHUP reloads lvmd.yaml (as a change of the
+/// file does).
+fn serve(config: LvmDriverConfig, loaded: Loaded) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let mut hup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+        let (name, node) = (config.driver_name.clone(), config.node_name.clone());
+        let driver = LvmDriver::bind(config, loaded.config, Arc::new(SystemMounter))?;
+        eprintln!("kvol: lvm driver {name} on node {node} serving {}", driver.csi_socket().display());
+        match driver.registration_socket() {
+            Some(socket) => eprintln!("kvol: lvm driver {name} registers through {}", socket.display()),
+            None => eprintln!("kvol: lvm driver {name} serves no registration socket"),
+        }
+        let reloader = driver.reloader();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match reloader.reload().await {
+                    ReloadOutcome::Applied => eprintln!("kvol: lvmd.yaml reloaded"),
+                    ReloadOutcome::Unchanged => eprintln!("kvol: lvmd.yaml unchanged"),
+                    ReloadOutcome::Refused(why) | ReloadOutcome::Invalid(why) => {
+                        eprintln!("kvol: lvmd.yaml not reloaded, the running configuration stays:");
+                        for line in why {
+                            eprintln!("  {line}");
+                        }
+                    }
+                }
+            }
+        });
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        driver.run(stop).await?;
+        eprintln!("kvol: lvm driver {name} stopped; sockets removed");
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 fn prepare(args: &LvmDriverArgs) -> anyhow::Result<Result<Loaded, ConfigError>> {

@@ -1,4 +1,4 @@
-//! The real `kvol lvm-driver` binary: `--check` lists every problem of a user's lvmd.yaml and touches nothing; `--prepare` generates the file from a real volume group on a loop device.
+//! The real `kvol lvm-driver` binary: `--check` lists every problem of a user's lvmd.yaml and touches nothing; `--prepare` generates the file from a real volume group on a loop device; the run mode refuses an invalid file.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,11 +52,25 @@ fn check_lists_every_problem_on_its_own_line_and_exits_1() {
 }
 
 #[test]
-fn a_mode_is_required() {
+fn the_driver_refuses_to_start_on_an_invalid_users_file_listing_every_problem() {
     let scratch = tempfile::tempdir().unwrap();
-    let out = kvol_lvm(&scratch.path().join("lvmd.yaml"), &[]);
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("--check"), "{}", text(&out.stderr));
+    let path = scratch.path().join("lvmd.yaml");
+    let bad = "device-classes:\n  - name: a\n  - name: a\n    volume-group: vg\n";
+    std::fs::write(&path, bad).unwrap();
+    let socket = scratch.path().join("csi.sock");
+    let out = kvol_lvm(&path, &["--no-register", &format!("--csi-socket={}", socket.display())]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let shown = path.display();
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "{shown}: device-classes[0] (\"a\").volume-group: should not be empty\n\
+             {shown}: device-classes[1] (\"a\").name: duplicate device-class name\n\
+             kvol: the lvm driver does not start until {shown} is valid\n"
+        )
+    );
+    assert!(!socket.exists(), "nothing is served");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), bad, "a user's file is never replaced");
 }
 
 const NO_UDEV: &str = "devices { obtain_device_list_from_udev=0 } activation { udev_sync=0 udev_rules=0 }";
