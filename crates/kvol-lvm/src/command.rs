@@ -57,6 +57,7 @@ pub async fn output(program: &str, args: &[&str], timeout: Duration) -> Result<F
     let child = tokio::process::Command::new(program)
         .args(args)
         .env("DM_DISABLE_UDEV", "1")
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

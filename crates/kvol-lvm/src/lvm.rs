@@ -163,7 +163,8 @@ impl Lvm {
     }
 }
 
-fn existing_device(lv: &LogicalVolume) -> Option<PathBuf> {
+/// The device node of `lv` if it has one now (`/dev/<vg>/<lv>`, else its device-mapper path).
+pub fn existing_device(lv: &LogicalVolume) -> Option<PathBuf> {
     [lv.device_path(), lv.mapper_path()].into_iter().find(|p| is_block_device(p))
 }
 

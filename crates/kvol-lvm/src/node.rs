@@ -134,24 +134,31 @@ impl Core {
     }
 
     /// Unmounts `path` if it holds volume `id` (or a mount of a volume gone), removing the
-    /// target the driver made when `remove`.
+    /// target the driver made when `remove`. Nothing mounted there: nothing to ask lvm.
     async fn take_down(&self, id: &str, path: &Path, remove: bool) -> Result<(), Status> {
-        let lv = self.find(id).await?;
-        let device = match &lv {
-            Some(lv) => Some(self.lvm.device(lv).await.map_err(|e| lvm_error(id, e))?),
-            None => None,
+        let held = match self.held(path, None)? {
+            Held::Nothing => Held::Nothing,
+            _ => {
+                let lv = self.find(id).await?;
+                // An inactive volume has no device node, and nothing of it can be mounted.
+                let device = lv.as_ref().and_then(crate::lvm::existing_device);
+                let held = self.held(path, device.as_deref())?;
+                if should_unmount(held, lv.is_some()) {
+                    self.mounter.unmount(path).map_err(|e| Status::internal(format!("volume {id}: {e}")))?;
+                    tracing::info!(volume = %id, path = %path.display(), "unmounted volume");
+                } else {
+                    tracing::warn!(volume = %id, path = %path.display(), "another volume is mounted there; left alone");
+                    return Ok(());
+                }
+                held
+            }
         };
-        let held = self.held(path, device.as_deref())?;
-        if should_unmount(held, lv.is_some()) {
-            self.mounter.unmount(path).map_err(|e| Status::internal(format!("volume {id}: {e}")))?;
-            tracing::info!(volume = %id, path = %path.display(), "unmounted volume");
-        } else if held == Held::Other {
-            tracing::warn!(volume = %id, path = %path.display(), "another volume is mounted there; left alone");
-            return Ok(());
-        }
         if remove {
             remove_target(path).map_err(|e| {
-                Status::internal(format!("volume {id}: cannot remove {}: {e}", path.display()))
+                Status::internal(format!(
+                    "volume {id}: cannot remove {} ({held:?} was mounted): {e}",
+                    path.display()
+                ))
             })?;
         }
         Ok(())
@@ -226,16 +233,22 @@ impl Core {
         Ok(csi::NodeUnpublishVolumeResponse {})
     }
 
-    /// Checks that `path` exists and holds volume `id`'s device.
-    async fn on_path(&self, id: &str, path: &Path) -> Result<(LogicalVolume, PathBuf, bool), Status> {
-        let (lv, device) = self.device(id).await?;
-        let meta = std::fs::metadata(path)
+    /// Checks that `path` (relative paths are not volume paths) exists and holds volume
+    /// `id`'s device; NOT_FOUND for a volume that does not exist, before anything else.
+    async fn on_path(&self, id: &str, path: &str) -> Result<(LogicalVolume, PathBuf, PathBuf, bool), Status> {
+        let lv = self.get(id).await?;
+        let path =
+            required_path(id, path, "volume path").map_err(|s| Status::not_found(s.message().to_string()))?;
+        let device = crate::lvm::existing_device(&lv).ok_or_else(|| {
+            Status::not_found(format!("volume {id} is not active, so not on {}", path.display()))
+        })?;
+        let meta = std::fs::metadata(&path)
             .map_err(|e| Status::not_found(format!("volume {id}: {}: {e}", path.display())))?;
         let wanted = std::fs::metadata(&device).map(|m| m.rdev()).ok();
-        if device_number(path) != wanted {
+        if device_number(&path) != wanted {
             return Err(Status::not_found(format!("volume {id} is not mounted on {}", path.display())));
         }
-        Ok((lv, device, meta.file_type().is_block_device()))
+        Ok((lv, device, path, meta.file_type().is_block_device()))
     }
 
     pub async fn stats(
@@ -243,8 +256,8 @@ impl Core {
         req: csi::NodeGetVolumeStatsRequest,
     ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
         let id = required(&req.volume_id, "volume id")?;
-        let path = required_path(id, &req.volume_path, "volume path")?;
-        let (lv, _, block) = self.on_path(id, &path).await?;
+        required(&req.volume_path, "volume path").map_err(|s| with_id(id, s))?;
+        let (lv, _, path, block) = self.on_path(id, &req.volume_path).await?;
         let usage = if block { block_usage(lv.size as i64) } else { usage(counters(&path)?) };
         Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition: None })
     }
@@ -254,8 +267,8 @@ impl Core {
         req: csi::NodeExpandVolumeRequest,
     ) -> Result<csi::NodeExpandVolumeResponse, Status> {
         let id = required(&req.volume_id, "volume id")?;
-        let path = required_path(id, &req.volume_path, "volume path")?;
-        let (lv, device, block) = self.on_path(id, &path).await?;
+        required(&req.volume_path, "volume path").map_err(|s| with_id(id, s))?;
+        let (lv, device, path, block) = self.on_path(id, &req.volume_path).await?;
         if !block && !req.volume_capability.as_ref().is_some_and(is_block) {
             let timeout = self.lvm.timeout;
             let probe = filesystem::probe(&device, timeout).await.map_err(|e| lvm_error(id, e))?;
@@ -267,6 +280,10 @@ impl Core {
         }
         Ok(csi::NodeExpandVolumeResponse { capacity_bytes: lv.size as i64 })
     }
+}
+
+fn with_id(id: &str, status: Status) -> Status {
+    Status::new(status.code(), format!("volume {id}: {}", status.message()))
 }
 
 fn capability<'a>(
