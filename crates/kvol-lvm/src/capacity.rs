@@ -115,7 +115,7 @@ mod tests {
         ];
         for (required, limit, want) in rows {
             let got = volume_size(*required, *limit, EXT);
-            assert_eq!(got, want.clone().map_err(str::to_string), "{required}..{limit}");
+            assert_eq!(got, (*want).map_err(str::to_string), "{required}..{limit}");
         }
     }
 

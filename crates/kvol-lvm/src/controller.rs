@@ -554,7 +554,8 @@ mod tests {
             tags: vec!["kvol.source=snap-1".into()],
             ..Default::default()
         };
-        let rows: Vec<(&str, i64, i64, Option<&str>, Option<&str>)> = vec![
+        type Row<'a> = (&'a str, i64, i64, Option<&'a str>, Option<&'a str>);
+        let rows: Vec<Row> = vec![
             ("vg0/pool", 8 << 20, 0, Some("snap-1"), None),
             ("vg0/pool", 1, 8 << 20, Some("snap-1"), None),
             ("vg0", 1, 0, Some("snap-1"), Some("it exists in vg0/pool, not in vg0")),

@@ -175,7 +175,8 @@ mod tests {
         let p = |pairs: &[(&str, &str)]| {
             pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>()
         };
-        let rows: Vec<(&LvmdConfig, HashMap<String, String>, Result<&str, &str>)> = vec![
+        type Row<'a> = (&'a LvmdConfig, HashMap<String, String>, Result<&'a str, &'a str>);
+        let rows: Vec<Row> = vec![
             (&lvmd, p(&[]), Ok("hdd")),
             (&lvmd, p(&[("topolvm.io/device-class", "ssd")]), Ok("ssd")),
             (&lvmd, p(&[("lvm.csi.kvol.io/device-class", "ssd")]), Ok("ssd")),

@@ -183,7 +183,8 @@ mod tests {
     #[test]
     fn logical_volumes_are_read_from_a_captured_report() {
         let lvs = parse_lvs(LVS).unwrap();
-        let rows: Vec<(&str, u64, bool, bool, Option<&str>, Option<&str>, i64, usize)> = lvs
+        type Row<'a> = (&'a str, u64, bool, bool, Option<&'a str>, Option<&'a str>, i64, usize);
+        let rows: Vec<Row> = lvs
             .iter()
             .map(|l| {
                 let (pool, origin) = (l.pool.as_deref(), l.origin.as_deref());

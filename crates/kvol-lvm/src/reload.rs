@@ -70,8 +70,8 @@ mod tests {
         }
     }
 
-    fn config(classes: &[DeviceClass]) -> LvmdConfig {
-        LvmdConfig { device_classes: classes.to_vec(), ..Default::default() }
+    fn config(classes: Vec<DeviceClass>) -> LvmdConfig {
+        LvmdConfig { device_classes: classes, ..Default::default() }
     }
 
     fn owned(rows: &[(&str, usize)]) -> Owned {
@@ -83,26 +83,26 @@ mod tests {
         let a = thick("a", "vg0");
         let t = thin("t", "vg0", "pool");
         let rows: Vec<(&str, LvmdConfig, LvmdConfig, Owned, Verdict)> = vec![
-            ("same file", config(&[a.clone()]), config(&[a.clone()]), owned(&[("vg0", 3)]), Verdict::Unchanged),
+            ("same file", config(vec![a.clone()]), config(vec![a.clone()]), owned(&[("vg0", 3)]), Verdict::Unchanged),
             (
                 "a class added",
-                config(&[a.clone()]),
-                config(&[a.clone(), t.clone()]),
+                config(vec![a.clone()]),
+                config(vec![a.clone(), t.clone()]),
                 owned(&[("vg0", 1)]),
                 Verdict::Apply,
             ),
             (
                 "spare changed on a class with volumes",
-                config(&[a.clone()]),
-                config(&[DeviceClass { spare_gb: Some(5), ..a.clone() }]),
+                config(vec![a.clone()]),
+                config(vec![DeviceClass { spare_gb: Some(5), ..a.clone() }]),
                 owned(&[("vg0", 1)]),
                 Verdict::Apply,
             ),
-            ("an empty class removed", config(&[a.clone(), t.clone()]), config(&[a.clone()]), owned(&[("vg0", 2)]), Verdict::Apply),
+            ("an empty class removed", config(vec![a.clone(), t.clone()]), config(vec![a.clone()]), owned(&[("vg0", 2)]), Verdict::Apply),
             (
                 "a class with volumes removed",
-                config(&[a.clone(), t.clone()]),
-                config(&[a.clone()]),
+                config(vec![a.clone(), t.clone()]),
+                config(vec![a.clone()]),
                 owned(&[("vg0/pool", 2)]),
                 Verdict::Refuse(vec![
                     "device class t is removed, and vg0/pool holds 2 of the driver's logical volumes".into(),
@@ -110,8 +110,8 @@ mod tests {
             ),
             (
                 "a class with volumes moved to another vg",
-                config(&[a.clone()]),
-                config(&[thick("a", "vg1")]),
+                config(vec![a.clone()]),
+                config(vec![thick("a", "vg1")]),
                 owned(&[("vg0", 1)]),
                 Verdict::Refuse(vec![
                     "device class a moves from vg0 to vg1, and vg0 holds 1 of the driver's logical volumes".into(),
@@ -119,8 +119,8 @@ mod tests {
             ),
             (
                 "a thin class with volumes moved to another pool",
-                config(&[t.clone()]),
-                config(&[thin("t", "vg0", "pool2")]),
+                config(vec![t.clone()]),
+                config(vec![thin("t", "vg0", "pool2")]),
                 owned(&[("vg0/pool", 4)]),
                 Verdict::Refuse(vec![
                     "device class t moves from vg0/pool to vg0/pool2, and vg0/pool holds 4 of the driver's logical volumes".into(),
@@ -128,15 +128,15 @@ mod tests {
             ),
             (
                 "an empty class moved",
-                config(&[a.clone()]),
-                config(&[thick("a", "vg1")]),
+                config(vec![a.clone()]),
+                config(vec![thick("a", "vg1")]),
                 owned(&[("vg0", 0), ("vg2", 5)]),
                 Verdict::Apply,
             ),
             (
                 "two orphaned classes, both named",
-                config(&[a.clone(), t.clone()]),
-                config(&[thick("b", "vg9")]),
+                config(vec![a.clone(), t.clone()]),
+                config(vec![thick("b", "vg9")]),
                 owned(&[("vg0", 1), ("vg0/pool", 1)]),
                 Verdict::Refuse(vec![
                     "device class a is removed, and vg0 holds 1 of the driver's logical volumes".into(),

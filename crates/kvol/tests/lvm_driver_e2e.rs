@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvol_csi::proto::csi::{self, identity_client::IdentityClient};
+use kvol_csi::proto::csi::{self, identity_client::IdentityClient, node_client::NodeClient};
 use lvm_support::*;
 use tonic::Code;
+use tonic::transport::Channel;
 
 #[tokio::test(flavor = "current_thread")]
 async fn volumes_on_real_lvm_are_idempotent_sized_expanded_and_deleted() {
@@ -110,7 +111,7 @@ async fn volumes_on_real_lvm_are_idempotent_sized_expanded_and_deleted() {
         .unwrap();
     }
     assert!(env.owned(&driver_name).is_empty());
-    drop(ctl);
+    drop((ctl, identity, ch));
     driver.stop();
 }
 
@@ -255,4 +256,243 @@ async fn kill_9_mid_create_leaves_one_lv_after_the_retry_and_none_after_delete()
         drop(ctl);
         driver.stop();
     }
+}
+
+/// Times one step and prints it.
+struct Steps(Instant);
+
+impl Steps {
+    fn done(&mut self, what: &str) {
+        eprintln!("step {what}: {:?}", self.0.elapsed());
+        self.0 = Instant::now();
+    }
+}
+
+async fn stage(node: &mut NodeClient<Channel>, id: &str, staging: &Path, cap: csi::VolumeCapability) {
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("stage {id}: {e:?}"));
+}
+
+async fn publish(
+    node: &mut NodeClient<Channel>,
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: csi::VolumeCapability,
+) {
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("publish {id}: {e:?}"));
+}
+
+async fn tear_down(node: &mut NodeClient<Channel>, id: &str, staging: &Path, target: &Path) {
+    let unpublish =
+        csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() };
+    node.node_unpublish_volume(unpublish).await.unwrap();
+    assert!(!target.exists(), "the target is removed");
+    let unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+    };
+    node.node_unstage_volume(unstage.clone()).await.unwrap();
+    node.node_unstage_volume(unstage).await.unwrap();
+}
+
+fn statvfs_total(path: &Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(path).unwrap();
+    s.blocks() * s.fragment_size()
+}
+
+/// The whole life of a claim, with device-mapper: a thin volume formatted, mounted, written,
+/// expanded (LV and filesystem), snapshotted, restored and read back; the thin class
+/// overprovisioned to its ratio and no further; a raw block volume published as its device.
+#[tokio::test(flavor = "current_thread")]
+async fn with_device_mapper_a_volume_is_formatted_written_expanded_snapshotted_restored_and_deleted() {
+    let Some(env) = skip_reason() else { return };
+    if !env.activates() {
+        eprintln!(
+            "skipping: the kernel has no device-mapper, so no logical volume can be activated (or thin pool made) here"
+        );
+        return;
+    }
+    enter_private_mount_namespace();
+    let mut steps = Steps(Instant::now());
+    let scratch = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(scratch.path()).unwrap();
+    let pid = std::process::id();
+    let vg = LoopVg::create(&env, &root, &format!("kvollife{pid}"), 512).expect("a volume group");
+    vg.thin_pool("pool", 256).expect("a thin pool");
+    let config = root.join("lvmd.yaml");
+    let classes = format!(
+        "{}  - name: hdd\n    volume-group: {}\n    spare-gb: 0\n",
+        thin_class("fast", &vg.vg, "pool", 2.0, true),
+        vg.vg
+    );
+    std::fs::write(&config, format!("device-classes:\n{classes}")).unwrap();
+    let driver_name = format!("life{pid}.lvm.csi.kvol.io");
+    let driver = Driver::start(&env, &config, &root.join("csi.sock"), &driver_name, None);
+    let ch = channel(&driver.socket).await;
+    let mut ctl = driver.controller().await;
+    let mut node = NodeClient::new(ch);
+    steps.done("volume group, thin pool, driver up");
+
+    let vol = ctl
+        .create_volume(create_request("pvc-life", 64 * MIB, None))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = vol.volume_id.clone();
+    let (staging, target) = (root.join("staging/life"), root.join("pods/life/mount"));
+    stage(&mut node, &id, &staging, mount_cap()).await;
+    stage(&mut node, &id, &staging, mount_cap()).await;
+    publish(&mut node, &id, &staging, &target, mount_cap()).await;
+    std::fs::write(target.join("hello"), "from the first volume").unwrap();
+    nix::unistd::sync();
+    steps.done("create, stage (formatted ext4), publish, write");
+
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let before = statvfs_total(&target);
+    assert_eq!(stats.usage[0].total as u64, before);
+    let grown = ctl
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 128 * MIB, limit_bytes: 0 }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (128 * MIB, true));
+    if has_sys_resource() {
+        let expand = csi::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        };
+        let answer = node.node_expand_volume(expand).await.unwrap().into_inner();
+        assert_eq!(answer.capacity_bytes, 128 * MIB);
+        let after = statvfs_total(&target);
+        assert!(after > before + (50 << 20), "the filesystem grew: {before} → {after}");
+    } else {
+        eprintln!("note: ext4's online grow skipped: no CAP_SYS_RESOURCE here");
+    }
+    steps.done("expand (lvextend, resize2fs)");
+
+    let snap = ctl
+        .create_snapshot(csi::CreateSnapshotRequest {
+            name: "snap-life".into(),
+            source_volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(snap.ready_to_use);
+    let mut restore = create_request("pvc-restored", 128 * MIB, None);
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() },
+        )),
+    });
+    let restored = ctl.create_volume(restore).await.unwrap().into_inner().volume.unwrap();
+    let (staging2, target2) = (root.join("staging/restored"), root.join("pods/restored/mount"));
+    stage(&mut node, &restored.volume_id, &staging2, mount_cap()).await;
+    publish(&mut node, &restored.volume_id, &staging2, &target2, mount_cap()).await;
+    assert_eq!(std::fs::read_to_string(target2.join("hello")).unwrap(), "from the first volume");
+    steps.done("snapshot, restore, stage and publish the restored volume, read");
+
+    // Thin: 128 (volume) + 128 (snapshot) + 128 (restored) promised of 256 × 2.
+    let fast = csi::GetCapacityRequest::default();
+    assert_eq!(ctl.get_capacity(fast.clone()).await.unwrap().into_inner().available_capacity, 128 * MIB);
+    ctl.create_volume(create_request("pvc-over", 128 * MIB, None))
+        .await
+        .expect("overprovisioned within the ratio");
+    let err = ctl.create_volume(create_request("pvc-too-much", 4 * MIB, None)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    steps.done("overprovision to the ratio, refused beyond");
+
+    let raw = ctl
+        .create_volume(create_request("pvc-raw", 16 * MIB, Some("hdd")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let (staging3, target3) = (root.join("staging/raw"), root.join("pods/raw/dev"));
+    stage(&mut node, &raw.volume_id, &staging3, block_cap()).await;
+    publish(&mut node, &raw.volume_id, &staging3, &target3, block_cap()).await;
+    {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&target3).unwrap().file_type().is_block_device());
+        let mut device = std::fs::OpenOptions::new().read(true).write(true).open(&target3).unwrap();
+        device.write_all(b"raw bytes").unwrap();
+        device.sync_all().unwrap();
+        let mut back = [0u8; 9];
+        device.seek(SeekFrom::Start(0)).unwrap();
+        device.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"raw bytes");
+    }
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: raw.volume_id.clone(),
+            volume_path: target3.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.usage[0].total, 16 * MIB);
+    steps.done("raw block publish, write, read, stats");
+
+    tear_down(&mut node, &raw.volume_id, &staging3, &target3).await;
+    tear_down(&mut node, &restored.volume_id, &staging2, &target2).await;
+    tear_down(&mut node, &id, &staging, &target).await;
+    // Staged again, the volume is mounted as it is: never reformatted.
+    stage(&mut node, &id, &staging, mount_cap()).await;
+    assert_eq!(std::fs::read_to_string(staging.join("hello")).unwrap(), "from the first volume");
+    let unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    };
+    node.node_unstage_volume(unstage).await.unwrap();
+    for volume_id in [
+        id.clone(),
+        restored.volume_id.clone(),
+        raw.volume_id.clone(),
+        kvol_lvm::naming::volume_id("pvc-over"),
+    ] {
+        ctl.delete_volume(csi::DeleteVolumeRequest { volume_id, ..Default::default() }).await.unwrap();
+    }
+    ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(env.owned(&driver_name).is_empty());
+    steps.done("unpublish, unstage, restage unformatted, delete all");
+    drop((ctl, node));
+    driver.stop();
 }

@@ -285,3 +285,19 @@ pub fn thin_class(name: &str, vg: &str, pool: &str, ratio: f64, default: bool) -
     }
     out
 }
+
+/// Whether this process has CAP_SYS_RESOURCE, which ext4's online resize needs (containers
+/// often drop it).
+pub fn has_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim).unwrap_or("0");
+    u64::from_str_radix(eff, 16).is_ok_and(|bits| bits & (1 << 24) != 0)
+}
+
+pub fn block_cap() -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
