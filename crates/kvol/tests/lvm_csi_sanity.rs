@@ -104,7 +104,7 @@ async fn csi_sanity_passes_on_a_loop_device_volume_group() {
     }
     let output = cmd.output().expect("csi-sanity runs");
     let text = text(&output.stdout) + &text(&output.stderr);
-    driver.stop();
+    driver.stop_async().await;
     let counts = parse_summary(&text).unwrap_or_else(|| panic!("csi-sanity printed no summary:\n{text}"));
     let mode = if env.activates() { "full suite, thin class" } else { "partial: no device-mapper" };
     eprintln!("csi-sanity ({mode}): {counts:?}");

@@ -112,7 +112,7 @@ async fn volumes_on_real_lvm_are_idempotent_sized_expanded_and_deleted() {
     }
     assert!(env.owned(&driver_name).is_empty());
     drop((ctl, identity, ch));
-    driver.stop();
+    driver.stop_async().await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -184,7 +184,7 @@ async fn lvmd_yaml_reloads_at_once_but_never_orphans_volumes() {
     }
     assert!(env.owned(&driver_name).is_empty());
     drop(ctl);
-    driver.stop();
+    driver.stop_async().await;
 }
 
 /// An `lvcreate` on PATH that runs the real one before (`after`) or after (`before`) it records
@@ -254,7 +254,7 @@ async fn kill_9_mid_create_leaves_one_lv_after_the_retry_and_none_after_delete()
             .unwrap();
         assert!(env.owned(&driver_name).is_empty(), "none after delete ({when})");
         drop(ctl);
-        driver.stop();
+        driver.stop_async().await;
     }
 }
 
@@ -494,5 +494,219 @@ async fn with_device_mapper_a_volume_is_formatted_written_expanded_snapshotted_r
     assert!(env.owned(&driver_name).is_empty());
     steps.done("unpublish, unstage, restage unformatted, delete all");
     drop((ctl, node));
-    driver.stop();
+    driver.stop_async().await;
+}
+
+/// Stands in for lvm's activation where the kernel has no device-mapper: a loop device of the
+/// logical volume's size linked at `/dev/<vg>/<lv>`, where the driver looks for the volume's
+/// device. Only the device node is stood in for; lvm's metadata, the driver and the node's
+/// tools (blkid, mkfs, mount, resize) are real. Removed on drop.
+struct StandIn {
+    link: PathBuf,
+    device: String,
+    image: PathBuf,
+}
+
+impl StandIn {
+    fn new(dir: &Path, vg: &str, lv: &str, bytes: i64) -> StandIn {
+        let image = dir.join(format!("{lv}.img"));
+        std::fs::File::create(&image).and_then(|f| f.set_len(bytes as u64)).unwrap();
+        let out = Command::new("losetup").args(["-f", "--show"]).arg(&image).output().unwrap();
+        assert!(out.status.success(), "losetup: {}", text(&out.stderr));
+        let device = text(&out.stdout).trim().to_string();
+        let link = Path::new("/dev").join(vg).join(lv);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&device, &link).unwrap();
+        StandIn { link, device, image }
+    }
+
+    fn grow(&self, bytes: i64) {
+        std::fs::OpenOptions::new().write(true).open(&self.image).unwrap().set_len(bytes as u64).unwrap();
+        assert!(Command::new("losetup").args(["-c", &self.device]).status().unwrap().success());
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.link);
+        if let Some(dir) = self.link.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+        let _ = Command::new("losetup").args(["-d", &self.device]).output();
+    }
+}
+
+fn fs_cap(fs: &str) -> csi::VolumeCapability {
+    let mut cap = mount_cap();
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
+        m.fs_type = fs.to_string();
+    }
+    cap
+}
+
+/// The node service on a kernel without device-mapper: each volume's device stood in by a loop
+/// device (see [`StandIn`]); formatting once (ext4, xfs), refusing to format over another
+/// filesystem, publish, stats, expansion (xfs online; ext4 where CAP_SYS_RESOURCE allows), raw
+/// block, and idempotent teardown, through the real driver's gRPC.
+#[tokio::test(flavor = "current_thread")]
+async fn without_device_mapper_the_node_service_works_on_stand_in_devices() {
+    let Some(env) = skip_reason() else { return };
+    if env.activates() {
+        eprintln!(
+            "skipping: device-mapper is here, and the lifecycle test covers the node service on real LVs"
+        );
+        return;
+    }
+    for tool in ["blkid", "mkfs.ext4", "mkfs.xfs", "xfs_growfs"] {
+        if !Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            eprintln!("skipping: {tool} is not installed");
+            return;
+        }
+    }
+    enter_private_mount_namespace();
+    let mut steps = Steps(Instant::now());
+    let scratch = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(scratch.path()).unwrap();
+    let pid = std::process::id();
+    let vg = LoopVg::create(&env, &root, &format!("kvolnode{pid}"), 1024).expect("a volume group");
+    let config = root.join("lvmd.yaml");
+    std::fs::write(&config, thick_config(&[("hdd", &vg.vg, true)])).unwrap();
+    let driver_name = format!("node{pid}.lvm.csi.kvol.io");
+    let driver = Driver::start(&env, &config, &root.join("csi.sock"), &driver_name, None);
+    let mut ctl = driver.controller().await;
+    let mut node = NodeClient::new(channel(&driver.socket).await);
+    let mut made = Vec::new();
+    for (name, bytes) in [("pvc-ext4", 64 * MIB), ("pvc-xfs", 320 * MIB), ("pvc-raw", 16 * MIB)] {
+        let v =
+            ctl.create_volume(create_request(name, bytes, None)).await.unwrap().into_inner().volume.unwrap();
+        let stand_in = StandIn::new(&root, &vg.vg, &v.volume_id, v.capacity_bytes);
+        made.push((v.volume_id, stand_in));
+    }
+    let [(ext4, _), (xfs, xfs_device), (raw, raw_device)] = &made[..] else { unreachable!() };
+    steps.done("three volumes made, their devices stood in");
+
+    // ext4: formatted on first stage, mounted as it is afterwards, never reformatted.
+    let (staging, target) = (root.join("staging/ext4"), root.join("pods/ext4/mount"));
+    stage(&mut node, ext4, &staging, mount_cap()).await;
+    stage(&mut node, ext4, &staging, mount_cap()).await;
+    publish(&mut node, ext4, &staging, &target, mount_cap()).await;
+    publish(&mut node, ext4, &staging, &target, mount_cap()).await;
+    std::fs::write(target.join("hello"), "kept").unwrap();
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: ext4.clone(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.usage[0].total as u64, statvfs_total(&target));
+    let elsewhere = csi::NodeGetVolumeStatsRequest {
+        volume_id: ext4.clone(),
+        volume_path: root.display().to_string(),
+        ..Default::default()
+    };
+    assert_eq!(node.node_get_volume_stats(elsewhere).await.unwrap_err().code(), Code::NotFound);
+    tear_down(&mut node, ext4, &staging, &target).await;
+    let mut as_xfs = csi::NodeStageVolumeRequest {
+        volume_id: ext4.clone(),
+        staging_target_path: root.join("staging/other").display().to_string(),
+        volume_capability: Some(fs_cap("xfs")),
+        ..Default::default()
+    };
+    let err = node.node_stage_volume(as_xfs.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("holds ext4, not the xfs asked for"), "{}", err.message());
+    as_xfs.volume_capability = Some(fs_cap("btrfs"));
+    assert_eq!(node.node_stage_volume(as_xfs).await.unwrap_err().code(), Code::InvalidArgument);
+    stage(&mut node, ext4, &staging, mount_cap()).await;
+    assert_eq!(std::fs::read_to_string(staging.join("hello")).unwrap(), "kept", "never reformatted");
+    let unstage = csi::NodeUnstageVolumeRequest {
+        volume_id: ext4.clone(),
+        staging_target_path: staging.display().to_string(),
+    };
+    node.node_unstage_volume(unstage).await.unwrap();
+    steps.done("ext4: format once, publish, stats, refuse xfs over it, restage unformatted");
+
+    // xfs: made, published, the LV then the filesystem grown.
+    let (staging, target) = (root.join("staging/xfs"), root.join("pods/xfs/mount"));
+    stage(&mut node, xfs, &staging, fs_cap("xfs")).await;
+    publish(&mut node, xfs, &staging, &target, fs_cap("xfs")).await;
+    let before = statvfs_total(&target);
+    let grown = ctl
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: xfs.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 640 * MIB, limit_bytes: 0 }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (640 * MIB, true));
+    xfs_device.grow(640 * MIB);
+    let expand = csi::NodeExpandVolumeRequest {
+        volume_id: xfs.clone(),
+        volume_path: target.display().to_string(),
+        ..Default::default()
+    };
+    assert_eq!(node.node_expand_volume(expand).await.unwrap().into_inner().capacity_bytes, 640 * MIB);
+    let after = statvfs_total(&target);
+    assert!(after > before + (250 << 20), "xfs grew: {before} → {after}");
+    tear_down(&mut node, xfs, &staging, &target).await;
+    steps.done("xfs: format, publish, lvextend then xfs_growfs");
+
+    // Raw block: the device bound on a file at the target.
+    let (staging, target) = (root.join("staging/raw"), root.join("pods/raw/dev"));
+    stage(&mut node, raw, &staging, block_cap()).await;
+    publish(&mut node, raw, &staging, &target, block_cap()).await;
+    publish(&mut node, raw, &staging, &target, block_cap()).await;
+    {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(&target).unwrap();
+        assert!(meta.file_type().is_block_device());
+        assert_eq!(meta.rdev(), std::fs::metadata(&raw_device.device).unwrap().rdev());
+    }
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: raw.clone(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.usage[0].total, 16 * MIB);
+    tear_down(&mut node, raw, &staging, &target).await;
+    steps.done("raw block: publish the device, stats, unpublish");
+
+    let left = SystemMounterView::under(&root);
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    for (id, _) in &made {
+        ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() })
+            .await
+            .unwrap();
+    }
+    assert!(env.owned(&driver_name).is_empty());
+    drop((ctl, node));
+    driver.stop_async().await;
+}
+
+/// The mounts at or below a path, from this thread's mount table.
+struct SystemMounterView;
+
+impl SystemMounterView {
+    fn under(root: &Path) -> Vec<String> {
+        let table = std::fs::read_to_string("/proc/thread-self/mountinfo").unwrap_or_default();
+        table
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|target| Path::new(target).starts_with(root))
+            .map(str::to_string)
+            .collect()
+    }
 }

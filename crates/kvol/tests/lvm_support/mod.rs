@@ -181,6 +181,13 @@ impl Driver {
         let _ = self.child.wait();
     }
 
+    /// Stops the driver once the runtime closed the dropped clients' connections (the driver
+    /// waits for open connections on shutdown).
+    pub async fn stop_async(self) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.stop();
+    }
+
     pub fn stop(mut self) {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let status = self.child.wait().unwrap();
