@@ -160,3 +160,67 @@ fn print_summary(args: &LvmDriverArgs, loaded: &Loaded) {
         println!("  device class {}: {}{default}", class.name, class.target());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn args(argv: &[&str]) -> LvmDriverArgs {
+        let cli = Cli::try_parse_from([&["kvol", "lvm-driver"], argv].concat()).unwrap();
+        match cli.command {
+            Command::LvmDriver(a) => a,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_driver_name() {
+        let c = config(&args(&[]), "node-a");
+        assert_eq!(c, LvmDriverConfig::new(kvol_lvm::DEFAULT_DRIVER_NAME, "node-a"));
+        let c = config(&args(&["--driver-name", "x.example"]), "n");
+        assert_eq!(c.csi_socket, PathBuf::from("/var/lib/kubelet/plugins/x.example/csi.sock"));
+        assert_eq!(
+            c.registration_socket(),
+            Some(PathBuf::from("/var/lib/kubelet/plugins_registry/x.example-reg.sock"))
+        );
+    }
+
+    #[test]
+    fn flags_set_every_field() {
+        let rows: &[(&[&str], LvmDriverConfig)] = &[
+            (
+                &[
+                    "--name=d.example",
+                    "--lvmd-config=/e/l.yaml",
+                    "--csi-socket=/c.sock",
+                    "--registration-dir=/r",
+                    "--lvm-timeout-seconds=5",
+                ],
+                LvmDriverConfig {
+                    driver_name: "d.example".into(),
+                    node_name: "n".into(),
+                    lvmd_config: "/e/l.yaml".into(),
+                    csi_socket: "/c.sock".into(),
+                    registration_dir: Some("/r".into()),
+                    lvm_timeout: Duration::from_secs(5),
+                },
+            ),
+            (
+                &["--endpoint=unix:///run/csi.sock", "--no-register"],
+                LvmDriverConfig {
+                    csi_socket: "/run/csi.sock".into(),
+                    registration_dir: None,
+                    ..LvmDriverConfig::new(kvol_lvm::DEFAULT_DRIVER_NAME, "n")
+                },
+            ),
+        ];
+        for (argv, want) in rows {
+            assert_eq!(&config(&args(argv), "n"), want, "{argv:?}");
+        }
+        let err = Cli::try_parse_from(["kvol", "lvm-driver", "--check", "--prepare"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+}
