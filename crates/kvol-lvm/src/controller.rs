@@ -76,6 +76,35 @@ pub fn existing_problem(
     }
 }
 
+/// Why volume `name` of class `class` cannot be restored from snapshot `snap` (found as
+/// `origin`, if it is the driver's): it must exist, and the class be thin on the snapshot's pool
+/// (a restored volume is a thin snapshot of it, in its pool).
+pub fn restore_problem(
+    name: &str,
+    class: &DeviceClass,
+    origin: Option<&LogicalVolume>,
+    snap: &str,
+) -> Result<(), Status> {
+    let Some(origin) = origin else {
+        return Err(Status::not_found(format!("volume {name}: snapshot {snap} does not exist")));
+    };
+    if class.class_kind() != Some(ClassKind::Thin) {
+        return Err(Status::invalid_argument(format!(
+            "volume {name}: device class {} is thick; volumes are restored from snapshots in thin classes only",
+            class.name
+        )));
+    }
+    let origin_target = crate::reload::target_of(&origin.vg, origin.pool.as_deref());
+    if origin_target != class.target() {
+        return Err(Status::invalid_argument(format!(
+            "volume {name}: snapshot {snap} is in {origin_target}, and device class {} is {}; restore it in its own class",
+            class.name,
+            class.target()
+        )));
+    }
+    Ok(())
+}
+
 fn capabilities_problem(id: &str, caps: &[csi::VolumeCapability]) -> Result<(), Status> {
     if caps.is_empty() {
         return Err(Status::invalid_argument(format!("volume {id}: volume capabilities are missing")));
@@ -183,8 +212,7 @@ impl Core {
         })
     }
 
-    /// The snapshot `snap` a volume of class `class` is restored from: it must be the driver's,
-    /// and the class thin.
+    /// The snapshot `snap` a volume of class `class` is restored from (see [`restore_problem`]).
     fn restorable<'a>(
         &self,
         name: &str,
@@ -192,17 +220,9 @@ impl Core {
         owned: &'a [LogicalVolume],
         snap: &str,
     ) -> Result<&'a LogicalVolume, Status> {
-        let origin = owned
-            .iter()
-            .find(|lv| lv.name == snap && naming::is_id(snap, SNAPSHOT_PREFIX))
-            .ok_or_else(|| Status::not_found(format!("volume {name}: snapshot {snap} does not exist")))?;
-        if class.class_kind() != Some(ClassKind::Thin) {
-            return Err(Status::invalid_argument(format!(
-                "volume {name}: device class {} is thick; volumes are restored from snapshots in thin classes only",
-                class.name
-            )));
-        }
-        Ok(origin)
+        let origin = owned.iter().find(|lv| lv.name == snap && naming::is_id(snap, SNAPSHOT_PREFIX));
+        restore_problem(name, class, origin, snap)?;
+        origin.ok_or_else(|| Status::not_found(format!("volume {name}: snapshot {snap} does not exist")))
     }
 
     /// A volume restored from a snapshot grown to `required` bytes, if smaller (a crash may
@@ -493,6 +513,7 @@ impl Controller for ControllerService {
 mod tests {
     use super::*;
     use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+    use tonic::Code;
 
     fn cap(mode: Mode, block: bool) -> csi::VolumeCapability {
         let access_type =
@@ -541,6 +562,51 @@ mod tests {
         ];
         for (requirement, ok) in rows {
             assert_eq!(topology_problem(requirement.as_ref(), key, "a").is_none(), ok, "{requirement:?}");
+        }
+    }
+
+    #[test]
+    fn snapshots_are_restored_only_in_their_own_thin_class() {
+        use crate::lvmd::ThinPool;
+        let thin = |pool: &str| DeviceClass {
+            name: "fast".into(),
+            volume_group: "vg0".into(),
+            kind: "thin".into(),
+            thin_pool: Some(ThinPool { name: pool.into(), overprovision_ratio: 2.0 }),
+            ..Default::default()
+        };
+        let thick = DeviceClass { name: "hdd".into(), volume_group: "vg0".into(), ..Default::default() };
+        let snap = LogicalVolume {
+            name: "snap-1".into(),
+            vg: "vg0".into(),
+            pool: Some("pool".into()),
+            ..Default::default()
+        };
+        type Row<'a> = (DeviceClass, Option<&'a LogicalVolume>, Result<(), (Code, &'a str)>);
+        let rows: Vec<Row> = vec![
+            (thin("pool"), Some(&snap), Ok(())),
+            (thin("pool"), None, Err((Code::NotFound, "volume v: snapshot snap-1 does not exist"))),
+            (
+                thick.clone(),
+                Some(&snap),
+                Err((
+                    Code::InvalidArgument,
+                    "volume v: device class hdd is thick; volumes are restored from snapshots in thin classes only",
+                )),
+            ),
+            (
+                thin("other"),
+                Some(&snap),
+                Err((
+                    Code::InvalidArgument,
+                    "volume v: snapshot snap-1 is in vg0/pool, and device class fast is vg0/other; restore it in its own class",
+                )),
+            ),
+        ];
+        for (class, origin, want) in rows {
+            let got = restore_problem("v", &class, origin, "snap-1")
+                .map_err(|s| (s.code(), s.message().to_string()));
+            assert_eq!(got, want.map_err(|(c, m)| (c, m.to_string())), "{}", class.name);
         }
     }
 
