@@ -49,6 +49,28 @@ pub fn mount_action(id: &str, path: &Path, held: Held) -> Result<MountAction, St
     }
 }
 
+/// Publish of volume `id` on `path` holding `held`, read-only or not (`read_only`), the mount
+/// there being read-only or not (`mounted_read_only`): as [`mount_action`], and published
+/// already with the other flag is ALREADY_EXISTS, as the CSI spec asks.
+pub fn publish_action(
+    id: &str,
+    path: &Path,
+    held: Held,
+    mounted_read_only: Option<bool>,
+    read_only: bool,
+) -> Result<MountAction, Status> {
+    let how = |ro: bool| if ro { "read-only" } else { "read-write" };
+    match (mount_action(id, path, held)?, mounted_read_only) {
+        (MountAction::Done, Some(ro)) if ro != read_only => Err(Status::already_exists(format!(
+            "volume {id} is already published {} on {}, not {}",
+            how(ro),
+            path.display(),
+            how(read_only)
+        ))),
+        (action, _) => Ok(action),
+    }
+}
+
 /// Whether unstage or unpublish unmounts `path` holding `held`: only this volume's mount, or a
 /// mount whose volume is gone (`known` false), is taken down.
 pub fn should_unmount(held: Held, known: bool) -> bool {
@@ -173,7 +195,18 @@ impl Core {
         let cap = capability(id, req.volume_capability.as_ref())?;
         let read_only = effective_read_only(req.readonly, cap);
         let (_, device) = self.device(id).await?;
-        if mount_action(id, &target, self.held(&target, Some(&device))?)? == MountAction::Done {
+        let held = self.held(&target, Some(&device))?;
+        let mounted_read_only = match held {
+            Held::This => self
+                .mounter
+                .mount_points()
+                .map_err(internal)?
+                .into_iter()
+                .rfind(|m| m.target == target)
+                .map(|m| m.read_only()),
+            _ => None,
+        };
+        if publish_action(id, &target, held, mounted_read_only, read_only)? == MountAction::Done {
             return Ok(csi::NodePublishVolumeResponse {});
         }
         if is_block(cap) {
@@ -385,6 +418,37 @@ mod tests {
         for (held, want) in rows {
             let got = mount_action("vol-1", path, held).map_err(|s| (s.code(), s.message().to_string()));
             assert_eq!(got, want.map_err(|(c, m)| (c, m.to_string())), "{held:?}");
+        }
+    }
+
+    #[test]
+    fn a_publication_is_done_only_with_the_same_flag() {
+        let path = Path::new("/pods/p/mount");
+        let rows = [
+            (Held::Nothing, None, false, Ok(MountAction::Mount)),
+            (Held::This, Some(false), false, Ok(MountAction::Done)),
+            (Held::This, Some(true), true, Ok(MountAction::Done)),
+            (Held::This, None, true, Ok(MountAction::Done)),
+            (
+                Held::This,
+                Some(false),
+                true,
+                Err((
+                    Code::AlreadyExists,
+                    "volume v is already published read-write on /pods/p/mount, not read-only",
+                )),
+            ),
+            (
+                Held::Other,
+                None,
+                false,
+                Err((Code::AlreadyExists, "volume v: something else is mounted on /pods/p/mount")),
+            ),
+        ];
+        for (held, mounted, read_only, want) in rows {
+            let got = publish_action("v", path, held, mounted, read_only)
+                .map_err(|s| (s.code(), s.message().to_string()));
+            assert_eq!(got, want.map_err(|(c, m)| (c, m.to_string())), "{held:?} {mounted:?} {read_only}");
         }
     }
 

@@ -595,6 +595,15 @@ async fn without_device_mapper_the_node_service_works_on_stand_in_devices() {
     stage(&mut node, ext4, &staging, mount_cap()).await;
     publish(&mut node, ext4, &staging, &target, mount_cap()).await;
     publish(&mut node, ext4, &staging, &target, mount_cap()).await;
+    let read_only = csi::NodePublishVolumeRequest {
+        volume_id: ext4.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap()),
+        readonly: true,
+        ..Default::default()
+    };
+    assert_eq!(node.node_publish_volume(read_only).await.unwrap_err().code(), Code::AlreadyExists);
     std::fs::write(target.join("hello"), "kept").unwrap();
     let stats = node
         .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
