@@ -223,4 +223,21 @@ mod tests {
         let err = Cli::try_parse_from(["kvol", "lvm-driver", "--check", "--prepare"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
+
+    /// The example CSIDriver and StorageClass name this driver and the parameter it reads.
+    #[test]
+    fn the_examples_match_the_driver() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/lvm");
+        let text = std::fs::read_to_string(format!("{dir}/csidriver.yaml")).unwrap();
+        let driver: k8s_openapi::api::storage::v1::CSIDriver = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(driver.metadata.name.as_deref(), Some(kvol_lvm::DEFAULT_DRIVER_NAME));
+        assert_eq!(driver.spec.attach_required, Some(false));
+        assert_eq!(driver.spec.storage_capacity, Some(true));
+        let text = std::fs::read_to_string(format!("{dir}/storageclass.yaml")).unwrap();
+        let class: k8s_openapi::api::storage::v1::StorageClass = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(class.provisioner, kvol_lvm::DEFAULT_DRIVER_NAME);
+        let parameters = class.parameters.unwrap_or_default();
+        assert_eq!(parameters.get(kvol_lvm::DEVICE_CLASS_PARAMETER).map(String::as_str), Some("thin"));
+        assert_eq!(class.allow_volume_expansion, Some(true));
+    }
 }
