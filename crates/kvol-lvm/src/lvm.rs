@@ -45,8 +45,9 @@ pub fn lvcreate_args(name: &str, how: &NewLv, tags: &[String]) -> Vec<String> {
             args.push(vg.to_string());
         }
         NewLv::Thin { vg, pool, size, options } => {
-            args.extend(["-V".into(), format!("{size}b"), "--thinpool".into(), format!("{vg}/{pool}")]);
+            args.extend(["-V".into(), format!("{size}b"), "--thinpool".into(), pool.to_string()]);
             args.extend(options.iter().cloned());
+            args.push(vg.to_string());
         }
         NewLv::ThinSnapshot { vg, origin, active } => {
             args.extend(["-s".into(), "-k".into(), if *active { "n" } else { "y" }.into()]);
@@ -193,7 +194,7 @@ mod tests {
             ),
             (
                 NewLv::Thin { vg: "vg0", pool: "pool", size: 1 << 30, options: &[] },
-                "-y -n v --addtag kvol.driver=d -V 1073741824b --thinpool vg0/pool",
+                "-y -n v --addtag kvol.driver=d -V 1073741824b --thinpool pool vg0",
             ),
             (
                 NewLv::ThinSnapshot { vg: "vg0", origin: "vol-1", active: false },
