@@ -9,7 +9,7 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kvol_api::backoff::Backoff;
-use kvol_csi::csinode::{ANN_NODE_ID, set_node_owner};
+use kvol_csi_rules::csinode::{ANN_NODE_ID, set_node_owner};
 use kvol_node::node_storage::{NodeStorage, NodeStorageSink};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -263,7 +263,7 @@ async fn write_once(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvol_csi::csinode::initial_csinode;
+    use kvol_csi_rules::csinode::initial_csinode;
 
     #[test]
     fn the_bodies_carry_only_kvols_fields() {
