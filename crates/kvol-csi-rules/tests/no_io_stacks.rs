@@ -24,7 +24,10 @@ fn normal_dependencies(package: &str) -> Vec<String> {
 fn pure_crates_depend_on_no_io_stack() {
     for package in PURE_CRATES {
         let deps = normal_dependencies(package);
-        assert!(deps.iter().any(|d| d == package), "cargo tree -p {package} did not list {package}: {deps:?}");
+        assert!(
+            deps.iter().any(|d| d == package),
+            "cargo tree -p {package} did not list {package}: {deps:?}"
+        );
         let found: Vec<&String> = deps.iter().filter(|d| IO_STACKS.contains(&d.as_str())).collect();
         assert!(found.is_empty(), "{package} depends on {found:?}, which a control-plane tool must not need");
     }
