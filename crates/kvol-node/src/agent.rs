@@ -15,12 +15,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::components::Components;
+use crate::supervisor::{ProcessSpec, SupervisorSettings};
 use k8s_openapi::api::core::v1::Secret;
 use kvol_api::FeatureGates;
 use kvol_csi::registration::{RegistrationWatcher, WatcherConfig};
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, NodeObjects, Timeouts};
 use kvol_flex::prober::{FlexProber, ProberConfig};
-use kvol_hostpath::{HostpathConfig, HostpathDriver};
 use kvol_plugin::migration::{NodeMigration, NodeStatus, resolve};
 use kvol_plugin::{
     Mounter, NodeInfo, NodePaths, PluginHost, PluginRegistry, SecretStore, Snapshot, SystemMounter,
@@ -60,8 +61,10 @@ pub struct AgentConfig {
     pub root_dir: PathBuf,
     /// Kubelet's `--volume-plugin-dir`: the Flexvolume drivers.
     pub volume_plugin_dir: PathBuf,
-    /// Run the bundled CSI driver in the agent (it registers like any driver).
-    pub bundled_driver: bool,
+    /// The storage components to run as supervised processes (standalone): the config's
+    /// storage section decided against the component definitions. `None`: none run. Each
+    /// meets the agent only through plugin registration, the bundled driver among them.
+    pub components: Option<crate::components::ComponentsSetup>,
     /// Install the example Flexvolume drivers into `volume_plugin_dir` at start.
     pub example_flex_drivers: bool,
     /// Serve Prometheus metrics here (`None`: no endpoint).
@@ -112,7 +115,7 @@ impl AgentConfig {
             state_dir,
             node_name: node_name.into(),
             gates: FeatureGates::default(),
-            bundled_driver: true,
+            components: None,
             example_flex_drivers: true,
             metrics_address: None,
             resync: Duration::from_secs(10),
@@ -285,15 +288,10 @@ async fn run(
     let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let driver_task = config.bundled_driver.then(|| {
-        let driver_config = HostpathConfig {
-            state_dir: config.state_dir.join("csi-hostpath"),
-            csi_socket: host.paths.plugin_dir(BUNDLED_DRIVER).join("csi.sock"),
-            registration_dir: Some(config.registration_dir()),
-            ..HostpathConfig::new(BUNDLED_DRIVER, &config.node_name)
-        };
-        run_bundled_driver_apart(driver_config, Arc::clone(&mounter), stop_rx.clone())
-    });
+    let mut components = Components::new(SupervisorSettings::default());
+    if let Some(setup) = &config.components {
+        components.apply(planned_processes(setup)?).await;
+    }
     let metrics_address = match config.metrics_address {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -356,6 +354,7 @@ async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut agent = Loop {
         config: &config,
+        components: components.states(),
         host: &host,
         mounter: mounter.as_ref(),
         registry: &registry,
@@ -406,9 +405,7 @@ async fn run(
         );
     }
     let _ = stop_tx.send(true);
-    if let Some(thread) = driver_task {
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    }
+    components.stop_all().await;
     watcher.shutdown().await;
     prober.shutdown().await;
     source.shutdown();
@@ -463,6 +460,8 @@ impl ControllerChannels {
 /// status file; the parts it works with were set up by [`run`].
 struct Loop<'a> {
     config: &'a AgentConfig,
+    /// The supervised component processes, for the status report.
+    components: crate::components::ComponentStates,
     host: &'a PluginHost,
     mounter: &'a dyn Mounter,
     registry: &'a Arc<PluginRegistry>,
@@ -518,6 +517,7 @@ impl Loop<'_> {
             provisioned: view.provisioned_version,
             plugins: snapshot.generation(),
             problems,
+            components: self.components.snapshot(),
         };
         let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
         let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
@@ -666,6 +666,7 @@ impl Loop<'_> {
             snapshot,
         );
         report.csi_node = self.objects.csi_node(&self.config.node_name);
+        report.components = self.components.snapshot();
         if let Some(sink) = &self.config.node_storage {
             sink.report(&crate::node_storage::NodeStorage {
                 csi_node: report.csi_node.clone(),
@@ -764,6 +765,8 @@ struct ReportInputs {
     provisioned: u64,
     plugins: u64,
     problems: Vec<String>,
+    /// A component restarted or turned healthy is news for the status.
+    components: Vec<crate::components::ComponentStatus>,
 }
 
 impl PartialEq for ReportInputs {
@@ -775,6 +778,7 @@ impl PartialEq for ReportInputs {
             && self.provisioned == other.provisioned
             && self.plugins == other.plugins
             && self.problems == other.problems
+            && self.components == other.components
     }
 }
 
@@ -936,55 +940,19 @@ fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the bundled driver until told to stop, restarting it (after a pause) if it fails.
-/// Runs the bundled driver on a thread and runtime of its own, as if it were another process:
-/// its file writes and fsyncs then never hold the threads the agent's loop and operations run
-/// on (the driver does its disk work inline in its RPC handlers).
-fn run_bundled_driver_apart(
-    config: HostpathConfig,
-    mounter: Arc<dyn Mounter>,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("kvol-bundled-driver".into())
-        .spawn(move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(runtime) => runtime.block_on(supervise_bundled_driver(config, mounter, stop)),
-            Err(e) => tracing::error!(driver = BUNDLED_DRIVER, error = %e, "cannot start the bundled csi driver's runtime"),
-        })
-        .expect("cannot start the bundled csi driver's thread")
-}
-
-async fn supervise_bundled_driver(
-    config: HostpathConfig,
-    mounter: Arc<dyn Mounter>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let backoff = kvol_api::Backoff::default();
-    let mut failures = 0;
-    loop {
-        let stopping = {
-            let mut stop = stop.clone();
-            async move {
-                let _ = stop.wait_for(|s| *s).await;
+/// The component processes the setup's decision asks for; an invalid storage section stops
+/// the agent with every problem listed.
+fn planned_processes(setup: &crate::components::ComponentsSetup) -> Result<Vec<ProcessSpec>, String> {
+    match setup.plan() {
+        Ok((decision, specs)) => {
+            for warning in &decision.warnings {
+                tracing::warn!(%warning, "storage components");
             }
-        };
-        let result = match HostpathDriver::bind(config.clone(), Arc::clone(&mounter)) {
-            Ok(driver) => driver.run(stopping).await,
-            Err(e) => Err(e),
-        };
-        if *stop.borrow() {
-            return;
+            Ok(specs)
         }
-        match result {
-            Ok(()) => tracing::warn!(driver = BUNDLED_DRIVER, "the bundled csi driver stopped; restarting"),
-            Err(e) => {
-                tracing::warn!(driver = BUNDLED_DRIVER, error = %e, "the bundled csi driver failed; restarting")
-            }
-        }
-        failures += 1;
-        tokio::select! {
-            _ = tokio::time::sleep(backoff.delay(failures)) => {}
-            _ = stop.wait_for(|s| *s) => return,
+        Err(problems) => {
+            let listed: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+            Err(format!("invalid storage section: {}", listed.join("; ")))
         }
     }
 }
@@ -1292,6 +1260,7 @@ fn status_report(
         .collect();
     StatusReport {
         csi_node: None,
+        components: Vec::new(),
         node_volumes,
         node: config.node_name.clone(),
         pid: std::process::id(),

@@ -62,7 +62,8 @@ impl Default for SupervisorSettings {
 }
 
 /// What is known about a supervised process now.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProcessState {
     /// The running process, if any.
     pub pid: Option<u32>,
@@ -102,6 +103,11 @@ impl Supervised {
 
     pub fn state(&self) -> ProcessState {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The live state, for a reader that outlives this borrow (the status report).
+    pub fn state_handle(&self) -> Arc<Mutex<ProcessState>> {
+        Arc::clone(&self.state)
     }
 
     /// Stops the process (SIGTERM, then SIGKILL after the grace) and supervision.
@@ -166,6 +172,7 @@ fn spawn(spec: &ProcessSpec) -> Result<Child, String> {
     let stderr = log.try_clone().map_err(|e| format!("cannot share log {}: {e}", spec.log_file.display()))?;
     let child = Command::new(program)
         .args(args)
+        .env(PARENT_PID_ENV, std::process::id().to_string())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(stderr)
@@ -176,6 +183,28 @@ fn spawn(spec: &ProcessSpec) -> Result<Child, String> {
         write_pid_file(pid_file, pid)?;
     }
     Ok(child)
+}
+
+/// Set in every component process's environment: the supervising agent's pid. A kvol
+/// component ([`follow_parent`]) ends with the agent, so a kill -9 of the agent leaves no
+/// driver behind; other programs ignore it, and the pid file covers them.
+pub const PARENT_PID_ENV: &str = "KVOL_SUPERVISOR_PID";
+
+/// In a process the supervisor started (its [`PARENT_PID_ENV`] set): asks the kernel for
+/// SIGTERM when the supervisor dies, and ends at once if it already has. Does nothing in a
+/// process started by anyone else.
+pub fn follow_parent() {
+    let Some(parent) = std::env::var(PARENT_PID_ENV).ok().and_then(|p| p.parse::<i32>().ok()) else {
+        return;
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
+        tracing::warn!(error = %e, "cannot ask to end with the supervising agent");
+    }
+    // The agent may have died between starting this process and the request above.
+    if nix::unistd::getppid().as_raw() != parent {
+        tracing::warn!(parent, "the supervising agent is gone; exiting");
+        std::process::exit(0);
+    }
 }
 
 /// Records `pid` in `path`, replaced atomically.

@@ -145,12 +145,9 @@ pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<Exi
     for problem in &problems {
         eprintln!("kvol: component definition left out: {problem}");
     }
-    let has_volume_group = match args.volume_group {
-        Some(known) => known,
-        None => volume_group_present(),
-    };
-    let facts = NodeFacts {
-        features: if has_volume_group { [NodeFeature::LvmVolumeGroup].into() } else { Default::default() },
+    let facts = match args.volume_group {
+        Some(known) => facts_with_volume_group(known),
+        None => node_facts(),
     };
     match decide(storage, &catalogue, &facts) {
         Ok(decision) => {
@@ -167,6 +164,15 @@ pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<Exi
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// What the node has that components may need, found out by asking it (`vgs`).
+pub fn node_facts() -> NodeFacts {
+    facts_with_volume_group(volume_group_present())
+}
+
+fn facts_with_volume_group(present: bool) -> NodeFacts {
+    NodeFacts { features: if present { [NodeFeature::LvmVolumeGroup].into() } else { Default::default() } }
 }
 
 /// Whether `vgs` lists at least one volume group; no lvm2 tools, an error or no answer within

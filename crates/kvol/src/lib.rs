@@ -214,7 +214,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Agent(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
-            agent_cmd::run(&gates, args, node)
+            agent_cmd::run(&gates, &config.storage, cli.config.as_deref(), args, node)
         }
         Command::CsiDriver(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);

@@ -1,0 +1,136 @@
+//! The real agent running its storage components: the bundled driver started as a child process that meets the agent only through registration, restarted when killed, gone with a killed agent, not started when the config turns it off, its data kept.
+
+#[allow(dead_code)]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvol_node::components::ComponentStatus;
+use kvol_node::status::{Phase, StatusReport};
+use support::Node;
+
+const STORAGE: &str = "\
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: kvol-hostpath}
+provisioner: hostpath.csi.kvol.io
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec:
+  storageClassName: kvol-hostpath
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 16Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: app, namespace: default, uid: 7d1c0c55-0000-4000-8000-000000000001}
+spec:
+  containers: [{name: c, image: none}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+";
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn hostpath(report: &StatusReport) -> Option<&ComponentStatus> {
+    report.components.iter().find(|c| c.name == "hostpath")
+}
+
+fn published(report: &StatusReport) -> bool {
+    report.volumes.iter().any(|v| v.pod == "default/app" && v.volume == "data" && v.phase == Phase::Published)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn wait_gone(pid: u32, what: &str) {
+    let start = Instant::now();
+    while alive(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}: pid {pid} still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The published volume's directory, its data in the driver's state directory.
+fn publish_dir(report: &StatusReport) -> PathBuf {
+    let v = report.volumes.iter().find(|v| v.pod == "default/app").expect("the volume");
+    v.target.clone().expect("a target").join("mount")
+}
+
+fn driver_volumes(root: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(root.join("csi-hostpath/volumes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_bundled_driver_is_a_supervised_component_and_the_config_turns_it_off() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    node.start();
+
+    // Started as a child, registered, serving: the claim is provisioned and published.
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published through the component: {last}\n{}", node.agent_log()));
+    let first = hostpath(&report).unwrap().state.pid.unwrap();
+    assert!(report.plugins.iter().any(|p| p == "hostpath.csi.kvol.io"), "{:?}", report.plugins);
+    let target = publish_dir(&report);
+    std::fs::write(target.join("kept"), "written through the component").unwrap();
+    let log = std::fs::read_to_string(node.root.join("logs/hostpath.log")).unwrap();
+    assert!(log.contains("--- kvol: starting hostpath"), "{log}");
+
+    // Killed, it is started again and registers again; the pod's volume stays.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let report = node
+        .wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.starts == 2 && c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never restarted: {last}"));
+    let second = hostpath(&report).unwrap().state.pid.unwrap();
+    assert_ne!(second, first);
+    assert_eq!(
+        hostpath(&report).unwrap().state.last_exit.as_deref(),
+        Some("the process signal: 9 (SIGKILL)")
+    );
+    assert!(published(&report));
+    assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "written through the component");
+
+    // The agent killed with -9 takes its driver with it: nothing is left serving the socket.
+    node.kill_9();
+    wait_gone(second, "the driver of a killed agent");
+
+    // Restarted with the driver turned off: not started, its data left exactly where it is.
+    let config = node.root.join("kvol.yaml");
+    std::fs::write(&config, "storage:\n  driver: none\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| r.plugins.iter().any(|p| p == "kubernetes.io/empty-dir"))
+        .unwrap_or_else(|last| panic!("the agent never reported: {last}\n{}", node.agent_log()));
+    std::thread::sleep(Duration::from_secs(2));
+    let report = node.wait(LIMIT, |_| true).unwrap_or(report);
+    assert!(report.components.is_empty(), "{:?}", report.components);
+    assert!(!report.plugins.iter().any(|p| p == "hostpath.csi.kvol.io"), "{:?}", report.plugins);
+    let volumes = driver_volumes(&node.root);
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(std::fs::read_to_string(volumes[0].join("kept")).unwrap(), "written through the component");
+
+    // On again (no config): started, the same volume served.
+    node.kill_9();
+    node.agent_args.clear();
+    node.start();
+    node.wait(LIMIT, |r| {
+        published(r) && hostpath(r).is_some_and(|c| c.state.starts == 1 && c.state.pid.is_some())
+    })
+    .unwrap_or_else(|last| panic!("never back: {last}\n{}", node.agent_log()));
+    assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
+}
