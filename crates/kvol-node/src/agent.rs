@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::components::Components;
+use crate::components::{Components, ConfigWatch};
 use crate::supervisor::{ProcessSpec, SupervisorSettings};
 use k8s_openapi::api::core::v1::Secret;
 use kvol_api::FeatureGates;
@@ -65,6 +65,10 @@ pub struct AgentConfig {
     /// storage section decided against the component definitions. `None`: none run. Each
     /// meets the agent only through plugin registration, the bundled driver among them.
     pub components: Option<crate::components::ComponentsSetup>,
+    /// kvol's config file, watched while the agent runs: a valid change of its storage section
+    /// is applied at once (components started and stopped); an invalid one keeps what runs
+    /// and says why. Other sections apply at the next start.
+    pub config_file: Option<PathBuf>,
     /// Install the example Flexvolume drivers into `volume_plugin_dir` at start.
     pub example_flex_drivers: bool,
     /// Serve Prometheus metrics here (`None`: no endpoint).
@@ -116,6 +120,7 @@ impl AgentConfig {
             node_name: node_name.into(),
             gates: FeatureGates::default(),
             components: None,
+            config_file: None,
             example_flex_drivers: true,
             metrics_address: None,
             resync: Duration::from_secs(10),
@@ -289,9 +294,14 @@ async fn run(
         .map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut components = Components::new(SupervisorSettings::default());
-    if let Some(setup) = &config.components {
+    let mut running_setup = config.components.clone();
+    if let Some(setup) = &running_setup {
         components.apply(planned_processes(setup)?).await;
     }
+    let mut config_watch = match (&running_setup, &config.config_file) {
+        (Some(_), Some(path)) => Some(ConfigWatch::start(path).map_err(|e| e.to_string())?),
+        _ => None,
+    };
     let metrics_address = match config.metrics_address {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -354,6 +364,7 @@ async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut agent = Loop {
         config: &config,
+        config_problem: None,
         components: components.states(),
         host: &host,
         mounter: mounter.as_ref(),
@@ -390,6 +401,10 @@ async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
+            Some(outcome) = next_config(&mut config_watch) => {
+                agent.config_problem =
+                    reload_components(outcome, &mut running_setup, &mut components).await;
+            }
             _ = wake.notified() => {}
             _ = tokio::time::sleep(agent.nap()) => {}
         }
@@ -460,6 +475,8 @@ impl ControllerChannels {
 /// status file; the parts it works with were set up by [`run`].
 struct Loop<'a> {
     config: &'a AgentConfig,
+    /// Why the last change of the config file was not applied, until one is.
+    config_problem: Option<String>,
     /// The supervised component processes, for the status report.
     components: crate::components::ComponentStates,
     host: &'a PluginHost,
@@ -641,6 +658,8 @@ impl Loop<'_> {
             }
             .to_string()
         }));
+        drop(failures);
+        problems.extend(self.config_problem.clone());
         problems
     }
 
@@ -938,6 +957,47 @@ fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
+}
+
+/// The next outcome of the config watch; never, without one.
+async fn next_config(watch: &mut Option<ConfigWatch>) -> Option<Result<kvol_api::StorageSection, String>> {
+    let Some(watch) = watch else { return std::future::pending().await };
+    watch.changes.changed().await.ok()?;
+    watch.changes.borrow_and_update().clone()
+}
+
+/// Applies a changed storage section: the components its decision asks for are started and
+/// the others stopped. An unreadable file or an invalid section changes nothing; the reason
+/// is returned for the status.
+async fn reload_components(
+    outcome: Result<kvol_api::StorageSection, String>,
+    setup: &mut Option<crate::components::ComponentsSetup>,
+    components: &mut Components,
+) -> Option<String> {
+    let Some(running) = setup else { return None };
+    let storage = match outcome {
+        Ok(storage) => storage,
+        Err(reason) => {
+            tracing::warn!(%reason, "config change not applied; the running components stay");
+            return Some(format!("config change not applied: {reason}"));
+        }
+    };
+    if storage == running.storage {
+        return None;
+    }
+    let candidate = crate::components::ComponentsSetup { storage, ..running.clone() };
+    match planned_processes(&candidate) {
+        Ok(specs) => {
+            tracing::info!("storage section changed; applying");
+            components.apply(specs).await;
+            *running = candidate;
+            None
+        }
+        Err(reason) => {
+            tracing::warn!(%reason, "config change not applied; the running components stay");
+            Some(format!("config change not applied: {reason}"))
+        }
+    }
 }
 
 /// The component processes the setup's decision asks for; an invalid storage section stops

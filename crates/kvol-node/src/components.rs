@@ -203,6 +203,53 @@ impl Components {
     }
 }
 
+/// kvol's config file watched for the storage section: every change that lands (written and
+/// closed, renamed into place, removed) is read and checked on the watcher's thread, and the
+/// outcome sent on. A file that does not parse, has invalid gates, or is gone is an `Err` with
+/// the reason; the agent then keeps what runs.
+#[derive(Debug)]
+pub struct ConfigWatch {
+    _watched: crate::watched_dir::WatchedDir,
+    /// The latest outcome; `None` until the first change.
+    pub changes: tokio::sync::watch::Receiver<Option<Result<StorageSection, String>>>,
+}
+
+impl ConfigWatch {
+    /// Watches the directory holding `path` for changes of `path`.
+    pub fn start(path: &Path) -> Result<ConfigWatch, crate::watched_dir::WatchError> {
+        let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let (sender, changes) = tokio::sync::watch::channel(None);
+        let file = path.to_path_buf();
+        let relevant = move |event: &notify::Event, _: &Path| {
+            event.need_rescan()
+                || event.paths.is_empty()
+                || event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str()))
+        };
+        let read = move || {
+            sender.send_replace(Some(read_storage_section(&file)));
+        };
+        let watched = crate::watched_dir::WatchedDir::start(
+            dir,
+            "kvol-config",
+            relevant,
+            crate::watched_dir::Quiet::default(),
+            read,
+        )?;
+        Ok(ConfigWatch { _watched: watched, changes })
+    }
+}
+
+/// The storage section of kvol's config file at `path`, once the whole file is valid.
+pub fn read_storage_section(path: &Path) -> Result<StorageSection, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    let config: kvol_api::KvolConfig =
+        serde_saphyr::from_str(&text).map_err(|e| format!("invalid config file {}: {e}", path.display()))?;
+    config.feature_gates(None).map_err(|e| format!("invalid config file {}: {e}", path.display()))?;
+    Ok(config.storage)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,6 +152,7 @@ pub fn run(
     }
     if !args.no_components {
         config.components = Some(components_setup(args, &config, storage, config_file)?);
+        config.config_file = config_file.map(Path::to_path_buf);
     }
     config.example_flex_drivers = !args.no_example_flex_drivers;
     config.metrics_address = (!args.no_metrics).then_some(args.metrics_address);

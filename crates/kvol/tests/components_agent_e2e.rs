@@ -134,3 +134,68 @@ fn the_bundled_driver_is_a_supervised_component_and_the_config_turns_it_off() {
     .unwrap_or_else(|last| panic!("never back: {last}\n{}", node.agent_log()));
     assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
 }
+
+/// Saves `text` as an editor does: a temporary file renamed over the config.
+fn rename_save(path: &Path, text: &str) {
+    let tmp = path.with_file_name(".kvol.yaml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn config_problem(report: &StatusReport) -> Option<&String> {
+    report.problems.iter().find(|p| p.starts_with("config change not applied"))
+}
+
+#[test]
+fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    let config = node.root.join("etc/kvol.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "storage:\n  driver: hostpath\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    std::fs::write(publish_dir(&report).join("kept"), "before the reload").unwrap();
+
+    // Turned off by a rename-save: the driver stops, its data stays.
+    rename_save(&config, "storage:\n  driver: none\n");
+    node.wait(LIMIT, |r| r.components.is_empty())
+        .unwrap_or_else(|last| panic!("the driver was not stopped: {last}\n{}", node.agent_log()));
+    wait_gone(pid, "the turned-off driver");
+    let volumes = driver_volumes(&node.root);
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(std::fs::read_to_string(volumes[0].join("kept")).unwrap(), "before the reload");
+
+    // A truncated write and an invalid section are refused, with the reason; nothing starts.
+    let invalid_file = format!("invalid config file {}", config.display());
+    let rows = [
+        ("a truncated write", "storage:\n  driver: [hostp", invalid_file.as_str()),
+        ("an unknown driver", "storage:\n  driver: nfs\n", "nfs"),
+        (
+            "none beside a component",
+            "storage:\n  optionalCsiComponents: [none, snapshot-controller]\n",
+            "none",
+        ),
+    ];
+    for (what, text, reason) in rows {
+        std::fs::write(&config, text).unwrap();
+        let report = node
+            .wait(LIMIT, |r| config_problem(r).is_some_and(|p| p.contains(reason)))
+            .unwrap_or_else(|last| panic!("{what}: no problem naming {reason:?}: {last}"));
+        assert!(report.components.is_empty(), "{what}: {:?}", report.components);
+    }
+
+    // A valid save again: the driver starts, the problem goes, the same volume is served.
+    rename_save(&config, "storage:\n  driver: hostpath\n");
+    let report = node
+        .wait(LIMIT, |r| config_problem(r).is_none() && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never started again: {last}\n{}", node.agent_log()));
+    assert_ne!(hostpath(&report).unwrap().state.pid, Some(pid));
+    assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
+    assert!(published(&report));
+}
