@@ -516,6 +516,7 @@ impl Loop<'_> {
         let view = self.objects_view();
         if self.config.provision_claims {
             start_provisioning(self.config, &view.objects, self.handler, &self.provisioning, self.wake);
+            start_reclaiming(&view.source, self.executor, self.handler, &self.provisioning, self.wake);
         }
         let viewed = pass_started.elapsed();
         let snapshot = self.registry.snapshot();
@@ -921,6 +922,107 @@ fn start_provisioning(
             wake.notify_one();
         });
     }
+}
+
+/// Deletes, through their drivers, the provisioned volumes whose claims are gone (one task per
+/// claim at a time), then forgets their records; a failure is kept as the claim's problem and
+/// retried on a later pass.
+fn start_reclaiming(
+    source: &ObjectSet,
+    executor: &Executor,
+    handler: &Arc<CsiRegistrationHandler>,
+    state: &Provisioning,
+    wake: &Arc<Notify>,
+) {
+    let Provisioning { done: provisioned, running, dir, channels } = state;
+    let requests = {
+        let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+        if done.records.keys().all(|claim| source.claims.contains_key(claim)) {
+            return;
+        }
+        let (actual, _) = executor.actual();
+        let in_use: Vec<&str> = actual
+            .attached
+            .keys()
+            .chain(actual.staged.keys())
+            .map(String::as_str)
+            .chain(actual.published.values().map(|p| p.unique_name.as_str()))
+            .collect();
+        crate::provision::volumes_to_reclaim(source, &done.records, &in_use)
+    };
+    let drivers = handler.drivers();
+    for request in requests {
+        let Some(endpoint) = drivers.iter().find(|d| d.name == request.driver).map(|d| d.endpoint.clone())
+        else {
+            continue;
+        };
+        {
+            let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
+            if running.get(&request.claim_key).is_some_and(|e| e.is_empty()) {
+                continue;
+            }
+            running.insert(request.claim_key.clone(), String::new());
+        }
+        let (provisioned, running, dir, wake, channel) = (
+            Arc::clone(provisioned),
+            Arc::clone(running),
+            dir.to_path_buf(),
+            Arc::clone(wake),
+            channels.get(&endpoint),
+        );
+        tokio::spawn(async move {
+            let claim = request.claim_key.clone();
+            let outcome = async { delete_one(&request, channel?).await }
+                .await
+                .and_then(|()| crate::provision::remove(&dir, &claim));
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(claim = %claim, driver = %request.driver, volume = %request.pv_name, "claim deleted: its volume deleted");
+                    let mut provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+                    provisioned.records.remove(&claim);
+                    provisioned.version += 1;
+                    drop(provisioned);
+                    running.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %claim, driver = %request.driver, error = %e, "deleting a deleted claim's volume failed");
+                    running.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), e);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    running.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                }
+            }
+            wake.notify_one();
+        });
+    }
+}
+
+async fn delete_one(
+    request: &crate::provision::ReclaimRequest,
+    channel: tonic::transport::Channel,
+) -> Result<(), String> {
+    let delete = kvol_csi::proto::csi::DeleteVolumeRequest {
+        volume_id: request.volume_handle.clone(),
+        ..Default::default()
+    };
+    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
+    tokio::time::timeout(Duration::from_secs(120), client.delete_volume(delete))
+        .await
+        .map_err(|_| {
+            format!(
+                "csi driver {}: DeleteVolume of {} did not answer within 2m",
+                request.driver, request.pv_name
+            )
+        })?
+        .map_err(|s| {
+            format!(
+                "csi driver {}: DeleteVolume of {} failed ({:?}): {}",
+                request.driver,
+                request.pv_name,
+                s.code(),
+                s.message()
+            )
+        })?;
+    Ok(())
 }
 
 async fn provision_one(

@@ -222,9 +222,10 @@ impl ConfigWatch {
         let (sender, changes) = tokio::sync::watch::channel(None);
         let file = path.to_path_buf();
         let relevant = move |event: &notify::Event, _: &Path| {
-            event.need_rescan()
-                || event.paths.is_empty()
-                || event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str()))
+            crate::watched_dir::may_change_content(event)
+                && (event.need_rescan()
+                    || event.paths.is_empty()
+                    || event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str())))
         };
         let read = move || {
             sender.send_replace(Some(read_storage_section(&file)));
@@ -244,6 +245,10 @@ impl ConfigWatch {
 pub fn read_storage_section(path: &Path) -> Result<StorageSection, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    // An empty file is a write cut short (or not yet made), not a wish for the defaults.
+    if text.trim().is_empty() {
+        return Err(format!("config file {} is empty (write {{}} for the defaults)", path.display()));
+    }
     let config: kvol_api::KvolConfig =
         serde_saphyr::from_str(&text).map_err(|e| format!("invalid config file {}: {e}", path.display()))?;
     config.feature_gates(None).map_err(|e| format!("invalid config file {}: {e}", path.display()))?;
@@ -363,5 +368,34 @@ standalone:
         assert_eq!(specs[0].command[1], format!("--endpoint=unix://{socket}"));
         assert_eq!(specs[1].command[3], "--plugin-registration-path=/var/lib/kubelet/plugins_registry");
         assert_eq!(specs[1].csi_socket, None, "the registrar is kept running, not probed");
+    }
+
+    #[test]
+    fn a_config_file_is_read_whole_or_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kvol.yaml");
+        // (what, file text or none, Ok(driver) or Err(words of the reason))
+        type Row<'a> = (&'a str, Option<&'a str>, Result<Option<&'a str>, &'a str>);
+        let rows: [Row; 6] = [
+            ("a driver", Some("storage:\n  driver: none\n"), Ok(Some("none"))),
+            ("no storage section", Some("featureGates: {}\n"), Ok(None)),
+            ("empty: cut short", Some(""), Err("is empty")),
+            ("cut mid-value", Some("storage:\n  driver: [hos"), Err("invalid config file")),
+            ("a bad gate", Some("featureGates: {NoSuchGate: true}\n"), Err("invalid config file")),
+            ("gone", None, Err("cannot read config file")),
+        ];
+        for (what, text, want) in rows {
+            let _ = std::fs::remove_file(&path);
+            if let Some(text) = text {
+                std::fs::write(&path, text).unwrap();
+            }
+            match (read_storage_section(&path), want) {
+                (Ok(storage), Ok(driver)) => assert_eq!(storage.driver.as_deref(), driver, "{what}"),
+                (Err(e), Err(words)) => {
+                    assert!(e.contains(words) && e.contains(&path.display().to_string()), "{what}: {e}")
+                }
+                (got, _) => panic!("{what}: {got:?}"),
+            }
+        }
     }
 }

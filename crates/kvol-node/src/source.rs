@@ -22,8 +22,6 @@ use std::sync::Arc;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
-use notify::EventKind;
-use notify::event::{AccessKind, AccessMode};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -553,10 +551,8 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
 /// to files that are not manifests. A change to the directory itself, or a report that events
 /// were lost, can.
 pub fn is_relevant(event: &notify::Event, dir: &Path) -> bool {
-    match event.kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {}
-        EventKind::Access(_) => return false,
-        _ => {}
+    if !crate::watched_dir::may_change_content(event) {
+        return false;
     }
     if event.need_rescan() || event.paths.is_empty() {
         return true;
@@ -755,7 +751,10 @@ fn log_problems(dir: &Path, set: &ObjectSet, before: &ObjectSet) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{CreateKind, DataChange, MetadataKind, ModifyKind, RemoveKind, RenameMode};
+    use notify::EventKind;
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, MetadataKind, ModifyKind, RemoveKind, RenameMode,
+    };
 
     /// Parses and describes the outcome: objects as `Kind key`, problems as their display.
     fn outcome(text: &str) -> Vec<String> {

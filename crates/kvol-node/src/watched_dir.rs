@@ -27,6 +27,16 @@ pub enum Landing {
     Open,
 }
 
+/// Whether `event` can change a file's content: opening and reading files (the watcher's own
+/// reads among them) cannot; closing a file written can. Pure.
+pub fn may_change_content(event: &notify::Event) -> bool {
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
 /// How `event` landed; pure.
 pub fn landing(event: &notify::Event) -> Landing {
     if event.need_rescan() {

@@ -22,6 +22,12 @@ pub enum ComponentsCommand {
     /// Check the config's storage section and show, for every component, whether it should
     /// run here and why; exit 2 with every problem listed when the section is invalid.
     Plan(PlanArgs),
+    /// Each component on this node: what the config decides, its process (pid, starts,
+    /// health, memory, CPU time) and the pod volumes of its driver published now.
+    Status(crate::components_node_cmd::StatusArgs),
+    /// Remove a component that is turned off: refused while any volume, claim or snapshot
+    /// still depends on it (each listed), then its data directory, log and pid file go.
+    Uninstall(crate::components_node_cmd::UninstallArgs),
 }
 
 #[derive(Debug, clap::Args)]

@@ -2,6 +2,7 @@
 
 pub mod agent_cmd;
 pub mod components_cmd;
+pub mod components_node_cmd;
 pub mod csi_driver_cmd;
 pub mod documents;
 pub mod flex_cmd;
@@ -225,6 +226,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Components(components_cmd::ComponentsCommand::List(args)) => components_cmd::run_list(args),
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
             components_cmd::run_plan(args, &config.storage)
+        }
+        Command::Components(components_cmd::ComponentsCommand::Status(args)) => {
+            components_node_cmd::run_status(args, &config.storage)
+        }
+        Command::Components(components_cmd::ComponentsCommand::Uninstall(args)) => {
+            components_node_cmd::run_uninstall(args, &config.storage)
         }
         Command::Migrate(command) => migrate_cmd::run(&gates, command),
     };

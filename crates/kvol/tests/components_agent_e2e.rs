@@ -199,3 +199,87 @@ fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
     assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
     assert!(published(&report));
 }
+
+fn kvol(args: &[&str], config: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env_remove("KVOL_CONFIG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depends_on_it() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    let config = node.root.join("etc/kvol.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "storage:\n  driver: hostpath\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    let state_dir = node.root.display().to_string();
+
+    // The footprint: the driver's process with its memory and CPU, and the volume it serves.
+    let out = kvol(&["components", "status", "--state-dir", &state_dir, "-o", "json"], &config);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = rows.as_array().unwrap().iter().find(|r| r["name"] == "hostpath").expect("a hostpath row");
+    assert_eq!(row["decision"], "run");
+    assert_eq!(row["state"], "running");
+    assert_eq!(row["pid"], pid);
+    assert_eq!(row["volumes_published"], 1, "{row}");
+    assert!(row["rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20), "{row}");
+    assert!(row["cpu_seconds"].as_f64().is_some(), "{row}");
+    let lvm = rows.as_array().unwrap().iter().find(|r| r["name"] == "lvm").expect("an lvm row");
+    assert_eq!(lvm["state"], "stopped");
+
+    let uninstall = |force: bool| {
+        let mut args = vec!["components", "uninstall", "hostpath", "--state-dir", &state_dir];
+        if force {
+            args.push("--force");
+        }
+        kvol(&args, &config)
+    };
+    // On in the config: refused.
+    let out = uninstall(false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is on in the config"), "{out:?}");
+
+    // Off, but its claim and volume remain: refused, each named; nothing removed.
+    rename_save(&config, "storage:\n  driver: none\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
+    wait_gone(pid, "the turned-off driver");
+    let out = uninstall(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("PersistentVolumeClaim default/data"), "{stderr}");
+    assert!(stderr.contains("PersistentVolume pvc-"), "{stderr}");
+    assert!(node.root.join("csi-hostpath/volumes").is_dir(), "refused, yet data was removed");
+
+    // The claim deleted while the driver runs again (its volume deleted through it), then off:
+    // nothing depends on it any more, and uninstall removes its data.
+    rename_save(&config, "storage:\n  driver: hostpath\n");
+    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+    // The claim and its pod deleted: the agent deletes the claim's volume through the driver.
+    node.write("storage.yaml", STORAGE.split("---").next().unwrap());
+    let start = Instant::now();
+    while std::fs::read_dir(node.root.join("provisioned")).is_ok_and(|d| d.count() > 0) {
+        assert!(start.elapsed() < LIMIT, "the claim's volume was never deleted\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rename_save(&config, "storage:\n  driver: none\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap();
+    let out = uninstall(false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("component hostpath uninstalled"), "{stdout}");
+    assert!(!node.root.join("csi-hostpath").exists(), "its data directory is gone");
+    assert!(!node.root.join("logs/hostpath.log").exists(), "its log is gone");
+}
