@@ -6,6 +6,7 @@ pub mod gates;
 pub mod go_duration;
 pub mod keys;
 pub mod plugin;
+pub mod pod;
 pub mod validation;
 pub mod volume_mode;
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kvol_api::backoff::Backoff;
-use kvol_csi::csinode::{ANN_NODE_ID, set_node_owner};
+use kvol_csi_rules::csinode::{ANN_NODE_ID, set_node_owner};
 use kvol_node::node_storage::{NodeStorage, NodeStorageSink};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -237,20 +237,26 @@ async fn write_once(
     storage: &NodeStorage,
     written: &mut Written,
 ) -> Result<(), String> {
-    if let Some(csinode) = &storage.csi_node {
+    let node_change = Some(node_body(node, storage.node_ids.as_deref(), &storage.topology_labels))
+        .filter(|body| written.node.as_ref() != Some(body));
+    if node_change.is_some() || storage.csi_node.is_some() {
+        // An apply would create a missing Node, and a CSINode needs the Node's uid as owner.
         let Some(uid) = objects.node_uid(node).await? else {
             return Err(format!("node {node} does not exist in the api"));
         };
-        let body = csinode_body(csinode, node, &uid);
-        if written.csinode.as_ref() != Some(&body) {
-            objects.apply_csi_node(body.clone()).await?;
-            written.csinode = Some(body);
+        // The Node first, as kubelet's InstallCSIDriver does: whoever sees a driver in the
+        // CSINode (scheduler, provisioner) finds its node ID and topology labels already there.
+        if let Some(body) = node_change {
+            objects.apply_node(node, body.clone()).await?;
+            written.node = Some(body);
         }
-    }
-    let body = node_body(node, storage.node_ids.as_deref(), &storage.topology_labels);
-    if written.node.as_ref() != Some(&body) {
-        objects.apply_node(node, body.clone()).await?;
-        written.node = Some(body);
+        if let Some(csinode) = &storage.csi_node {
+            let body = csinode_body(csinode, node, &uid);
+            if written.csinode.as_ref() != Some(&body) {
+                objects.apply_csi_node(body.clone()).await?;
+                written.csinode = Some(body);
+            }
+        }
     }
     let body = node_status_body(node, &storage.volumes_in_use);
     if written.status.as_ref() != Some(&body) {
@@ -263,7 +269,7 @@ async fn write_once(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvol_csi::csinode::initial_csinode;
+    use kvol_csi_rules::csinode::initial_csinode;
 
     #[test]
     fn the_bodies_carry_only_kvols_fields() {
@@ -327,6 +333,7 @@ mod tests {
         writer.report(&NodeStorage { csi_node: Some(initial_csinode("n1", &[])), ..NodeStorage::default() });
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         assert!(objects.get("csinode").is_none());
+        assert!(objects.get("node").is_none(), "an apply would have created the node");
         *objects.node_uid.lock().unwrap() = Some("u-2".into());
         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
         assert_eq!(objects.get("csinode").unwrap()["metadata"]["ownerReferences"][0]["uid"], "u-2");

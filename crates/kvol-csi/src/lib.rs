@@ -2,7 +2,6 @@
 
 pub mod attachment;
 pub mod client;
-pub mod csinode;
 pub mod error;
 pub mod handler;
 pub mod objects;
@@ -12,7 +11,8 @@ pub mod policy;
 pub mod proto;
 pub mod registration;
 pub mod tokens;
-pub mod versions;
+
+pub use kvol_csi_rules::{csinode, versions};
 
 pub use attachment::{AttachmentSource, MemoryAttachments};
 pub use client::{ControllerCapabilities, CsiClient, NodeCapabilities, PluginCapabilities, Timeouts};

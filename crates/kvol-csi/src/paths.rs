@@ -33,7 +33,6 @@ use kvol_plugin::NodePaths;
 use kvol_plugin::host::escape_plugin_name;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{CsiError, Result};
 
@@ -48,10 +47,7 @@ pub const VOL_DATA_FILE: &str = "vol_data.json";
 /// kvol's attach record, next to the stage path.
 pub const ATTACHMENT_FILE: &str = "attachment.json";
 
-/// Lower-case hex SHA-256 of `text`.
-pub fn sha256_hex(text: &str) -> String {
-    format!("{:x}", Sha256::digest(text.as_bytes()))
-}
+pub use kvol_csi_rules::names::{attachment_id, sha256_hex};
 
 /// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(volume handle)>`: a volume's node-global
 /// directory, holding its stage path and its records.
@@ -108,11 +104,6 @@ pub const BLOCK_STAGING: &str = "staging";
 pub const BLOCK_PUBLISH: &str = "publish";
 /// Block layout: the record directory's name.
 pub const BLOCK_DATA: &str = "data";
-
-/// Upstream's VolumeAttachment name: `csi-` and the hex SHA-256 of handle, driver and node.
-pub fn attachment_id(volume_handle: &str, driver: &str, node: &str) -> String {
-    format!("csi-{}", sha256_hex(&format!("{volume_handle}{driver}{node}")))
-}
 
 /// What `vol_data.json` records (upstream's `volDataKey`s).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -341,15 +332,6 @@ mod tests {
         for (got, want) in table {
             assert_eq!(got, PathBuf::from(want));
         }
-    }
-
-    #[test]
-    fn attachment_ids_hash_handle_driver_and_node() {
-        // printf 'handle-1example.csi.k8s.ionode-a' | sha256sum
-        assert_eq!(
-            attachment_id("handle-1", "example.csi.k8s.io", "node-a"),
-            "csi-3daf47ffb7c5109f648ceba4a2f2b911b3bdabdf68496e0b8ca328628c099ec6"
-        );
     }
 
     #[test]

@@ -453,7 +453,7 @@ impl CsiPlugin {
         let source = self.source(spec)?;
         let policy = self.policy();
         let mode = source.mode();
-        check_lifecycle_mode(&self.driver, &policy, mode)?;
+        check_lifecycle_mode(&self.driver, &policy, mode).map_err(CsiError::from)?;
         let node_caps = self.capabilities.node;
         let volume_mount_group = if node_caps.volume_mount_group { req.pod.fs_group } else { None };
 
@@ -1089,7 +1089,8 @@ impl DeviceMounter for CsiPlugin {
         staging_path: &Path,
     ) -> PluginResult<()> {
         let (pv, csi) = self.persistent(spec, "staged")?;
-        check_lifecycle_mode(&self.driver, &self.policy(), LifecycleMode::Persistent)?;
+        check_lifecycle_mode(&self.driver, &self.policy(), LifecycleMode::Persistent)
+            .map_err(CsiError::from)?;
         if !self.capabilities.node.stage_unstage {
             return Err(PluginError::Unsupported {
                 plugin: self.driver.clone(),

@@ -9,6 +9,7 @@
 //! <state>/volumes/<volume id>   a persistent volume's data (volume id = vol-<sha256(name)[..32]>)
 //! <state>/snapshots/<snap id>   a snapshot: a copy of its source volume's directory
 //! <state>/ephemeral/<hash>      a CSI ephemeral inline volume, from publish to unpublish
+//! <state>/static/<hash>         a volume taken on at its first stage (`static_volumes`)
 //! ```
 //!
 //! Capacity is recorded, never enforced: there are no quotas, and volume statistics are those of
@@ -76,6 +77,11 @@ pub struct HostpathConfig {
     /// as upstream's node-driver-registrar does. Off by default: the failure is logged and the
     /// driver keeps serving, since the kubelet re-registers when the socket is re-created.
     pub exit_on_registration_failure: bool,
+    /// Serve persistent volumes the driver did not create (static provisioning: a PV written
+    /// by hand, or an in-tree volume migrated to this driver's name): the first NodeStageVolume
+    /// of an unknown volume id takes it on as an empty filesystem volume, recorded like any
+    /// other from then on. Off by default, when an unknown id is NotFound as the CSI spec asks.
+    pub static_volumes: bool,
 }
 
 impl HostpathConfig {
@@ -95,6 +101,7 @@ impl HostpathConfig {
             accepted_mutable_parameter_names: BTreeSet::new(),
             capacity: BTreeMap::new(),
             exit_on_registration_failure: false,
+            static_volumes: false,
         }
     }
 

@@ -256,6 +256,28 @@ impl Hostpath {
             .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))
     }
 
+    /// Takes on a persistent volume the driver did not create, at its first stage, when
+    /// static volumes are served: an empty directory, recorded before anything is mounted.
+    fn adopt_if_static(&mut self, id: &str, cap: &csi::VolumeCapability) -> Result<(), Status> {
+        if !self.config.static_volumes || self.state.volumes.contains_key(id) {
+            return Ok(());
+        }
+        if let Some(problem) = access_type_problem(false, cap) {
+            return Err(Status::invalid_argument(format!(
+                "volume {id}: static volumes are filesystem volumes: {problem}"
+            )));
+        }
+        let record = VolumeRecord { adopted: true, ..VolumeRecord::default() };
+        let dir = self.layout.volume_dir(id, &record);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Status::internal(format!("volume {id}: cannot create {}: {e}", dir.display())))?;
+        let mut next = self.state.clone();
+        next.volumes.insert(id.to_string(), record);
+        self.commit(next)?;
+        tracing::info!(volume = %id, path = %dir.display(), "took on a static volume");
+        Ok(())
+    }
+
     pub fn stage_volume(
         &mut self,
         req: csi::NodeStageVolumeRequest,
@@ -265,6 +287,7 @@ impl Hostpath {
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
         let cap = capability(id, req.volume_capability.as_ref())?;
+        self.adopt_if_static(id, cap)?;
         let record = self.persistent(id)?;
         if let Some(problem) = access_type_problem(record.block, cap) {
             return Err(Status::invalid_argument(format!("volume {id}: {problem}")));
@@ -934,5 +957,60 @@ mod tests {
         assert!(hp.state.volumes.is_empty());
         assert_eq!(std::fs::read_dir(root.join("state/ephemeral")).unwrap().count(), 0);
         assert!(!root.join("t").exists());
+    }
+
+    #[test]
+    fn static_volumes_are_taken_on_at_first_stage_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mount = |block: bool| csi::VolumeCapability {
+            access_type: Some(if block {
+                csi::volume_capability::AccessType::Block(Default::default())
+            } else {
+                csi::volume_capability::AccessType::Mount(Default::default())
+            }),
+            access_mode: Some(csi::volume_capability::AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+        };
+        // A migrated GCE PD's handle: slashes and all, never a path component as it is.
+        let id = "projects/UNSPECIFIED/zones/zone-a/disks/../../etc";
+        let stage = |block: bool| csi::NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: root.join("stage").display().to_string(),
+            volume_capability: Some(mount(block)),
+            ..Default::default()
+        };
+        let rows = [
+            ("off: an unknown id is not found", false, false, Some(Code::NotFound)),
+            ("on: a block capability is refused", true, true, Some(Code::InvalidArgument)),
+            ("on: a filesystem volume is taken on", true, false, None),
+        ];
+        for (name, static_volumes, block, want) in rows {
+            let config = HostpathConfig {
+                state_dir: root.join("state"),
+                static_volumes,
+                ..HostpathConfig::new("d.example", "n")
+            };
+            let mounter = Arc::new(RecordingMounter::new());
+            let mut hp = Hostpath::open(Arc::new(config), mounter.clone()).unwrap();
+            let got = hp.stage_volume(stage(block)).err().map(|e| e.code());
+            assert_eq!(got, want, "{name}");
+            if want.is_some() {
+                assert!(hp.state.volumes.is_empty(), "{name}: nothing recorded");
+                assert!(mounter.calls().is_empty(), "{name}: nothing mounted");
+                continue;
+            }
+            let record = &hp.state.volumes[id];
+            assert!(record.adopted && !record.ephemeral, "{name}: {record:?}");
+            let source = root.join("state/static").join(crate::state::ephemeral_dir_name(id));
+            assert!(source.is_dir(), "{name}: {} made", source.display());
+            assert_eq!(
+                mounter.calls(),
+                [MountCall::Bind { source, target: root.join("stage"), read_only: false }],
+                "{name}"
+            );
+            // From now on it is a volume like any other: staging again is a no-op.
+            hp.stage_volume(stage(false)).unwrap();
+            assert_eq!(mounter.calls().len(), 1, "{name}");
+        }
     }
 }

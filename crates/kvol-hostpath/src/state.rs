@@ -59,6 +59,10 @@ pub struct VolumeRecord {
     /// An ephemeral inline volume: made on its first publish, deleted on its last unpublish.
     #[serde(default)]
     pub ephemeral: bool,
+    /// A volume the driver did not create, taken on at its first stage (static provisioning);
+    /// its directory is named by the hash of its id, which is not the driver's to trust.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
     /// What the volume was made from, if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<ContentSource>,
@@ -220,9 +224,19 @@ impl Layout {
         self.root.join("ephemeral")
     }
 
+    pub fn adopted(&self) -> PathBuf {
+        self.root.join("static")
+    }
+
     /// Where the data of volume `id` lives.
     pub fn volume_dir(&self, id: &str, record: &VolumeRecord) -> PathBuf {
-        if record.ephemeral { self.ephemeral().join(ephemeral_dir_name(id)) } else { self.volumes().join(id) }
+        if record.ephemeral {
+            self.ephemeral().join(ephemeral_dir_name(id))
+        } else if record.adopted {
+            self.adopted().join(ephemeral_dir_name(id))
+        } else {
+            self.volumes().join(id)
+        }
     }
 
     pub fn snapshot_dir(&self, id: &str) -> PathBuf {

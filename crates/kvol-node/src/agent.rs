@@ -15,12 +15,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::components::{Components, ConfigWatch};
+use crate::supervisor::{ProcessSpec, SupervisorSettings};
 use k8s_openapi::api::core::v1::Secret;
 use kvol_api::FeatureGates;
 use kvol_csi::registration::{RegistrationWatcher, WatcherConfig};
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, NodeObjects, Timeouts};
 use kvol_flex::prober::{FlexProber, ProberConfig};
-use kvol_hostpath::{HostpathConfig, HostpathDriver};
 use kvol_plugin::migration::{NodeMigration, NodeStatus, resolve};
 use kvol_plugin::{
     Mounter, NodeInfo, NodePaths, PluginHost, PluginRegistry, SecretStore, Snapshot, SystemMounter,
@@ -60,8 +61,14 @@ pub struct AgentConfig {
     pub root_dir: PathBuf,
     /// Kubelet's `--volume-plugin-dir`: the Flexvolume drivers.
     pub volume_plugin_dir: PathBuf,
-    /// Run the bundled CSI driver in the agent (it registers like any driver).
-    pub bundled_driver: bool,
+    /// The storage components to run as supervised processes (standalone): the config's
+    /// storage section decided against the component definitions. `None`: none run. Each
+    /// meets the agent only through plugin registration, the bundled driver among them.
+    pub components: Option<crate::components::ComponentsSetup>,
+    /// kvol's config file, watched while the agent runs: a valid change of its storage section
+    /// is applied at once (components started and stopped); an invalid one keeps what runs
+    /// and says why. Other sections apply at the next start.
+    pub config_file: Option<PathBuf>,
     /// Install the example Flexvolume drivers into `volume_plugin_dir` at start.
     pub example_flex_drivers: bool,
     /// Serve Prometheus metrics here (`None`: no endpoint).
@@ -112,7 +119,8 @@ impl AgentConfig {
             state_dir,
             node_name: node_name.into(),
             gates: FeatureGates::default(),
-            bundled_driver: true,
+            components: None,
+            config_file: None,
             example_flex_drivers: true,
             metrics_address: None,
             resync: Duration::from_secs(10),
@@ -285,15 +293,15 @@ async fn run(
     let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let driver_task = config.bundled_driver.then(|| {
-        let driver_config = HostpathConfig {
-            state_dir: config.state_dir.join("csi-hostpath"),
-            csi_socket: host.paths.plugin_dir(BUNDLED_DRIVER).join("csi.sock"),
-            registration_dir: Some(config.registration_dir()),
-            ..HostpathConfig::new(BUNDLED_DRIVER, &config.node_name)
-        };
-        run_bundled_driver_apart(driver_config, Arc::clone(&mounter), stop_rx.clone())
-    });
+    let mut components = Components::new(SupervisorSettings::default());
+    let mut running_setup = config.components.clone();
+    if let Some(setup) = &running_setup {
+        components.apply(planned_processes(setup)?).await;
+    }
+    let mut config_watch = match (&running_setup, &config.config_file) {
+        (Some(_), Some(path)) => Some(ConfigWatch::start(path).map_err(|e| e.to_string())?),
+        _ => None,
+    };
     let metrics_address = match config.metrics_address {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -356,6 +364,8 @@ async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut agent = Loop {
         config: &config,
+        config_problem: None,
+        components: components.states(),
         host: &host,
         mounter: mounter.as_ref(),
         registry: &registry,
@@ -391,6 +401,10 @@ async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
+            Some(outcome) = next_config(&mut config_watch) => {
+                agent.config_problem =
+                    reload_components(outcome, &mut running_setup, &mut components).await;
+            }
             _ = wake.notified() => {}
             _ = tokio::time::sleep(agent.nap()) => {}
         }
@@ -406,9 +420,7 @@ async fn run(
         );
     }
     let _ = stop_tx.send(true);
-    if let Some(thread) = driver_task {
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    }
+    components.stop_all().await;
     watcher.shutdown().await;
     prober.shutdown().await;
     source.shutdown();
@@ -463,6 +475,10 @@ impl ControllerChannels {
 /// status file; the parts it works with were set up by [`run`].
 struct Loop<'a> {
     config: &'a AgentConfig,
+    /// Why the last change of the config file was not applied, until one is.
+    config_problem: Option<String>,
+    /// The supervised component processes, for the status report.
+    components: crate::components::ComponentStates,
     host: &'a PluginHost,
     mounter: &'a dyn Mounter,
     registry: &'a Arc<PluginRegistry>,
@@ -500,6 +516,7 @@ impl Loop<'_> {
         let view = self.objects_view();
         if self.config.provision_claims {
             start_provisioning(self.config, &view.objects, self.handler, &self.provisioning, self.wake);
+            start_reclaiming(&view.source, self.executor, self.handler, &self.provisioning, self.wake);
         }
         let viewed = pass_started.elapsed();
         let snapshot = self.registry.snapshot();
@@ -518,6 +535,7 @@ impl Loop<'_> {
             provisioned: view.provisioned_version,
             plugins: snapshot.generation(),
             problems,
+            components: self.components.snapshot(),
         };
         let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
         let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
@@ -641,6 +659,8 @@ impl Loop<'_> {
             }
             .to_string()
         }));
+        drop(failures);
+        problems.extend(self.config_problem.clone());
         problems
     }
 
@@ -666,6 +686,7 @@ impl Loop<'_> {
             snapshot,
         );
         report.csi_node = self.objects.csi_node(&self.config.node_name);
+        report.components = self.components.snapshot();
         if let Some(sink) = &self.config.node_storage {
             sink.report(&crate::node_storage::NodeStorage {
                 csi_node: report.csi_node.clone(),
@@ -764,6 +785,8 @@ struct ReportInputs {
     provisioned: u64,
     plugins: u64,
     problems: Vec<String>,
+    /// A component restarted or turned healthy is news for the status.
+    components: Vec<crate::components::ComponentStatus>,
 }
 
 impl PartialEq for ReportInputs {
@@ -775,6 +798,7 @@ impl PartialEq for ReportInputs {
             && self.provisioned == other.provisioned
             && self.plugins == other.plugins
             && self.problems == other.problems
+            && self.components == other.components
     }
 }
 
@@ -900,6 +924,107 @@ fn start_provisioning(
     }
 }
 
+/// Deletes, through their drivers, the provisioned volumes whose claims are gone (one task per
+/// claim at a time), then forgets their records; a failure is kept as the claim's problem and
+/// retried on a later pass.
+fn start_reclaiming(
+    source: &ObjectSet,
+    executor: &Executor,
+    handler: &Arc<CsiRegistrationHandler>,
+    state: &Provisioning,
+    wake: &Arc<Notify>,
+) {
+    let Provisioning { done: provisioned, running, dir, channels } = state;
+    let requests = {
+        let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+        if done.records.keys().all(|claim| source.claims.contains_key(claim)) {
+            return;
+        }
+        let (actual, _) = executor.actual();
+        let in_use: Vec<&str> = actual
+            .attached
+            .keys()
+            .chain(actual.staged.keys())
+            .map(String::as_str)
+            .chain(actual.published.values().map(|p| p.unique_name.as_str()))
+            .collect();
+        crate::provision::volumes_to_reclaim(source, &done.records, &in_use)
+    };
+    let drivers = handler.drivers();
+    for request in requests {
+        let Some(endpoint) = drivers.iter().find(|d| d.name == request.driver).map(|d| d.endpoint.clone())
+        else {
+            continue;
+        };
+        {
+            let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
+            if running.get(&request.claim_key).is_some_and(|e| e.is_empty()) {
+                continue;
+            }
+            running.insert(request.claim_key.clone(), String::new());
+        }
+        let (provisioned, running, dir, wake, channel) = (
+            Arc::clone(provisioned),
+            Arc::clone(running),
+            dir.to_path_buf(),
+            Arc::clone(wake),
+            channels.get(&endpoint),
+        );
+        tokio::spawn(async move {
+            let claim = request.claim_key.clone();
+            let outcome = async { delete_one(&request, channel?).await }
+                .await
+                .and_then(|()| crate::provision::remove(&dir, &claim));
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(claim = %claim, driver = %request.driver, volume = %request.pv_name, "claim deleted: its volume deleted");
+                    let mut provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+                    provisioned.records.remove(&claim);
+                    provisioned.version += 1;
+                    drop(provisioned);
+                    running.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %claim, driver = %request.driver, error = %e, "deleting a deleted claim's volume failed");
+                    running.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), e);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    running.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                }
+            }
+            wake.notify_one();
+        });
+    }
+}
+
+async fn delete_one(
+    request: &crate::provision::ReclaimRequest,
+    channel: tonic::transport::Channel,
+) -> Result<(), String> {
+    let delete = kvol_csi::proto::csi::DeleteVolumeRequest {
+        volume_id: request.volume_handle.clone(),
+        ..Default::default()
+    };
+    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
+    tokio::time::timeout(Duration::from_secs(120), client.delete_volume(delete))
+        .await
+        .map_err(|_| {
+            format!(
+                "csi driver {}: DeleteVolume of {} did not answer within 2m",
+                request.driver, request.pv_name
+            )
+        })?
+        .map_err(|s| {
+            format!(
+                "csi driver {}: DeleteVolume of {} failed ({:?}): {}",
+                request.driver,
+                request.pv_name,
+                s.code(),
+                s.message()
+            )
+        })?;
+    Ok(())
+}
+
 async fn provision_one(
     request: &crate::provision::ProvisionRequest,
     channel: tonic::transport::Channel,
@@ -936,55 +1061,60 @@ fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the bundled driver until told to stop, restarting it (after a pause) if it fails.
-/// Runs the bundled driver on a thread and runtime of its own, as if it were another process:
-/// its file writes and fsyncs then never hold the threads the agent's loop and operations run
-/// on (the driver does its disk work inline in its RPC handlers).
-fn run_bundled_driver_apart(
-    config: HostpathConfig,
-    mounter: Arc<dyn Mounter>,
-    stop: tokio::sync::watch::Receiver<bool>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("kvol-bundled-driver".into())
-        .spawn(move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(runtime) => runtime.block_on(supervise_bundled_driver(config, mounter, stop)),
-            Err(e) => tracing::error!(driver = BUNDLED_DRIVER, error = %e, "cannot start the bundled csi driver's runtime"),
-        })
-        .expect("cannot start the bundled csi driver's thread")
+/// The next outcome of the config watch; never, without one.
+async fn next_config(watch: &mut Option<ConfigWatch>) -> Option<Result<kvol_api::StorageSection, String>> {
+    let Some(watch) = watch else { return std::future::pending().await };
+    watch.changes.changed().await.ok()?;
+    watch.changes.borrow_and_update().clone()
 }
 
-async fn supervise_bundled_driver(
-    config: HostpathConfig,
-    mounter: Arc<dyn Mounter>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let backoff = kvol_api::Backoff::default();
-    let mut failures = 0;
-    loop {
-        let stopping = {
-            let mut stop = stop.clone();
-            async move {
-                let _ = stop.wait_for(|s| *s).await;
-            }
-        };
-        let result = match HostpathDriver::bind(config.clone(), Arc::clone(&mounter)) {
-            Ok(driver) => driver.run(stopping).await,
-            Err(e) => Err(e),
-        };
-        if *stop.borrow() {
-            return;
+/// Applies a changed storage section: the components its decision asks for are started and
+/// the others stopped. An unreadable file or an invalid section changes nothing; the reason
+/// is returned for the status.
+async fn reload_components(
+    outcome: Result<kvol_api::StorageSection, String>,
+    setup: &mut Option<crate::components::ComponentsSetup>,
+    components: &mut Components,
+) -> Option<String> {
+    let Some(running) = setup else { return None };
+    let storage = match outcome {
+        Ok(storage) => storage,
+        Err(reason) => {
+            tracing::warn!(%reason, "config change not applied; the running components stay");
+            return Some(format!("config change not applied: {reason}"));
         }
-        match result {
-            Ok(()) => tracing::warn!(driver = BUNDLED_DRIVER, "the bundled csi driver stopped; restarting"),
-            Err(e) => {
-                tracing::warn!(driver = BUNDLED_DRIVER, error = %e, "the bundled csi driver failed; restarting")
-            }
+    };
+    if storage == running.storage {
+        return None;
+    }
+    let candidate = crate::components::ComponentsSetup { storage, ..running.clone() };
+    match planned_processes(&candidate) {
+        Ok(specs) => {
+            tracing::info!("storage section changed; applying");
+            components.apply(specs).await;
+            *running = candidate;
+            None
         }
-        failures += 1;
-        tokio::select! {
-            _ = tokio::time::sleep(backoff.delay(failures)) => {}
-            _ = stop.wait_for(|s| *s) => return,
+        Err(reason) => {
+            tracing::warn!(%reason, "config change not applied; the running components stay");
+            Some(format!("config change not applied: {reason}"))
+        }
+    }
+}
+
+/// The component processes the setup's decision asks for; an invalid storage section stops
+/// the agent with every problem listed.
+fn planned_processes(setup: &crate::components::ComponentsSetup) -> Result<Vec<ProcessSpec>, String> {
+    match setup.plan() {
+        Ok((decision, specs)) => {
+            for warning in &decision.warnings {
+                tracing::warn!(%warning, "storage components");
+            }
+            Ok(specs)
+        }
+        Err(problems) => {
+            let listed: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+            Err(format!("invalid storage section: {}", listed.join("; ")))
         }
     }
 }
@@ -1292,6 +1422,7 @@ fn status_report(
         .collect();
     StatusReport {
         csi_node: None,
+        components: Vec::new(),
         node_volumes,
         node: config.node_name.clone(),
         pid: std::process::id(),

@@ -1,6 +1,7 @@
 //! kvol's node agent: pods in, volumes attached, staged and published through whichever plugin serves them, state that survives a crash.
 
 pub mod agent;
+pub mod components;
 pub mod desired;
 pub mod executor;
 pub mod metrics;
@@ -16,6 +17,7 @@ pub mod status;
 pub mod store;
 pub mod supervisor;
 pub mod volume_stats;
+pub mod watched_dir;
 
 pub use model::{
     ActualState, AttachedVolume, DesiredState, DesiredVolume, ObjectSet, Operation, PodVolumeKey,

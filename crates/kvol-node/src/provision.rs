@@ -317,6 +317,58 @@ pub fn save(dir: &Path, claim_key: &str, pv: &PersistentVolume) -> Result<(), St
     std::fs::rename(&tmp, &path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))
 }
 
+/// A provisioned volume whose claim is gone: to delete through its driver, then forget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReclaimRequest {
+    pub claim_key: String,
+    pub pv_name: String,
+    pub driver: String,
+    pub volume_handle: String,
+}
+
+/// What the external-provisioner does when a claim is deleted, for the volumes kvol
+/// provisioned: those whose claim is no longer among `objects`, whose reclaim policy is
+/// `Delete`, and that the node no longer has attached, staged or published (`in_use`: unique
+/// volume names, which end in `<driver>^<handle>`). A `Retain` volume is kept, as its PV would
+/// be (Released). Pure.
+pub fn volumes_to_reclaim(
+    objects: &ObjectSet,
+    provisioned: &BTreeMap<String, PersistentVolume>,
+    in_use: &[&str],
+) -> Vec<ReclaimRequest> {
+    provisioned
+        .iter()
+        .filter(|(claim_key, _)| !objects.claims.contains_key(*claim_key))
+        .filter_map(|(claim_key, pv)| {
+            let spec = pv.spec.as_ref()?;
+            if spec.persistent_volume_reclaim_policy.as_deref().unwrap_or("Delete") != "Delete" {
+                return None;
+            }
+            let csi = spec.csi.as_ref()?;
+            let suffix = format!("{}^{}", csi.driver, csi.volume_handle);
+            if in_use.iter().any(|name| name.ends_with(&suffix)) {
+                return None;
+            }
+            Some(ReclaimRequest {
+                claim_key: claim_key.clone(),
+                pv_name: pv.metadata.name.clone().unwrap_or_default(),
+                driver: csi.driver.clone(),
+                volume_handle: csi.volume_handle.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Forgets the record of a claim's volume; a record already gone is fine.
+pub fn remove(dir: &Path, claim_key: &str) -> Result<(), String> {
+    let path = record_path(dir, claim_key);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,5 +541,40 @@ mod tests {
         assert_eq!(loaded.get("shop/data"), Some(&pv));
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("bad~x.json"), "{problems:?}");
+    }
+
+    #[test]
+    fn deleted_claims_volumes_are_reclaimed_unless_kept_or_in_use() {
+        let pv = |name: &str, policy: Option<&str>, handle: &str| -> PersistentVolume {
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+                "persistentVolumeReclaimPolicy": policy,
+                "csi": {"driver": "d.example", "volumeHandle": handle}}}))
+            .unwrap()
+        };
+        let claim: PersistentVolumeClaim =
+            serde_json::from_value(json!({"metadata": {"name": "live"}})).unwrap();
+        let mut objects = ObjectSet::default();
+        objects.claims.insert("ns/live".into(), claim);
+        let records = BTreeMap::from([
+            ("ns/live".to_string(), pv("pvc-live", None, "h-live")),
+            ("ns/gone".to_string(), pv("pvc-gone", None, "h-gone")),
+            ("ns/kept".to_string(), pv("pvc-kept", Some("Retain"), "h-kept")),
+            ("ns/mounted".to_string(), pv("pvc-mounted", Some("Delete"), "h-mounted")),
+        ]);
+        let in_use = ["kubernetes.io/csi/d.example^h-mounted"];
+        let got: Vec<String> =
+            volumes_to_reclaim(&objects, &records, &in_use).into_iter().map(|r| r.pv_name).collect();
+        assert_eq!(got, ["pvc-gone"], "live claim, Retain and in-use volumes stay");
+        let got = volumes_to_reclaim(&objects, &records, &[]);
+        assert_eq!(got.len(), 2, "unmounted, the deleted claim's Delete volume goes too: {got:?}");
+        assert_eq!(
+            got[0],
+            ReclaimRequest {
+                claim_key: "ns/gone".into(),
+                pv_name: "pvc-gone".into(),
+                driver: "d.example".into(),
+                volume_handle: "h-gone".into()
+            }
+        );
     }
 }

@@ -17,31 +17,21 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
-use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use crate::model::{ObjectSet, SourceProblem};
+use crate::watched_dir::WatchedDir;
+pub use crate::watched_dir::{Landing, MAX_DELAY, OpenWrites, QUIET, Quiet, landing};
 
 /// The namespace of a namespaced object that names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
-
-/// How long the directory must be quiet after a change to a file still open for writing before
-/// it is read again (a file that lands whole is read at once: see [`landing`]).
-pub const QUIET: Duration = Duration::from_millis(50);
-
-/// The longest a rebuild waits for the directory to go quiet: a directory that never stops
-/// changing is still read at least this often.
-pub const MAX_DELAY: Duration = Duration::from_millis(500);
 
 /// An object read from a manifest. Its debug output shows a Secret's keys, never its values.
 #[derive(Clone, PartialEq)]
@@ -561,10 +551,8 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
 /// to files that are not manifests. A change to the directory itself, or a report that events
 /// were lost, can.
 pub fn is_relevant(event: &notify::Event, dir: &Path) -> bool {
-    match event.kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {}
-        EventKind::Access(_) => return false,
-        _ => {}
+    if !crate::watched_dir::may_change_content(event) {
+        return false;
     }
     if event.need_rescan() || event.paths.is_empty() {
         return true;
@@ -574,84 +562,13 @@ pub fn is_relevant(event: &notify::Event, dir: &Path) -> bool {
     })
 }
 
-/// How a relevant change landed: whole, or perhaps still being written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Landing {
-    /// The file is complete as it stands: closed after writing (`IN_CLOSE_WRITE`), renamed into
-    /// or out of place (`IN_MOVED_TO`, `IN_MOVED_FROM`), or removed.
-    Settled,
-    /// A writer may still hold the file (created, written, metadata changed), or the watcher
-    /// lost events: wait for quiet.
-    Open,
-}
-
-/// How `event` landed; pure.
-pub fn landing(event: &notify::Event) -> Landing {
-    if event.need_rescan() {
-        return Landing::Open;
-    }
-    match event.kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write))
-        | EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::From | RenameMode::Both))
-        | EventKind::Remove(_) => Landing::Settled,
-        _ => Landing::Open,
-    }
-}
-
-/// The manifests written but not yet closed since the last read: a settled change is read at
-/// once only when no other file is still open for writing, so a half-written file is never
-/// read for want of waiting.
-#[derive(Debug, Default)]
-pub struct OpenWrites {
-    open: std::collections::BTreeSet<PathBuf>,
-    unknown: bool,
-}
-
-impl OpenWrites {
-    /// Notes a relevant change of `paths`; returns whether the directory can be read now.
-    pub fn note(&mut self, landing: Landing, paths: &[PathBuf]) -> bool {
-        match landing {
-            Landing::Open if paths.is_empty() => self.unknown = true,
-            Landing::Open => self.open.extend(paths.iter().cloned()),
-            Landing::Settled => {
-                for path in paths {
-                    self.open.remove(path);
-                }
-            }
-        }
-        landing == Landing::Settled && self.open.is_empty() && !self.unknown
-    }
-}
-
-/// How long the source waits for a directory still being written to go quiet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Quiet {
-    /// The quiet needed after a change to a file still open for writing.
-    pub quiet: Duration,
-    /// The longest wait: a directory that never goes quiet is still read this often.
-    pub max_delay: Duration,
-}
-
-impl Default for Quiet {
-    fn default() -> Self {
-        Quiet { quiet: QUIET, max_delay: MAX_DELAY }
-    }
-}
-
 /// Why the manifests source could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     #[error("cannot create the manifests directory {path}: {source}")]
     CreateDir { path: PathBuf, source: io::Error },
     #[error("cannot watch the manifests directory {path}: {source}")]
-    Watch { path: PathBuf, source: notify::Error },
-    #[error("cannot start the manifests watcher thread: {0}")]
-    Thread(io::Error),
-}
-
-enum Signal {
-    Changed(Landing, Vec<PathBuf>),
-    Stop,
+    Watch { path: PathBuf, source: crate::watched_dir::WatchError },
 }
 
 /// A watched manifests directory: the current object set, and a fresh one on a watch channel
@@ -664,9 +581,7 @@ enum Signal {
 /// another, so the last change is always applied.
 pub struct ManifestsSource {
     dir: PathBuf,
-    watcher: Option<RecommendedWatcher>,
-    signals: mpsc::Sender<Signal>,
-    thread: Option<thread::JoinHandle<()>>,
+    watched: Option<WatchedDir>,
     sets: Arc<watch::Sender<Arc<ObjectSet>>>,
 }
 
@@ -704,41 +619,32 @@ impl ManifestsSource {
             .mode(0o755)
             .create(&dir)
             .map_err(|source| SourceError::CreateDir { path: dir.clone(), source })?;
-        let (signals, received) = mpsc::channel();
-        let to_thread = signals.clone();
-        let watched = dir.clone();
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let signal = match event {
-                Ok(event) if is_relevant(&event, &watched) => Signal::Changed(landing(&event), event.paths),
-                Ok(_) => return,
-                Err(e) => {
-                    tracing::warn!(dir = %watched.display(), "manifests watcher error, rereading: {e}");
-                    Signal::Changed(Landing::Open, Vec::new())
-                }
-            };
-            let _ = to_thread.send(signal);
-        })
-        .map_err(|source| SourceError::Watch { path: dir.clone(), source })?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|source| SourceError::Watch { path: dir.clone(), source })?;
-        // Watching before the first read: a change made meanwhile is read again, never missed.
-        let mut cache = match memory {
+        let cache = match memory {
             Some(memory) => ParseCache::with_memory(&dir, memory),
             None => ParseCache::default(),
         };
-        let first = load_dir_cached(&dir, &mut cache);
-        log_problems(&dir, &first, &ObjectSet::default());
-        let (sets, _) = watch::channel(Arc::new(first));
-        let sets = Arc::new(sets);
-        let thread = {
-            let (dir, sets) = (dir.clone(), Arc::clone(&sets));
-            thread::Builder::new()
-                .name("kvol-manifests".to_string())
-                .spawn(move || run(&dir, &received, &sets, cache, quiet))
-                .map_err(SourceError::Thread)?
+        // Reads and publishes hold the cache's lock, so a change read on the watcher's thread
+        // is never overwritten by the first read published here.
+        let cache = Arc::new(std::sync::Mutex::new(cache));
+        let sets = Arc::new(watch::channel(Arc::new(ObjectSet::default())).0);
+        let reread = {
+            let (dir, cache, sets) = (dir.clone(), Arc::clone(&cache), Arc::clone(&sets));
+            move || {
+                let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+                let set = load_dir_cached(&dir, &mut cache);
+                publish(&dir, &sets, set);
+            }
         };
-        Ok(ManifestsSource { dir, watcher: Some(watcher), signals, thread: Some(thread), sets })
+        let watched = WatchedDir::start(dir.clone(), "kvol-manifests", is_relevant, quiet, reread)
+            .map_err(|e| SourceError::Watch { path: dir.clone(), source: e })?;
+        // Watching before the first read: a change made meanwhile is read again, never missed.
+        {
+            let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+            let first = load_dir_cached(&dir, &mut cache);
+            log_problems(&dir, &first, &ObjectSet::default());
+            sets.send_replace(Arc::new(first));
+        }
+        Ok(ManifestsSource { dir, watched: Some(watched), sets })
     }
 
     /// The watched directory.
@@ -759,17 +665,9 @@ impl ManifestsSource {
     /// Stops watching and waits for the source's thread to end (at most the end of a rebuild in
     /// progress, one read of the directory). Receivers keep the last set.
     pub fn shutdown(mut self) {
-        self.stop();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!(dir = %self.dir.display(), "the manifests watcher thread panicked");
+        if let Some(watched) = self.watched.take() {
+            watched.shutdown();
         }
-    }
-
-    fn stop(&mut self) {
-        drop(self.watcher.take());
-        let _ = self.signals.send(Signal::Stop);
     }
 }
 
@@ -830,63 +728,17 @@ impl ObjectSource for ChannelSource {
     fn shutdown(self: Box<Self>) {}
 }
 
-impl Drop for ManifestsSource {
-    /// Stops the watch without waiting for the thread.
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// The source's thread: waits for a change, for quiet, then rereads and publishes.
-fn run(
-    dir: &Path,
-    signals: &mpsc::Receiver<Signal>,
-    sets: &watch::Sender<Arc<ObjectSet>>,
-    mut cache: ParseCache,
-    quiet: Quiet,
-) {
-    loop {
-        let mut writes = OpenWrites::default();
-        let mut read_now = match signals.recv() {
-            Ok(Signal::Changed(landing, paths)) => writes.note(landing, &paths),
-            Ok(Signal::Stop) | Err(_) => return,
-        };
-        // What already arrived with it (a rename's To and Both) is one change.
-        loop {
-            match signals.try_recv() {
-                Ok(Signal::Changed(landing, paths)) => read_now = writes.note(landing, &paths),
-                Ok(Signal::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,
-                Err(mpsc::TryRecvError::Empty) => break,
-            }
+/// Publishes `set` when it differs from the current one, logging its new problems.
+fn publish(dir: &Path, sets: &watch::Sender<Arc<ObjectSet>>, set: ObjectSet) {
+    sets.send_if_modified(|current| {
+        if **current == set {
+            return false;
         }
-        let first = Instant::now();
-        while !read_now {
-            let left = quiet.max_delay.saturating_sub(first.elapsed());
-            if left.is_zero() {
-                break;
-            }
-            match signals.recv_timeout(quiet.quiet.min(left)) {
-                Ok(Signal::Changed(landing, paths)) => read_now = writes.note(landing, &paths),
-                Ok(Signal::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
-            }
-        }
-        let set = load_dir_cached(dir, &mut cache);
-        sets.send_if_modified(|current| {
-            if **current == set {
-                return false;
-            }
-            log_problems(dir, &set, current);
-            tracing::debug!(
-                dir = %dir.display(),
-                pods = set.pods.len(),
-                problems = set.problems.len(),
-                "manifests changed"
-            );
-            *current = Arc::new(set);
-            true
-        });
-    }
+        log_problems(dir, &set, current);
+        tracing::debug!(dir = %dir.display(), pods = set.pods.len(), problems = set.problems.len(), "manifests changed");
+        *current = Arc::new(set);
+        true
+    });
 }
 
 /// Logs the problems of `set` that `before` did not have, so a standing problem is logged once.
@@ -899,7 +751,10 @@ fn log_problems(dir: &Path, set: &ObjectSet, before: &ObjectSet) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{CreateKind, DataChange, MetadataKind, RemoveKind};
+    use notify::EventKind;
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, MetadataKind, ModifyKind, RemoveKind, RenameMode,
+    };
 
     /// Parses and describes the outcome: objects as `Kind key`, problems as their display.
     fn outcome(text: &str) -> Vec<String> {

@@ -39,6 +39,9 @@ pub struct StatusReport {
     /// the migrated-plugins annotation); standalone kvol has no API server to show it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csi_node: Option<CSINode>,
+    /// The storage components' processes the agent supervises (standalone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<crate::components::ComponentStatus>,
 }
 
 /// One volume attached to or staged on the node (per unique volume, not per pod).
@@ -203,6 +206,9 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
     if let Some(csi_node) = &report.csi_node {
         out.push_str(&csi_node_lines(csi_node));
     }
+    for component in &report.components {
+        out.push_str(&component_line(component));
+    }
     if !report.problems.is_empty() {
         out.push_str("problems:\n");
         for problem in &report.problems {
@@ -227,6 +233,21 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
 }
 
 /// The CSINode in a line per driver and one for the migrated plugins.
+/// A supervised component process on one line: running or not, starts, health, last exit.
+fn component_line(component: &crate::components::ComponentStatus) -> String {
+    let state = &component.state;
+    let running = state.pid.map_or_else(|| "not running".to_string(), |pid| format!("pid {pid}"));
+    let health = match (state.healthy, &state.probe_error) {
+        (Some(true), _) => "healthy".to_string(),
+        (Some(false), Some(e)) => format!("unhealthy: {}", one_line(e)),
+        (Some(false), None) => "unhealthy".to_string(),
+        (None, _) => "not probed yet".to_string(),
+    };
+    let last =
+        state.last_exit.as_deref().map(|e| format!("; last ended: {}", one_line(e))).unwrap_or_default();
+    format!("component {}: {running}, started {} time(s), {health}{last}\n", component.name, state.starts)
+}
+
 fn csi_node_lines(csi_node: &CSINode) -> String {
     let mut out = String::new();
     for driver in &csi_node.spec.drivers {
@@ -367,6 +388,7 @@ mod tests {
             plugins: Vec::new(),
             node_volumes: Vec::new(),
             csi_node: None,
+            components: Vec::new(),
         }
     }
 
@@ -579,6 +601,44 @@ vol-2   acme/disk  failed                                          -            
             render(&report(Vec::new()), 0, true)
                 .starts_with("node node-a, agent pid 4242, started 0s ago, updated 0s ago\n")
         );
+    }
+
+    #[test]
+    fn component_processes_are_one_line_each() {
+        use crate::components::ComponentStatus;
+        use crate::supervisor::ProcessState;
+        let rows = [
+            (
+                ProcessState { pid: Some(77), starts: 1, healthy: Some(true), ..ProcessState::default() },
+                "component hostpath: pid 77, started 1 time(s), healthy\n",
+            ),
+            (
+                ProcessState {
+                    pid: Some(78),
+                    starts: 2,
+                    healthy: None,
+                    last_exit: Some("the process signal: 9 (SIGKILL)".into()),
+                    probe_error: None,
+                },
+                "component hostpath: pid 78, started 2 time(s), not probed yet; last ended: the process signal: 9 (SIGKILL)\n",
+            ),
+            (
+                ProcessState {
+                    pid: None,
+                    starts: 5,
+                    healthy: Some(false),
+                    last_exit: Some("the process exit status: 3".into()),
+                    probe_error: Some("connection refused\nat csi.sock".into()),
+                },
+                "component hostpath: not running, started 5 time(s), unhealthy: connection refused at csi.sock; last ended: the process exit status: 3\n",
+            ),
+        ];
+        for (state, want) in rows {
+            let mut r = report(Vec::new());
+            r.components = vec![ComponentStatus { name: "hostpath".into(), state }];
+            let text = render(&r, 1_100_000, true);
+            assert!(text.contains(want), "{text}");
+        }
     }
 
     #[test]

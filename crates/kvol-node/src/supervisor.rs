@@ -24,6 +24,10 @@ pub struct ProcessSpec {
     pub csi_socket: Option<PathBuf>,
     /// Standard output and error are appended here, a header line per start.
     pub log_file: PathBuf,
+    /// Where the running process's pid is kept. A supervisor that was killed (kill -9 of the
+    /// agent) leaves its process running; the next one finds it here and stops it before
+    /// starting its own, so two never serve the same socket and state. `None`: not kept.
+    pub pid_file: Option<PathBuf>,
 }
 
 /// How supervision is paced.
@@ -58,7 +62,8 @@ impl Default for SupervisorSettings {
 }
 
 /// What is known about a supervised process now.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProcessState {
     /// The running process, if any.
     pub pid: Option<u32>,
@@ -100,6 +105,11 @@ impl Supervised {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The live state, for a reader that outlives this borrow (the status report).
+    pub fn state_handle(&self) -> Arc<Mutex<ProcessState>> {
+        Arc::clone(&self.state)
+    }
+
     /// Stops the process (SIGTERM, then SIGKILL after the grace) and supervision.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
@@ -121,6 +131,9 @@ async fn supervise(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut failures = 0;
+    if let Some(pid_file) = &spec.pid_file {
+        stop_left_behind(&spec.name, pid_file, &spec.command, settings.stop_grace).await;
+    }
     loop {
         let started = Instant::now();
         let end = match spawn(&spec) {
@@ -128,7 +141,12 @@ async fn supervise(
             Err(e) => RunEnd::Exited(e),
         };
         let reason = match end {
-            RunEnd::Stopped => return update(&state, |s| s.pid = None),
+            RunEnd::Stopped => {
+                if let Some(pid_file) = &spec.pid_file {
+                    let _ = std::fs::remove_file(pid_file);
+                }
+                return update(&state, |s| s.pid = None);
+            }
             RunEnd::Exited(reason) | RunEnd::Unhealthy(reason) => reason,
         };
         tracing::warn!(component = %spec.name, reason = %reason, "component process ended; restarting");
@@ -152,14 +170,76 @@ fn spawn(spec: &ProcessSpec) -> Result<Child, String> {
     let _ =
         writeln!(log, "--- kvol: starting {} at unix time {stamp}: {}", spec.name, spec.command.join(" "));
     let stderr = log.try_clone().map_err(|e| format!("cannot share log {}: {e}", spec.log_file.display()))?;
-    Command::new(program)
+    let child = Command::new(program)
         .args(args)
+        .env(PARENT_PID_ENV, std::process::id().to_string())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start {program}: {e}"))
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    if let (Some(pid_file), Some(pid)) = (&spec.pid_file, child.id()) {
+        write_pid_file(pid_file, pid)?;
+    }
+    Ok(child)
+}
+
+/// Set in every component process's environment: the supervising agent's pid. A kvol
+/// component ([`follow_parent`]) ends with the agent, so a kill -9 of the agent leaves no
+/// driver behind; other programs ignore it, and the pid file covers them.
+pub const PARENT_PID_ENV: &str = "KVOL_SUPERVISOR_PID";
+
+/// In a process the supervisor started (its [`PARENT_PID_ENV`] set): asks the kernel for
+/// SIGTERM when the supervisor dies, and ends at once if it already has. Does nothing in a
+/// process started by anyone else.
+pub fn follow_parent() {
+    let Some(parent) = std::env::var(PARENT_PID_ENV).ok().and_then(|p| p.parse::<i32>().ok()) else {
+        return;
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
+        tracing::warn!(error = %e, "cannot ask to end with the supervising agent");
+    }
+    // The agent may have died between starting this process and the request above.
+    if nix::unistd::getppid().as_raw() != parent {
+        tracing::warn!(parent, "the supervising agent is gone; exiting");
+        std::process::exit(0);
+    }
+}
+
+/// Records `pid` in `path`, replaced atomically.
+fn write_pid_file(path: &Path, pid: u32) -> Result<(), String> {
+    let tmp = path.with_extension("pid.tmp");
+    std::fs::write(&tmp, format!("{pid}\n"))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot record pid {pid} in {}: {e}", path.display()))
+}
+
+/// Whether the pid file names a live process running exactly `command` (a recycled pid running
+/// something else is left alone).
+fn left_behind(pid_file: &Path, command: &[String]) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let running: Vec<&[u8]> = cmdline.strip_suffix(b"\0").unwrap_or(&cmdline).split(|b| *b == 0).collect();
+    let same = running.len() == command.len() && running.iter().zip(command).all(|(a, b)| *a == b.as_bytes());
+    same.then_some(pid)
+}
+
+/// Stops the process an earlier supervisor left running: SIGTERM, SIGKILL after `grace`.
+async fn stop_left_behind(name: &str, pid_file: &Path, command: &[String], grace: Duration) {
+    use nix::sys::signal::{Signal, kill};
+    let Some(pid) = left_behind(pid_file, command) else { return };
+    tracing::warn!(component = %name, pid, "a process an earlier agent left running is stopped first");
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = kill(pid, Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while left_behind(pid_file, command).is_some() {
+        if Instant::now() >= deadline {
+            let _ = kill(pid, Signal::SIGKILL);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn open_log(path: &Path) -> Result<File, String> {

@@ -46,7 +46,6 @@ fn objects_sent_through_a_channel_source_are_mounted_and_torn_down() {
     let dir = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(dir.path()).unwrap();
     let mut config = AgentConfig::embedded(&root, "node-a");
-    config.bundled_driver = false;
     config.example_flex_drivers = false;
     // Set to a directory that does not exist: a channel source must not read it.
     config.manifests_dir = root.join("never-read");

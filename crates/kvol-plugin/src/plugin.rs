@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kvol_api::MigratablePlugin;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::Result;
 use crate::spec::{SourceKey, VolumeSpec};
@@ -230,29 +230,7 @@ pub trait DeviceMounter: Send + Sync {
     async fn unstage(&self, staging_path: &Path) -> Result<()>;
 }
 
-/// The pod a volume is published for.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodInfo {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-    pub service_account: String,
-    pub fs_group: Option<i64>,
-    /// The pod's `securityContext.fsGroupChangePolicy`.
-    #[serde(default)]
-    pub fs_group_change_policy: FsGroupChangePolicy,
-}
-
-/// When the `fsGroup` ownership walk runs (`securityContext.fsGroupChangePolicy`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum FsGroupChangePolicy {
-    /// On every publish (upstream's default).
-    #[default]
-    Always,
-    /// Only when the volume root's group or mode does not already match.
-    OnRootMismatch,
-}
+pub use kvol_api::pod::{FsGroupChangePolicy, PodInfo};
 
 /// Everything a publish needs.
 #[derive(Clone, Copy, Debug)]

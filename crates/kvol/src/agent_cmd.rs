@@ -1,13 +1,15 @@
 //! `kvol agent`: the node agent, on kubelet's directories (or one scratch root) and its manifests.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kvol_api::FeatureGates;
+use kvol_api::{FeatureGates, StorageSection};
+use kvol_components::{Catalogue, NodeFacts};
 use kvol_node::agent::{AgentConfig, run_agent, run_agent_with_source};
+use kvol_node::components::{ComponentPaths, ComponentsSetup};
 use kvol_node::source::{ManifestsSource, ObjectSource};
 use kvol_node::status::{Phase, read_status, render_table};
 
@@ -50,9 +52,13 @@ pub struct AgentArgs {
     /// Do not serve metrics.
     #[arg(long)]
     pub no_metrics: bool,
-    /// Do not run the bundled CSI driver (hostpath.csi.kvol.io).
-    #[arg(long)]
-    pub no_bundled_driver: bool,
+    /// Run no storage components (the bundled CSI driver hostpath.csi.kvol.io among them),
+    /// whatever the config's `storage` section says.
+    #[arg(long, alias = "no-bundled-driver")]
+    pub no_components: bool,
+    /// Directory of user component definitions (*.yaml) beside the built-in ones.
+    #[arg(long, default_value = crate::components_cmd::DEFAULT_DEFINITIONS_DIR)]
+    pub component_definitions_dir: PathBuf,
     /// Do not install the example Flexvolume drivers.
     #[arg(long)]
     pub no_example_flex_drivers: bool,
@@ -96,13 +102,58 @@ pub fn base_config(args: &AgentArgs, node_name: String) -> AgentConfig {
     }
 }
 
-pub fn run(gates: &FeatureGates, args: &AgentArgs, node_name: String) -> anyhow::Result<ExitCode> {
+/// The storage components' setup: the config's section, the definitions, what the node has,
+/// and where component processes keep their files. The embedded default (`--root`) is
+/// self-contained: it does not ask the node's volume groups, so its default driver is the
+/// bundled one.
+fn components_setup(
+    args: &AgentArgs,
+    config: &AgentConfig,
+    storage: &StorageSection,
+    config_file: Option<&Path>,
+) -> anyhow::Result<ComponentsSetup> {
+    let (catalogue, problems) = Catalogue::load(&args.component_definitions_dir);
+    for problem in &problems {
+        tracing::warn!(%problem, "component definition left out");
+    }
+    let facts = if args.root.is_some() { NodeFacts::default() } else { crate::components_cmd::node_facts() };
+    let kvol_binary = std::env::current_exe().context("cannot tell where the kvol binary is")?;
+    let config_dir = config_file
+        .and_then(Path::parent)
+        .map_or_else(|| PathBuf::from(DEFAULT_CONFIG_DIR), Path::to_path_buf);
+    Ok(ComponentsSetup {
+        storage: storage.clone(),
+        catalogue,
+        facts,
+        paths: ComponentPaths {
+            kvol_binary,
+            node_name: config.node_name.clone(),
+            root_dir: config.root_dir.clone(),
+            state_dir: config.state_dir.clone(),
+            config_dir,
+        },
+    })
+}
+
+/// Where components' own config files are when kvol has no config file (`{config}`).
+const DEFAULT_CONFIG_DIR: &str = "/etc/kvol";
+
+pub fn run(
+    gates: &FeatureGates,
+    storage: &StorageSection,
+    config_file: Option<&Path>,
+    args: &AgentArgs,
+    node_name: String,
+) -> anyhow::Result<ExitCode> {
     let mut config = base_config(args, node_name);
     config.gates = gates.clone();
     if let Some(dir) = &args.manifests {
         config.manifests_dir = dir.clone();
     }
-    config.bundled_driver = !args.no_bundled_driver;
+    if !args.no_components {
+        config.components = Some(components_setup(args, &config, storage, config_file)?);
+        config.config_file = config_file.map(Path::to_path_buf);
+    }
     config.example_flex_drivers = !args.no_example_flex_drivers;
     config.metrics_address = (!args.no_metrics).then_some(args.metrics_address);
     config.resync = Duration::from_secs(args.resync_seconds.max(1));

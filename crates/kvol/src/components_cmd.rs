@@ -22,6 +22,12 @@ pub enum ComponentsCommand {
     /// Check the config's storage section and show, for every component, whether it should
     /// run here and why; exit 2 with every problem listed when the section is invalid.
     Plan(PlanArgs),
+    /// Each component on this node: what the config decides, its process (pid, starts,
+    /// health, memory, CPU time) and the pod volumes of its driver published now.
+    Status(crate::components_node_cmd::StatusArgs),
+    /// Remove a component that is turned off: refused while any volume, claim or snapshot
+    /// still depends on it (each listed), then its data directory, log and pid file go.
+    Uninstall(crate::components_node_cmd::UninstallArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -145,12 +151,9 @@ pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<Exi
     for problem in &problems {
         eprintln!("kvol: component definition left out: {problem}");
     }
-    let has_volume_group = match args.volume_group {
-        Some(known) => known,
-        None => volume_group_present(),
-    };
-    let facts = NodeFacts {
-        features: if has_volume_group { [NodeFeature::LvmVolumeGroup].into() } else { Default::default() },
+    let facts = match args.volume_group {
+        Some(known) => facts_with_volume_group(known),
+        None => node_facts(),
     };
     match decide(storage, &catalogue, &facts) {
         Ok(decision) => {
@@ -167,6 +170,15 @@ pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<Exi
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// What the node has that components may need, found out by asking it (`vgs`).
+pub fn node_facts() -> NodeFacts {
+    facts_with_volume_group(volume_group_present())
+}
+
+fn facts_with_volume_group(present: bool) -> NodeFacts {
+    NodeFacts { features: if present { [NodeFeature::LvmVolumeGroup].into() } else { Default::default() } }
 }
 
 /// Whether `vgs` lists at least one volume group; no lvm2 tools, an error or no answer within

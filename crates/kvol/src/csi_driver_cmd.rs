@@ -56,6 +56,11 @@ pub struct CsiDriverArgs {
     /// node-driver-registrar does; by default the failure is printed and the driver keeps serving.
     #[arg(long)]
     pub exit_on_registration_failure: bool,
+    /// Serve persistent volumes this driver did not create (a PV written by hand, or an in-tree
+    /// volume migrated to this driver's name): an unknown volume id is taken on at its first
+    /// NodeStageVolume as an empty directory. Without it an unknown id is NotFound.
+    #[arg(long)]
+    pub static_volumes: bool,
 }
 
 fn parse_capacity_arg(value: &str) -> Result<(String, i64), String> {
@@ -76,6 +81,7 @@ pub fn config(args: &CsiDriverArgs, node: &str) -> HostpathConfig {
         accepted_mutable_parameter_names: args.accepted_mutable_parameter_names.iter().cloned().collect(),
         capacity: args.capacity.iter().cloned().collect(),
         exit_on_registration_failure: args.exit_on_registration_failure,
+        static_volumes: args.static_volumes,
     }
 }
 
@@ -171,6 +177,7 @@ mod tests {
             "--capacity",
             "4096",
             "--exit-on-registration-failure",
+            "--static-volumes",
         ]);
         let c = config(&a, "n");
         assert_eq!(
@@ -187,6 +194,7 @@ mod tests {
                 accepted_mutable_parameter_names: ["iops".to_string(), "throughput".to_string()].into(),
                 capacity: [("slow".to_string(), 10 << 30), (String::new(), 4096)].into(),
                 exit_on_registration_failure: true,
+                static_volumes: true,
             }
         );
         // Upstream's spelling of the volume limit works too.

@@ -2,6 +2,7 @@
 
 pub mod agent_cmd;
 pub mod components_cmd;
+pub mod components_node_cmd;
 pub mod csi_driver_cmd;
 pub mod documents;
 pub mod flex_cmd;
@@ -215,7 +216,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Agent(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
-            agent_cmd::run(&gates, args, node)
+            agent_cmd::run(&gates, &config.storage, cli.config.as_deref(), args, node)
         }
         Command::CsiDriver(args) => {
             let node = args.node_name.clone().unwrap_or_else(host_name);
@@ -229,6 +230,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Components(components_cmd::ComponentsCommand::List(args)) => components_cmd::run_list(args),
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
             components_cmd::run_plan(args, &config.storage)
+        }
+        Command::Components(components_cmd::ComponentsCommand::Status(args)) => {
+            components_node_cmd::run_status(args, &config.storage)
+        }
+        Command::Components(components_cmd::ComponentsCommand::Uninstall(args)) => {
+            components_node_cmd::run_uninstall(args, &config.storage)
         }
         Command::Migrate(command) => migrate_cmd::run(&gates, command),
     };

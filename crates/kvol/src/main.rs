@@ -15,5 +15,7 @@ fn main() -> std::process::ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    // A component the agent supervises ends with the agent (a no-op for anyone else).
+    kvol_node::supervisor::follow_parent();
     kvol::run(cli)
 }

@@ -20,21 +20,23 @@ use serde_json::json;
 const DRIVER: &str = "hostpath.csi.kvol.io";
 const NODE: &str = "n1";
 
-struct Agent {
+/// A kvol process the test runs (the agent, a driver), killed when dropped.
+struct Process {
+    what: &'static str,
     child: Child,
     log: PathBuf,
 }
 
-impl Agent {
+impl Process {
     fn assert_running(&mut self) {
         if let Some(status) = self.child.try_wait().unwrap() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            panic!("the agent exited ({status}); its log:\n{log}");
+            panic!("{} exited ({status}); its log:\n{log}", self.what);
         }
     }
 }
 
-impl Drop for Agent {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -60,7 +62,7 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
 /// Waits (at most 60 s) until the agent's status file satisfies `ok`.
 fn wait_status(
     root: &Path,
-    agent: &mut Agent,
+    agent: &mut Process,
     what: &str,
     ok: impl Fn(&StatusReport) -> bool,
 ) -> StatusReport {
@@ -154,7 +156,8 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     let dir = tempfile::tempdir().unwrap();
     let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
     let log = dir.path().join("agent.log");
-    let mut agent = Agent {
+    let mut agent = Process {
+        what: "the agent",
         child: Command::new(env!("CARGO_BIN_EXE_kvol"))
             .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", NODE, "--kubeconfig"])
             .arg(&server.kubeconfig)
@@ -233,6 +236,10 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
         "the kinds pod's volumes are mounted"
     );
 
+    // An in-tree GCE PD, migrated to pd.csi.storage.gke.io (a second bundled driver under that
+    // name, serving the handle it is given), attached the cluster's way.
+    let (_pd_driver, migrated_path) = migrated_gce_pd(&runtime, &client, dir.path(), &root, &mut agent);
+
     // The API server away for 30 s: nothing is unmounted, nothing is lost, the agent runs on.
     server.kill_apiserver();
     let outage = Instant::now();
@@ -268,6 +275,12 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     assert!(!mounted(&mine, &root), "{} is still mounted", mine.display());
     assert!(!mine.parent().unwrap().exists(), "the pod volume directory is gone");
     runtime.block_on(async { pods.delete("kinds", &now).await.expect("deleted") });
+    runtime.block_on(async { pods.delete("migrated", &now).await.expect("deleted") });
+    wait_status(&root, &mut agent, "tore migrated down", |r| {
+        !r.volumes.iter().any(|v| v.pod == "default/migrated")
+    });
+    assert!(!mounted(&migrated_path, &root), "{} is still mounted", migrated_path.display());
+    runtime.block_on(wait_in_use(&client, GCE_PD_IN_USE, false));
     wait_status(&root, &mut agent, "tore kinds down", |r| {
         !r.volumes.iter().any(|v| v.pod == "default/kinds")
     });
@@ -289,6 +302,121 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     for m in left.iter().rev() {
         let _ = nix::mount::umount2(&m.target, nix::mount::MntFlags::MNT_DETACH);
     }
+}
+
+/// The handle upstream's translation gives pdName `disk-1` in zone `zone-a`, and the name the
+/// node reports it under in `status.volumesInUse`.
+const GCE_PD_HANDLE: &str = "projects/UNSPECIFIED/zones/zone-a/disks/disk-1";
+const GCE_PD_IN_USE: &str =
+    "kubernetes.io/csi/pd.csi.storage.gke.io^projects/UNSPECIFIED/zones/zone-a/disks/disk-1";
+const GCE_PD_DRIVER: &str = "pd.csi.storage.gke.io";
+
+/// Waits (at most 30 s) until the Node's `status.volumesInUse` does, or does not, list `volume`.
+async fn wait_in_use(client: &kube::Client, volume: &str, listed: bool) {
+    let start = Instant::now();
+    loop {
+        let node = Api::<Node>::all(client.clone()).get(NODE).await.expect("the node");
+        let in_use = node.status.and_then(|s| s.volumes_in_use).unwrap_or_default();
+        if in_use.iter().any(|v| v == volume) == listed {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "volumesInUse never {listed} for {volume}: {in_use:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A pod with a claim bound to an in-tree GCE PD PV: the agent translates it, waits for the
+/// VolumeAttachment (which the test makes and marks attached, as the attach/detach controller
+/// and external-attacher would), then stages and publishes it on the driver named
+/// `pd.csi.storage.gke.io`. Returns the driver's process and the publish path.
+fn migrated_gce_pd(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    scratch: &Path,
+    root: &Path,
+    agent: &mut Process,
+) -> (Process, PathBuf) {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::api::{Patch, PatchParams};
+    let log = scratch.join("pd-driver.log");
+    let driver = Process {
+        what: "the pd.csi.storage.gke.io driver",
+        child: Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["csi-driver", "--static-volumes", "--name", GCE_PD_DRIVER, "--node-name", NODE])
+            .arg("--state-dir")
+            .arg(scratch.join("pd-state"))
+            .arg("--csi-socket")
+            .arg(root.join("kubelet/plugins").join(GCE_PD_DRIVER).join("csi.sock"))
+            .arg("--registration-dir")
+            .arg(root.join("kubelet/plugins_registry"))
+            .env("KVOL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+    let vas = Api::<VolumeAttachment>::all(client.clone());
+    let va_name = kvol_csi_rules::names::attachment_id(GCE_PD_HANDLE, GCE_PD_DRIVER, NODE);
+    runtime.block_on(async {
+        support::wait_for_csinode_driver(client, NODE, GCE_PD_DRIVER).await;
+        create(
+            &Api::<CSIDriver>::all(client.clone()),
+            json!({"metadata": {"name": GCE_PD_DRIVER}, "spec": {"attachRequired": true}}),
+        )
+        .await;
+        create(
+            &Api::<PersistentVolume>::all(client.clone()),
+            json!({"metadata": {"name": "pv-gce", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "", "claimRef": {"namespace": "default", "name": "gce"},
+                "gcePersistentDisk": {"pdName": "disk-1", "fsType": "ext4"}}}),
+        )
+        .await;
+        create(
+            &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
+            json!({"metadata": {"name": "gce"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                "storageClassName": "", "volumeName": "pv-gce", "resources": {"requests": {"storage": "1Gi"}}}}),
+        )
+        .await;
+        create(
+            &Api::<Pod>::namespaced(client.clone(), "default"),
+            json!({"metadata": {"name": "migrated", "namespace": "default"}, "spec": {"nodeName": NODE,
+                "containers": [{"name": "c", "image": "none"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "gce"}}]}}),
+        )
+        .await;
+    });
+    // Without its VolumeAttachment the volume waits: nothing is staged.
+    std::thread::sleep(Duration::from_secs(2));
+    let report = read_status(root).expect("the status");
+    assert!(!published(&report, "default/migrated", "data"), "published unattached: {:#?}", report.volumes);
+    runtime.block_on(async {
+        create(
+            &vas,
+            json!({"metadata": {"name": va_name}, "spec": {"attacher": GCE_PD_DRIVER, "nodeName": NODE,
+                "source": {"persistentVolumeName": "pv-gce"}}}),
+        )
+        .await;
+        let status = json!({"status": {"attached": true, "attachmentMetadata": {"devicePath": "/dev/sdb"}}});
+        vas.patch_status(&va_name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("marked");
+    });
+    let report = wait_status(root, agent, "published migrated", |r| published(r, "default/migrated", "data"));
+    let path = publish_path(&report, "default/migrated");
+    assert!(mounted(&path, root), "{} is not mounted", path.display());
+    std::fs::write(path.join("on-the-pd"), "migrated").unwrap();
+    let staged = root
+        .join("kubelet/plugins/kubernetes.io/csi")
+        .join(GCE_PD_DRIVER)
+        .join(kvol_csi_rules::names::sha256_hex(GCE_PD_HANDLE))
+        .join("globalmount");
+    assert!(mounted(&staged, root), "staged under the translated handle's hash: {}", staged.display());
+    runtime.block_on(wait_in_use(client, GCE_PD_IN_USE, true));
+    (driver, path)
 }
 
 /// `kvol migrate check --kubeconfig` reads the live cluster: an in-tree PV, the CSINodes and

@@ -1,6 +1,7 @@
 //! Component processes under the agent's supervisor, for real: the bundled driver started as a
 //! child, probed over its CSI socket, restarted after kill -9 and after failed probes, stopped.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -55,6 +56,7 @@ fn bundled_driver(dir: &Path) -> ProcessSpec {
         command: command.map(String::from).to_vec(),
         csi_socket: Some(socket),
         log_file: dir.join("logs/hostpath.log"),
+        pid_file: Some(dir.join("hostpath.pid")),
     }
 }
 
@@ -80,6 +82,44 @@ async fn the_bundled_driver_as_a_component_is_probed_restarted_after_kill_9_and_
     assert_eq!(log.matches("--- kvol: starting hostpath").count(), 2, "{log}");
 }
 
+/// The agent killed with -9 leaves its driver running; the next agent's supervisor finds it
+/// through the pid file and stops it before starting its own on the same socket and state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_an_earlier_supervisor_left_running_is_stopped_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = bundled_driver(dir.path());
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let (program, args) = spec.command.split_first().unwrap();
+    let mut orphan = std::process::Command::new(program)
+        .args(args)
+        .stderr(std::fs::File::create(dir.path().join("logs/orphan.log")).unwrap())
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.path().join("hostpath.pid"), format!("{}\n", orphan.id())).unwrap();
+    // An unrelated process under a stale pid file is left alone: only the same command line counts.
+    let mut bystander = std::process::Command::new("sleep").arg("600").spawn().unwrap();
+    let other = ProcessSpec { pid_file: Some(dir.path().join("other.pid")), ..spec.clone() };
+    std::fs::write(dir.path().join("other.pid"), format!("{}\n", bystander.id())).unwrap();
+    let left_alone = Supervised::start(
+        ProcessSpec { name: "other".into(), command: vec!["true".into()], csi_socket: None, ..other },
+        quick(),
+    );
+
+    let supervised = Supervised::start(spec, quick());
+    let state = until(&supervised, "healthy", |s| s.healthy == Some(true)).await;
+    let status = orphan.wait().unwrap();
+    assert_eq!(status.signal(), Some(15), "the orphan was stopped with SIGTERM: {status}");
+    assert_ne!(state.pid, Some(orphan.id()));
+    let recorded = std::fs::read_to_string(dir.path().join("hostpath.pid")).unwrap();
+    assert_eq!(recorded.trim(), state.pid.unwrap().to_string());
+    supervised.stop().await;
+    assert!(!dir.path().join("hostpath.pid").exists(), "a clean stop removes the pid file");
+    left_alone.stop().await;
+    assert!(bystander.try_wait().unwrap().is_none(), "the unrelated process was signalled");
+    bystander.kill().unwrap();
+    let _ = bystander.wait();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_never_answers_probe_is_killed_and_restarted() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,6 +128,7 @@ async fn a_process_that_never_answers_probe_is_killed_and_restarted() {
         command: ["sleep", "600"].map(String::from).to_vec(),
         csi_socket: Some(dir.path().join("nobody.sock")),
         log_file: dir.path().join("mute.log"),
+        pid_file: None,
     };
     let supervised = Supervised::start(spec, quick());
     let state = until(&supervised, "restarted for failed probes", |s| s.starts >= 2).await;
@@ -105,6 +146,7 @@ async fn a_process_that_keeps_failing_is_restarted_with_growing_pauses_and_says_
         command: ["sh", "-c", "echo cannot find my config >&2; exit 3"].map(String::from).to_vec(),
         csi_socket: None,
         log_file: dir.path().join("failing.log"),
+        pid_file: None,
     };
     let started = std::time::Instant::now();
     let supervised = Supervised::start(spec, quick());
@@ -121,6 +163,7 @@ async fn a_process_that_keeps_failing_is_restarted_with_growing_pauses_and_says_
         command: vec!["/nonexistent/driver".into()],
         csi_socket: None,
         log_file: dir.path().join("missing.log"),
+        pid_file: None,
     };
     let supervised = Supervised::start(missing, quick());
     let state = until(&supervised, "a failed start recorded", |s| s.last_exit.is_some()).await;

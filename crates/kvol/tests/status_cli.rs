@@ -96,6 +96,7 @@ fn report() -> StatusReport {
             progress: None,
         }],
         csi_node: None,
+        components: Vec::new(),
     }
 }
 

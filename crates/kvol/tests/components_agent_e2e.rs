@@ -1,0 +1,285 @@
+//! The real agent running its storage components: the bundled driver started as a child process that meets the agent only through registration, restarted when killed, gone with a killed agent, not started when the config turns it off, its data kept.
+
+#[allow(dead_code)]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvol_node::components::ComponentStatus;
+use kvol_node::status::{Phase, StatusReport};
+use support::Node;
+
+const STORAGE: &str = "\
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: kvol-hostpath}
+provisioner: hostpath.csi.kvol.io
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec:
+  storageClassName: kvol-hostpath
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 16Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: app, namespace: default, uid: 7d1c0c55-0000-4000-8000-000000000001}
+spec:
+  containers: [{name: c, image: none}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+";
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn hostpath(report: &StatusReport) -> Option<&ComponentStatus> {
+    report.components.iter().find(|c| c.name == "hostpath")
+}
+
+fn published(report: &StatusReport) -> bool {
+    report.volumes.iter().any(|v| v.pod == "default/app" && v.volume == "data" && v.phase == Phase::Published)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn wait_gone(pid: u32, what: &str) {
+    let start = Instant::now();
+    while alive(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}: pid {pid} still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The published volume's directory, its data in the driver's state directory.
+fn publish_dir(report: &StatusReport) -> PathBuf {
+    let v = report.volumes.iter().find(|v| v.pod == "default/app").expect("the volume");
+    v.target.clone().expect("a target").join("mount")
+}
+
+fn driver_volumes(root: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(root.join("csi-hostpath/volumes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_bundled_driver_is_a_supervised_component_and_the_config_turns_it_off() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    node.start();
+
+    // Started as a child, registered, serving: the claim is provisioned and published.
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published through the component: {last}\n{}", node.agent_log()));
+    let first = hostpath(&report).unwrap().state.pid.unwrap();
+    assert!(report.plugins.iter().any(|p| p == "hostpath.csi.kvol.io"), "{:?}", report.plugins);
+    let target = publish_dir(&report);
+    std::fs::write(target.join("kept"), "written through the component").unwrap();
+    let log = std::fs::read_to_string(node.root.join("logs/hostpath.log")).unwrap();
+    assert!(log.contains("--- kvol: starting hostpath"), "{log}");
+
+    // Killed, it is started again and registers again; the pod's volume stays.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let report = node
+        .wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.starts == 2 && c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never restarted: {last}"));
+    let second = hostpath(&report).unwrap().state.pid.unwrap();
+    assert_ne!(second, first);
+    assert_eq!(
+        hostpath(&report).unwrap().state.last_exit.as_deref(),
+        Some("the process signal: 9 (SIGKILL)")
+    );
+    assert!(published(&report));
+    assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "written through the component");
+
+    // The agent killed with -9 takes its driver with it: nothing is left serving the socket.
+    node.kill_9();
+    wait_gone(second, "the driver of a killed agent");
+
+    // Restarted with the driver turned off: not started, its data left exactly where it is.
+    let config = node.root.join("kvol.yaml");
+    std::fs::write(&config, "storage:\n  driver: none\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| r.plugins.iter().any(|p| p == "kubernetes.io/empty-dir"))
+        .unwrap_or_else(|last| panic!("the agent never reported: {last}\n{}", node.agent_log()));
+    std::thread::sleep(Duration::from_secs(2));
+    let report = node.wait(LIMIT, |_| true).unwrap_or(report);
+    assert!(report.components.is_empty(), "{:?}", report.components);
+    assert!(!report.plugins.iter().any(|p| p == "hostpath.csi.kvol.io"), "{:?}", report.plugins);
+    let volumes = driver_volumes(&node.root);
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(std::fs::read_to_string(volumes[0].join("kept")).unwrap(), "written through the component");
+
+    // On again (no config): started, the same volume served.
+    node.kill_9();
+    node.agent_args.clear();
+    node.start();
+    node.wait(LIMIT, |r| {
+        published(r) && hostpath(r).is_some_and(|c| c.state.starts == 1 && c.state.pid.is_some())
+    })
+    .unwrap_or_else(|last| panic!("never back: {last}\n{}", node.agent_log()));
+    assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
+}
+
+/// Saves `text` as an editor does: a temporary file renamed over the config.
+fn rename_save(path: &Path, text: &str) {
+    let tmp = path.with_file_name(".kvol.yaml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn config_problem(report: &StatusReport) -> Option<&String> {
+    report.problems.iter().find(|p| p.starts_with("config change not applied"))
+}
+
+#[test]
+fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    let config = node.root.join("etc/kvol.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "storage:\n  driver: hostpath\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    std::fs::write(publish_dir(&report).join("kept"), "before the reload").unwrap();
+
+    // Turned off by a rename-save: the driver stops, its data stays.
+    rename_save(&config, "storage:\n  driver: none\n");
+    node.wait(LIMIT, |r| r.components.is_empty())
+        .unwrap_or_else(|last| panic!("the driver was not stopped: {last}\n{}", node.agent_log()));
+    wait_gone(pid, "the turned-off driver");
+    let volumes = driver_volumes(&node.root);
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(std::fs::read_to_string(volumes[0].join("kept")).unwrap(), "before the reload");
+
+    // A truncated write and an invalid section are refused, with the reason; nothing starts.
+    let invalid_file = format!("invalid config file {}", config.display());
+    let rows = [
+        ("a truncated write", "storage:\n  driver: [hostp", invalid_file.as_str()),
+        ("an unknown driver", "storage:\n  driver: nfs\n", "nfs"),
+        (
+            "none beside a component",
+            "storage:\n  optionalCsiComponents: [none, snapshot-controller]\n",
+            "none",
+        ),
+    ];
+    for (what, text, reason) in rows {
+        std::fs::write(&config, text).unwrap();
+        let report = node
+            .wait(LIMIT, |r| config_problem(r).is_some_and(|p| p.contains(reason)))
+            .unwrap_or_else(|last| panic!("{what}: no problem naming {reason:?}: {last}"));
+        assert!(report.components.is_empty(), "{what}: {:?}", report.components);
+    }
+
+    // A valid save again: the driver starts, the problem goes, the same volume is served.
+    rename_save(&config, "storage:\n  driver: hostpath\n");
+    let report = node
+        .wait(LIMIT, |r| config_problem(r).is_none() && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never started again: {last}\n{}", node.agent_log()));
+    assert_ne!(hostpath(&report).unwrap().state.pid, Some(pid));
+    assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
+    assert!(published(&report));
+}
+
+fn kvol(args: &[&str], config: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env_remove("KVOL_CONFIG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depends_on_it() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    let config = node.root.join("etc/kvol.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "storage:\n  driver: hostpath\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    let state_dir = node.root.display().to_string();
+
+    // The footprint: the driver's process with its memory and CPU, and the volume it serves.
+    let out = kvol(&["components", "status", "--state-dir", &state_dir, "-o", "json"], &config);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = rows.as_array().unwrap().iter().find(|r| r["name"] == "hostpath").expect("a hostpath row");
+    assert_eq!(row["decision"], "run");
+    assert_eq!(row["state"], "running");
+    assert_eq!(row["pid"], pid);
+    assert_eq!(row["volumes_published"], 1, "{row}");
+    assert!(row["rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20), "{row}");
+    assert!(row["cpu_seconds"].as_f64().is_some(), "{row}");
+    let lvm = rows.as_array().unwrap().iter().find(|r| r["name"] == "lvm").expect("an lvm row");
+    assert_eq!(lvm["state"], "stopped");
+
+    let uninstall = |force: bool| {
+        let mut args = vec!["components", "uninstall", "hostpath", "--state-dir", &state_dir];
+        if force {
+            args.push("--force");
+        }
+        kvol(&args, &config)
+    };
+    // On in the config: refused.
+    let out = uninstall(false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is on in the config"), "{out:?}");
+
+    // Off, but its claim and volume remain: refused, each named; nothing removed.
+    rename_save(&config, "storage:\n  driver: none\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
+    wait_gone(pid, "the turned-off driver");
+    let out = uninstall(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("PersistentVolumeClaim default/data"), "{stderr}");
+    assert!(stderr.contains("PersistentVolume pvc-"), "{stderr}");
+    assert!(node.root.join("csi-hostpath/volumes").is_dir(), "refused, yet data was removed");
+
+    // The claim deleted while the driver runs again (its volume deleted through it), then off:
+    // nothing depends on it any more, and uninstall removes its data.
+    rename_save(&config, "storage:\n  driver: hostpath\n");
+    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+    // The claim and its pod deleted: the agent deletes the claim's volume through the driver.
+    node.write("storage.yaml", STORAGE.split("---").next().unwrap());
+    let start = Instant::now();
+    while std::fs::read_dir(node.root.join("provisioned")).is_ok_and(|d| d.count() > 0) {
+        assert!(start.elapsed() < LIMIT, "the claim's volume was never deleted\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rename_save(&config, "storage:\n  driver: none\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap();
+    let out = uninstall(false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("component hostpath uninstalled"), "{stdout}");
+    assert!(!node.root.join("csi-hostpath").exists(), "its data directory is gone");
+    assert!(!node.root.join("logs/hostpath.log").exists(), "its log is gone");
+}
