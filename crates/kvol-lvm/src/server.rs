@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kvol_csi::CsiError;
 use kvol_csi::proto::csi::{
@@ -14,8 +13,8 @@ use kvol_hostpath::RegistrationOutcome;
 use kvol_hostpath::registrar::{RegistrarService, plugin_info};
 use kvol_hostpath::server::{BoundSocket, DRAIN_TIMEOUT, bind_socket};
 use kvol_plugin::mount::Mounter;
-use notify::Watcher;
-use tokio::sync::{mpsc, watch};
+use kvol_plugin::watched_dir::{Quiet, WatchedDir, may_change_content};
+use tokio::sync::watch;
 use tonic::transport::Server;
 
 use crate::LvmDriverConfig;
@@ -26,9 +25,6 @@ use crate::lvm::Lvm;
 use crate::lvmd::LvmdConfig;
 use crate::node::NodeService;
 use crate::reload::{self, Verdict};
-
-/// How long file events are gathered before one reload (an editor's write is several events).
-const RELOAD_SETTLE: Duration = Duration::from_millis(200);
 
 /// What one reload of lvmd.yaml did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,41 +204,29 @@ impl LvmDriver {
     }
 }
 
-/// Watches the directory of `file` and reloads after events naming it settle; the watcher
-/// lives as long as the returned value. A directory that cannot be watched is logged (SIGHUP
-/// still reloads).
-fn watch_file(file: &Path, reloader: Reloader) -> Option<notify::RecommendedWatcher> {
+/// Watches the directory of `file` (kvol's shared [`WatchedDir`]) and reloads once a change
+/// naming it has landed; the watch lives as long as the returned value. A directory that
+/// cannot be watched is logged (SIGHUP still reloads).
+fn watch_file(file: &Path, reloader: Reloader) -> Option<WatchedDir> {
     let dir = file
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     let name = file.file_name()?.to_os_string();
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if let Ok(event) = event
-            && !event.kind.is_access()
-            && event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str()))
-        {
-            let _ = tx.send(());
-        }
-    });
-    let mut watcher = match watcher {
-        Ok(w) => w,
+    let relevant = move |event: &notify::Event, _: &Path| {
+        may_change_content(event)
+            && (event.need_rescan() || event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str())))
+    };
+    // The watcher's thread is not the runtime's: it hands each reload to the runtime and waits.
+    let runtime = tokio::runtime::Handle::current();
+    let read = move || {
+        runtime.block_on(reloader.reload());
+    };
+    match WatchedDir::start(dir.clone(), "kvol-lvmd-config", relevant, Quiet::default(), read) {
+        Ok(watched) => Some(watched),
         Err(e) => {
             tracing::error!(dir = %dir.display(), "cannot watch lvmd.yaml's directory: {e}");
-            return None;
+            None
         }
-    };
-    if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
-        tracing::error!(dir = %dir.display(), "cannot watch lvmd.yaml's directory: {e}");
-        return None;
     }
-    tokio::spawn(async move {
-        while rx.recv().await.is_some() {
-            tokio::time::sleep(RELOAD_SETTLE).await;
-            while rx.try_recv().is_ok() {}
-            reloader.reload().await;
-        }
-    });
-    Some(watcher)
 }

@@ -17,7 +17,7 @@ pub mod status;
 pub mod store;
 pub mod supervisor;
 pub mod volume_stats;
-pub mod watched_dir;
+pub use kvol_plugin::watched_dir;
 
 pub use model::{
     ActualState, AttachedVolume, DesiredState, DesiredVolume, ObjectSet, Operation, PodVolumeKey,

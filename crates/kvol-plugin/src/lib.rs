@@ -13,6 +13,7 @@ pub mod plugin;
 pub mod registry;
 pub mod spec;
 pub mod testing;
+pub mod watched_dir;
 
 pub use error::{PluginError, Result};
 pub use host::{NodeInfo, NodePaths, PluginHost, SecretMap, SecretStore};
