@@ -80,11 +80,16 @@ impl KubeletNode {
             {
                 return report;
             }
-            let log = std::fs::read_to_string(self.top.join("agent.log")).unwrap_or_default();
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "{pod}/{volume} never published; agent log:\n{log}"
-            );
+            if start.elapsed() >= Duration::from_secs(60) {
+                let logs: Vec<String> = ["agent.log", "driver.log", "registrar.log"]
+                    .iter()
+                    .filter_map(|name| {
+                        let text = std::fs::read_to_string(self.top.join(name)).ok()?;
+                        Some(format!("--- {name}:\n{text}"))
+                    })
+                    .collect();
+                panic!("{pod}/{volume} never published; logs:\n{}", logs.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -246,6 +251,13 @@ fn the_upstream_registrar_with_kubelets_paths_registers_a_driver_with_the_agent(
     let mut driver = Daemon::spawn("kvol csi-driver", command, &node.top.join("driver.log"));
     wait_for_path(&socket, "the driver's csi socket", Duration::from_secs(30));
     let mut agent = node.start_agent(&["--no-metrics", "--no-example-flex-drivers"]);
+    // The registrar binds in the registration directory, which the agent makes at start (as
+    // kubelet does; a DaemonSet's hostPath is DirectoryOrCreate).
+    wait_for_path(
+        &node.root_dir().join("plugins_registry"),
+        "the registration directory",
+        Duration::from_secs(30),
+    );
     let mut command = Command::new(registrar);
     command
         .arg(format!("--csi-address={}", socket.display()))
