@@ -108,7 +108,12 @@ async fn a_driver_an_earlier_supervisor_left_running_is_stopped_first() {
     let supervised = Supervised::start(spec, quick());
     let state = until(&supervised, "healthy", |s| s.healthy == Some(true)).await;
     let status = orphan.wait().unwrap();
-    assert_eq!(status.signal(), Some(15), "the orphan was stopped with SIGTERM: {status}");
+    // SIGTERM: the driver exits cleanly once its handler is in place, or dies of the signal
+    // if it came sooner; either way it was asked, not killed.
+    assert!(
+        status.success() || status.signal() == Some(15),
+        "the orphan was not stopped with SIGTERM: {status}"
+    );
     assert_ne!(state.pid, Some(orphan.id()));
     let recorded = std::fs::read_to_string(dir.path().join("hostpath.pid")).unwrap();
     assert_eq!(recorded.trim(), state.pid.unwrap().to_string());
