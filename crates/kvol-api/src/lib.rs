@@ -7,6 +7,7 @@ pub mod go_duration;
 pub mod keys;
 pub mod plugin;
 pub mod pod;
+pub mod snapshot;
 pub mod validation;
 pub mod volume_mode;
 

@@ -65,6 +65,17 @@ struct Rule {
 const LABEL: Rule = Rule { name: "a DNS-1123 label", check: dns1123_label };
 const SUBDOMAIN: Rule = Rule { name: "a DNS-1123 subdomain", check: dns1123_subdomain };
 const CSI_DRIVER: Rule = Rule { name: "a CSI driver name", check: csi_driver_name };
+const ONE_SOURCE: Rule = Rule {
+    name: "exactly one of persistentVolumeClaimName and volumeSnapshotContentName",
+    check: |count| if count == "1" { Ok(()) } else { Err(format!("{count} are given")) },
+};
+const DELETION_POLICY: Rule = Rule {
+    name: "Delete or Retain",
+    check: |policy| match policy {
+        "Delete" | "Retain" => Ok(()),
+        other => Err(format!("{other:?} is neither")),
+    },
+};
 const UID: Rule = Rule { name: "a uid kvol accepts", check: uid };
 const QUALIFIED: Rule = Rule { name: "a qualified name (vendor/driver)", check: qualified_name };
 const FS_GROUP_CHANGE_POLICY: Rule = Rule { name: "an fsGroupChangePolicy", check: fs_group_change_policy };
@@ -300,6 +311,31 @@ pub fn validate_storage_class(class: &StorageClass) -> Vec<FieldError> {
 pub fn validate_csi_driver(driver: &CSIDriver) -> Vec<FieldError> {
     let mut errors = Errors::default();
     errors.meta(&driver.metadata, CSI_DRIVER, false);
+    errors.0
+}
+
+/// A VolumeSnapshot's field errors: its metadata and its source (exactly one of a claim,
+/// which kvol serves, and a content).
+pub fn validate_volume_snapshot(snapshot: &crate::snapshot::VolumeSnapshot) -> Vec<FieldError> {
+    let mut errors = Errors::default();
+    errors.meta(&snapshot.metadata, SUBDOMAIN, true);
+    let source = &snapshot.spec.source;
+    let given = [&source.persistent_volume_claim_name, &source.volume_snapshot_content_name];
+    errors.check("spec.source", &given.iter().filter(|s| s.is_some()).count().to_string(), ONE_SOURCE);
+    errors.check_some(
+        "spec.source.persistentVolumeClaimName",
+        source.persistent_volume_claim_name.as_deref(),
+        SUBDOMAIN,
+    );
+    errors.0
+}
+
+/// A VolumeSnapshotClass's field errors: its metadata, driver name and deletion policy.
+pub fn validate_volume_snapshot_class(class: &crate::snapshot::VolumeSnapshotClass) -> Vec<FieldError> {
+    let mut errors = Errors::default();
+    errors.meta(&class.metadata, SUBDOMAIN, false);
+    errors.check("driver", &class.driver, CSI_DRIVER);
+    errors.check("deletionPolicy", &class.deletion_policy, DELETION_POLICY);
     errors.0
 }
 

@@ -295,8 +295,11 @@ async fn run(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut components = Components::new(SupervisorSettings::default());
     let mut running_setup = config.components.clone();
+    let mut snapshots_on = false;
     if let Some(setup) = &running_setup {
-        components.apply(planned_processes(setup)?).await;
+        let (specs, snapshots) = planned_processes(setup)?;
+        components.apply(specs).await;
+        snapshots_on = snapshots;
     }
     let mut config_watch = match (&running_setup, &config.config_file) {
         (Some(_), Some(path)) => Some(ConfigWatch::start(path).map_err(|e| e.to_string())?),
@@ -360,10 +363,21 @@ async fn run(
     }
     let provisioned = Arc::new(std::sync::Mutex::new(Provisioned { records, version: 0 }));
     let provisioning = Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
+    let snapshots_dir = config.state_dir.join("snapshots");
+    let (snapshot_records, problems) = crate::snapshots::load(&snapshots_dir);
+    for problem in problems {
+        tracing::warn!(%problem, "snapshots");
+    }
+    let snapshots = Arc::new(std::sync::Mutex::new(SnapshotBook {
+        records: snapshot_records,
+        dir: snapshots_dir,
+        ..SnapshotBook::default()
+    }));
 
     let mut shutdown = std::pin::pin!(shutdown);
     let mut agent = Loop {
         config: &config,
+        snapshots_on,
         config_problem: None,
         components: components.states(),
         host: &host,
@@ -380,6 +394,7 @@ async fn run(
             running: provisioning,
             dir: provisioned_dir,
             channels: ControllerChannels::default(),
+            snapshots,
         },
         wake: &wake,
         started,
@@ -403,7 +418,7 @@ async fn run(
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
             Some(outcome) = next_config(&mut config_watch) => {
                 agent.config_problem =
-                    reload_components(outcome, &mut running_setup, &mut components).await;
+                    reload_components(outcome, &mut running_setup, &mut components, &mut agent.snapshots_on).await;
             }
             _ = wake.notified() => {}
             _ = tokio::time::sleep(agent.nap()) => {}
@@ -449,6 +464,21 @@ struct Provisioning {
     running: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
     dir: PathBuf,
     channels: ControllerChannels,
+    /// The snapshots taken (the `snapshot-controller` component, when it runs).
+    snapshots: Arc<std::sync::Mutex<SnapshotBook>>,
+}
+
+/// The snapshots the agent took, by VolumeSnapshot key, and the ones under way or failed.
+#[derive(Debug, Default)]
+struct SnapshotBook {
+    records: BTreeMap<String, crate::snapshots::SnapshotRecord>,
+    /// Counts changes of `records`, for the status.
+    version: u64,
+    /// VolumeSnapshot → empty while a call runs, or its last error.
+    running: BTreeMap<String, String>,
+    /// Why each VolumeSnapshot not taken is waiting, from the last pass.
+    pending: Vec<crate::snapshots::SnapshotPending>,
+    dir: PathBuf,
 }
 
 /// One gRPC channel per driver endpoint for provisioning, connected on first use and kept (a
@@ -475,6 +505,8 @@ impl ControllerChannels {
 /// status file; the parts it works with were set up by [`run`].
 struct Loop<'a> {
     config: &'a AgentConfig,
+    /// Whether the agent takes VolumeSnapshots (the `snapshot-controller` component runs).
+    snapshots_on: bool,
     /// Why the last change of the config file was not applied, until one is.
     config_problem: Option<String>,
     /// The supervised component processes, for the status report.
@@ -517,6 +549,9 @@ impl Loop<'_> {
         if self.config.provision_claims {
             start_provisioning(self.config, &view.objects, self.handler, &self.provisioning, self.wake);
             start_reclaiming(&view.source, self.executor, self.handler, &self.provisioning, self.wake);
+            if self.snapshots_on {
+                start_snapshotting(&view.objects, self.handler, &self.provisioning, self.wake);
+            }
         }
         let viewed = pass_started.elapsed();
         let snapshot = self.registry.snapshot();
@@ -536,6 +571,7 @@ impl Loop<'_> {
             plugins: snapshot.generation(),
             problems,
             components: self.components.snapshot(),
+            snapshots: self.provisioning.snapshots.lock().unwrap_or_else(|p| p.into_inner()).version,
         };
         let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
         let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
@@ -641,6 +677,22 @@ impl Loop<'_> {
     }
 
     /// The problems status shows: the source's, orphans left, failed provisionings.
+    /// The snapshots taken, as the status shows them.
+    fn snapshot_statuses(&self) -> Vec<crate::status::SnapshotStatus> {
+        let book = self.provisioning.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        book.records
+            .iter()
+            .map(|(key, r)| crate::status::SnapshotStatus {
+                name: key.clone(),
+                driver: r.driver.clone(),
+                snapshot_handle: r.snapshot_handle.clone(),
+                source_claim: r.source_claim.clone(),
+                size_bytes: r.size_bytes,
+                ready_to_use: r.ready_to_use,
+            })
+            .collect()
+    }
+
     fn problems(&mut self, objects: &ObjectSet) -> Vec<String> {
         let mut problems: Vec<String> = objects.problems.iter().map(ToString::to_string).collect();
         if !self.orphans_left.is_empty() {
@@ -661,6 +713,38 @@ impl Loop<'_> {
         }));
         drop(failures);
         problems.extend(self.config_problem.clone());
+        problems.extend(self.snapshot_problems(objects));
+        problems
+    }
+
+    /// Why VolumeSnapshots are not taken (or not acted on at all), and why claims restored
+    /// from one wait.
+    fn snapshot_problems(&self, objects: &ObjectSet) -> Vec<String> {
+        let book = self.provisioning.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut problems = Vec::new();
+        if !self.snapshots_on {
+            if !objects.volume_snapshots.is_empty() {
+                problems.push(format!(
+                    "{} VolumeSnapshot(s) not acted on: the snapshot-controller component is off (storage.optionalCsiComponents)",
+                    objects.volume_snapshots.len()
+                ));
+            }
+            return problems;
+        }
+        problems.extend(book.pending.iter().map(|p| format!("snapshot {}: {}", p.key, p.reason)));
+        problems.extend(
+            book.running.iter().filter(|(_, e)| !e.is_empty()).map(|(k, e)| format!("snapshot {k}: {e}")),
+        );
+        let done = self.provisioning.done.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, claim) in &objects.claims {
+            let restoring = claim.spec.as_ref().is_some_and(|s| s.data_source.is_some());
+            if restoring
+                && !done.records.contains_key(key)
+                && let Err(reason) = crate::snapshots::restore_source(key, claim, &book.records)
+            {
+                problems.push(reason);
+            }
+        }
         problems
     }
 
@@ -687,6 +771,7 @@ impl Loop<'_> {
         );
         report.csi_node = self.objects.csi_node(&self.config.node_name);
         report.components = self.components.snapshot();
+        report.snapshots = self.snapshot_statuses();
         if let Some(sink) = &self.config.node_storage {
             sink.report(&crate::node_storage::NodeStorage {
                 csi_node: report.csi_node.clone(),
@@ -787,6 +872,8 @@ struct ReportInputs {
     problems: Vec<String>,
     /// A component restarted or turned healthy is news for the status.
     components: Vec<crate::components::ComponentStatus>,
+    /// Snapshots taken or deleted.
+    snapshots: u64,
 }
 
 impl PartialEq for ReportInputs {
@@ -799,6 +886,7 @@ impl PartialEq for ReportInputs {
             && self.plugins == other.plugins
             && self.problems == other.problems
             && self.components == other.components
+            && self.snapshots == other.snapshots
     }
 }
 
@@ -861,15 +949,17 @@ fn start_provisioning(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, running: provisioning, dir, channels } = state;
+    let Provisioning { done: provisioned, running: provisioning, dir, channels, snapshots } = state;
     let drivers = handler.drivers();
     let names: Vec<String> = drivers.iter().map(|d| d.name.clone()).collect();
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+        let snapshots = snapshots.lock().unwrap_or_else(|p| p.into_inner());
         crate::provision::claims_to_provision(
             objects,
             &config.node_name,
             &done.records,
+            &snapshots.records,
             &names,
             &config.gates,
         )
@@ -934,7 +1024,7 @@ fn start_reclaiming(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, running, dir, channels } = state;
+    let Provisioning { done: provisioned, running, dir, channels, .. } = state;
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
         if done.records.keys().all(|claim| source.claims.contains_key(claim)) {
@@ -994,6 +1084,150 @@ fn start_reclaiming(
             wake.notify_one();
         });
     }
+}
+
+/// Takes the VolumeSnapshots not yet taken and deletes, through their drivers, the snapshots
+/// whose manifests are gone (one call per snapshot at a time); records are written before a
+/// snapshot counts as taken and removed after it is deleted. A failure is kept as the
+/// snapshot's problem and retried after a pause.
+fn start_snapshotting(
+    objects: &ObjectSet,
+    handler: &Arc<CsiRegistrationHandler>,
+    state: &Provisioning,
+    wake: &Arc<Notify>,
+) {
+    let drivers = handler.drivers();
+    let names: Vec<String> = drivers.iter().map(|d| d.name.clone()).collect();
+    let (take, delete) = {
+        let mut book = state.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        let (take, pending) = crate::snapshots::snapshots_to_take(objects, &book.records, &names);
+        book.pending = pending;
+        let delete: Vec<(String, crate::snapshots::SnapshotRecord)> =
+            crate::snapshots::snapshots_to_delete(objects, &book.records)
+                .into_iter()
+                .map(|(k, r)| (k.clone(), r.clone()))
+                .collect();
+        (take, delete)
+    };
+    let endpoint = |driver: &str| drivers.iter().find(|d| d.name == driver).map(|d| d.endpoint.clone());
+    for request in take {
+        let Some(endpoint) = endpoint(&request.driver) else { continue };
+        let key = request.key.clone();
+        spawn_snapshot_call(state, wake, &key, state.channels.get(&endpoint), move |channel| async move {
+            snapshot_one(&request, channel).await
+        });
+    }
+    for (key, record) in delete {
+        let Some(endpoint) = endpoint(&record.driver) else { continue };
+        spawn_snapshot_call(state, wake, &key, state.channels.get(&endpoint), move |channel| async move {
+            delete_snapshot_one(&record, channel).await.map(|()| None)
+        });
+    }
+}
+
+/// Runs one snapshot call for `key` unless one runs already; `Some(record)` is recorded,
+/// `None` forgets the key's record.
+fn spawn_snapshot_call<F, Fut>(
+    state: &Provisioning,
+    wake: &Arc<Notify>,
+    key: &str,
+    channel: Result<tonic::transport::Channel, String>,
+    call: F,
+) where
+    F: FnOnce(tonic::transport::Channel) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Option<crate::snapshots::SnapshotRecord>, String>> + Send,
+{
+    {
+        let mut book = state.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        if book.running.get(key).is_some_and(|e| e.is_empty()) {
+            return;
+        }
+        book.running.insert(key.to_string(), String::new());
+    }
+    let (book, wake, key) = (Arc::clone(&state.snapshots), Arc::clone(wake), key.to_string());
+    tokio::spawn(async move {
+        let outcome = match channel {
+            Ok(channel) => call(channel).await,
+            Err(e) => Err(e),
+        };
+        let dir = book.lock().unwrap_or_else(|p| p.into_inner()).dir.clone();
+        let outcome = outcome.and_then(|record| {
+            match &record {
+                Some(record) => crate::snapshots::save(&dir, &key, record)?,
+                None => crate::snapshots::remove(&dir, &key)?,
+            }
+            Ok(record)
+        });
+        match outcome {
+            Ok(record) => {
+                tracing::info!(snapshot = %key, taken = record.is_some(), "snapshot recorded");
+                let mut book = book.lock().unwrap_or_else(|p| p.into_inner());
+                match record {
+                    Some(record) => drop(book.records.insert(key.clone(), record)),
+                    None => drop(book.records.remove(&key)),
+                }
+                book.version += 1;
+                book.running.remove(&key);
+            }
+            Err(e) => {
+                tracing::warn!(snapshot = %key, error = %e, "snapshot call failed");
+                book.lock().unwrap_or_else(|p| p.into_inner()).running.insert(key.clone(), e);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                book.lock().unwrap_or_else(|p| p.into_inner()).running.remove(&key);
+            }
+        }
+        wake.notify_one();
+    });
+}
+
+async fn snapshot_one(
+    request: &crate::snapshots::SnapshotRequest,
+    channel: tonic::transport::Channel,
+) -> Result<Option<crate::snapshots::SnapshotRecord>, String> {
+    let create = kvol_csi::proto::csi::CreateSnapshotRequest {
+        source_volume_id: request.source_volume_handle.clone(),
+        name: request.name.clone(),
+        parameters: request.parameters.clone().into_iter().collect(),
+        ..Default::default()
+    };
+    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
+    let failed =
+        |what: String| format!("csi driver {}: CreateSnapshot of {} {what}", request.driver, request.key);
+    let answer = tokio::time::timeout(Duration::from_secs(120), client.create_snapshot(create))
+        .await
+        .map_err(|_| failed("did not answer within 2m".into()))?
+        .map_err(|s| failed(format!("failed ({:?}): {}", s.code(), s.message())))?
+        .into_inner();
+    let snapshot = answer.snapshot.ok_or_else(|| failed("returned no snapshot".into()))?;
+    Ok(Some(crate::snapshots::SnapshotRecord {
+        driver: request.driver.clone(),
+        snapshot_handle: snapshot.snapshot_id,
+        source_volume_handle: request.source_volume_handle.clone(),
+        source_claim: request.source_claim.clone(),
+        size_bytes: snapshot.size_bytes,
+        ready_to_use: snapshot.ready_to_use,
+        deletion_policy: request.deletion_policy.clone(),
+        created_unix_seconds: snapshot.creation_time.map_or(0, |t| t.seconds),
+    }))
+}
+
+async fn delete_snapshot_one(
+    record: &crate::snapshots::SnapshotRecord,
+    channel: tonic::transport::Channel,
+) -> Result<(), String> {
+    let delete = kvol_csi::proto::csi::DeleteSnapshotRequest {
+        snapshot_id: record.snapshot_handle.clone(),
+        ..Default::default()
+    };
+    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
+    let failed = |what: String| {
+        format!("csi driver {}: DeleteSnapshot of {} {what}", record.driver, record.snapshot_handle)
+    };
+    tokio::time::timeout(Duration::from_secs(120), client.delete_snapshot(delete))
+        .await
+        .map_err(|_| failed("did not answer within 2m".into()))?
+        .map_err(|s| failed(format!("failed ({:?}): {}", s.code(), s.message())))?;
+    Ok(())
 }
 
 async fn delete_one(
@@ -1075,6 +1309,7 @@ async fn reload_components(
     outcome: Result<kvol_api::StorageSection, String>,
     setup: &mut Option<crate::components::ComponentsSetup>,
     components: &mut Components,
+    snapshots_on: &mut bool,
 ) -> Option<String> {
     let Some(running) = setup else { return None };
     let storage = match outcome {
@@ -1089,9 +1324,10 @@ async fn reload_components(
     }
     let candidate = crate::components::ComponentsSetup { storage, ..running.clone() };
     match planned_processes(&candidate) {
-        Ok(specs) => {
+        Ok((specs, snapshots)) => {
             tracing::info!("storage section changed; applying");
             components.apply(specs).await;
+            *snapshots_on = snapshots;
             *running = candidate;
             None
         }
@@ -1104,13 +1340,13 @@ async fn reload_components(
 
 /// The component processes the setup's decision asks for; an invalid storage section stops
 /// the agent with every problem listed.
-fn planned_processes(setup: &crate::components::ComponentsSetup) -> Result<Vec<ProcessSpec>, String> {
+fn planned_processes(setup: &crate::components::ComponentsSetup) -> Result<(Vec<ProcessSpec>, bool), String> {
     match setup.plan() {
         Ok((decision, specs)) => {
             for warning in &decision.warnings {
                 tracing::warn!(%warning, "storage components");
             }
-            Ok(specs)
+            Ok((specs, crate::components::runs_snapshots(&decision, &setup.catalogue)))
         }
         Err(problems) => {
             let listed: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
@@ -1423,6 +1659,7 @@ fn status_report(
     StatusReport {
         csi_node: None,
         components: Vec::new(),
+        snapshots: Vec::new(),
         node_volumes,
         node: config.node_name.clone(),
         pid: std::process::id(),

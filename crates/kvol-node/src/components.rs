@@ -75,6 +75,17 @@ impl ComponentsSetup {
     }
 }
 
+/// Whether the decision runs a component that is the agent's own snapshot support
+/// (`standalone: inAgent: snapshots`, the `snapshot-controller`). Pure.
+pub fn runs_snapshots(decision: &Decision, catalogue: &Catalogue) -> bool {
+    use kvol_components::definition::AgentFeature;
+    decision.running().any(|name| {
+        catalogue.get(name).is_some_and(|entry| {
+            matches!(entry.definition.standalone, Some(Standalone::InAgent(AgentFeature::Snapshots)))
+        })
+    })
+}
+
 /// The processes of every component the decision runs that runs as a process: its command
 /// (and its registrar's, named `<component>-registrar`) with the placeholders filled. Pure.
 pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &ComponentPaths) -> Vec<ProcessSpec> {

@@ -12,6 +12,7 @@ pub mod provision;
 pub mod rebuild;
 pub mod reconciler;
 pub mod reconstruct;
+pub mod snapshots;
 pub mod source;
 pub mod status;
 pub mod store;

@@ -47,6 +47,10 @@ pub struct ObjectSet {
     pub csi_drivers: BTreeMap<String, CSIDriver>,
     /// Secrets by `namespace/name`.
     pub secrets: BTreeMap<String, Secret>,
+    /// VolumeSnapshots by `namespace/name`.
+    pub volume_snapshots: BTreeMap<String, kvol_api::snapshot::VolumeSnapshot>,
+    /// VolumeSnapshotClasses by name.
+    pub snapshot_classes: BTreeMap<String, kvol_api::snapshot::VolumeSnapshotClass>,
     pub problems: Vec<SourceProblem>,
 }
 
@@ -59,6 +63,8 @@ impl fmt::Debug for ObjectSet {
             .field("storage_classes", &self.storage_classes)
             .field("csi_drivers", &self.csi_drivers)
             .field("secrets", &kvol_plugin::host::RedactedSecrets(&self.secrets))
+            .field("volume_snapshots", &self.volume_snapshots)
+            .field("snapshot_classes", &self.snapshot_classes)
             .field("problems", &self.problems)
             .finish()
     }

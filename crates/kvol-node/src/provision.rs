@@ -25,14 +25,18 @@ pub struct ProvisionRequest {
     pub claim: PersistentVolumeClaim,
     pub class: StorageClass,
     pub driver: String,
+    /// The driver's snapshot id the volume is restored from (the claim's `dataSource`).
+    pub source_snapshot: Option<String>,
 }
 
 /// The claims used by pods of this node that are unbound, not yet provisioned, and whose class's
-/// provisioner (mapped in-tree → CSI when migrated) is one of `drivers`. Pure.
+/// provisioner (mapped in-tree → CSI when migrated) is one of `drivers`; a claim restored from
+/// a snapshot (`dataSource`) waits until `snapshots` has it ready. Pure.
 pub fn claims_to_provision(
     objects: &ObjectSet,
     node_name: &str,
     provisioned: &BTreeMap<String, PersistentVolume>,
+    snapshots: &BTreeMap<String, crate::snapshots::SnapshotRecord>,
     drivers: &[String],
     gates: &FeatureGates,
 ) -> Vec<ProvisionRequest> {
@@ -61,14 +65,17 @@ pub fn claims_to_provision(
         };
         let Some(class) = objects.storage_classes.get(class_name) else { continue };
         let driver = kvol_plugin::migration::provisioner_for(gates, &class.provisioner);
-        if drivers.iter().any(|d| d == driver) {
-            out.push(ProvisionRequest {
-                claim_key: key.clone(),
-                claim: claim.clone(),
-                class: class.clone(),
-                driver: driver.to_string(),
-            });
+        if !drivers.iter().any(|d| d == driver) {
+            continue;
         }
+        let Ok(source_snapshot) = crate::snapshots::restore_source(key, claim, snapshots) else { continue };
+        out.push(ProvisionRequest {
+            claim_key: key.clone(),
+            claim: claim.clone(),
+            class: class.clone(),
+            driver: driver.to_string(),
+            source_snapshot,
+        });
     }
     out
 }
@@ -168,6 +175,11 @@ pub fn create_request(request: &ProvisionRequest) -> Result<csi::CreateVolumeReq
         }),
         volume_capabilities: vec![capability],
         parameters,
+        volume_content_source: request.source_snapshot.as_ref().map(|id| csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource { snapshot_id: id.clone() },
+            )),
+        }),
         ..csi::CreateVolumeRequest::default()
     })
 }
@@ -278,6 +290,20 @@ fn record_path(dir: &Path, claim_key: &str) -> PathBuf {
 
 /// The provisioned PVs recorded in `dir`, by claim key; unreadable records are reported.
 pub fn load(dir: &Path) -> (BTreeMap<String, PersistentVolume>, Vec<String>) {
+    load_records(dir, "provisioned volume record")
+}
+
+/// Records a provisioned PV for a claim (temp file, fsync, rename).
+pub fn save(dir: &Path, claim_key: &str, pv: &PersistentVolume) -> Result<(), String> {
+    save_record(&record_path(dir, claim_key), pv)
+}
+
+/// The JSON records in `dir` (`<namespace>~<name>.json`), by `namespace/name`; each one that
+/// cannot be read is a problem naming `what` and its path.
+pub fn load_records<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    what: &str,
+) -> (BTreeMap<String, T>, Vec<String>) {
     let mut out = BTreeMap::new();
     let mut problems = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else { return (out, problems) };
@@ -294,27 +320,36 @@ pub fn load(dir: &Path) -> (BTreeMap<String, PersistentVolume>, Vec<String>) {
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
         {
-            Ok(pv) => {
-                out.insert(stem.replacen('~', "/", 1), pv);
+            Ok(record) => {
+                out.insert(stem.replacen('~', "/", 1), record);
             }
-            Err(e) => problems.push(format!("cannot read provisioned volume record {}: {e}", path.display())),
+            Err(e) => problems.push(format!("cannot read {what} {}: {e}", path.display())),
         }
     }
     (out, problems)
 }
 
-/// Records a provisioned PV for a claim (temp file, fsync, rename).
-pub fn save(dir: &Path, claim_key: &str, pv: &PersistentVolume) -> Result<(), String> {
+/// Writes a JSON record at `path` durably: a temporary file, fsync, rename.
+pub fn save_record<T: serde::Serialize>(path: &Path, record: &T) -> Result<(), String> {
     use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let path = record_path(dir, claim_key);
     let tmp = path.with_extension("json.tmp");
-    let bytes = serde_json::to_vec_pretty(pv).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
     let mut file = std::fs::File::create(&tmp).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
     file.write_all(&bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))
+    std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))
+}
+
+/// Removes a record; one already gone is fine.
+pub fn remove_record(path: &Path) -> Result<(), String> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
+    }
 }
 
 /// A provisioned volume whose claim is gone: to delete through its driver, then forget.
@@ -361,12 +396,7 @@ pub fn volumes_to_reclaim(
 
 /// Forgets the record of a claim's volume; a record already gone is fine.
 pub fn remove(dir: &Path, claim_key: &str) -> Result<(), String> {
-    let path = record_path(dir, claim_key);
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
-    }
+    remove_record(&record_path(dir, claim_key))
 }
 
 #[cfg(test)]
@@ -476,7 +506,7 @@ mod tests {
             if *done {
                 provisioned.insert("shop/data".to_string(), PersistentVolume::default());
             }
-            let got = claims_to_provision(&o, node, &provisioned, &drivers, &gates);
+            let got = claims_to_provision(&o, node, &provisioned, &BTreeMap::new(), &drivers, &gates);
             assert_eq!(got.first().map(|r| r.driver.as_str()), *want, "row {i}");
         }
     }
@@ -485,8 +515,15 @@ mod tests {
     fn the_request_and_the_bound_pv() {
         let o = objects(false, "hostpath.csi.kvol.io");
         let drivers = vec!["hostpath.csi.kvol.io".to_string()];
-        let request =
-            claims_to_provision(&o, "n1", &BTreeMap::new(), &drivers, &FeatureGates::default()).remove(0);
+        let request = claims_to_provision(
+            &o,
+            "n1",
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &drivers,
+            &FeatureGates::default(),
+        )
+        .remove(0);
         let create = create_request(&request).unwrap();
         assert!(create.name.starts_with("pvc-"), "{}", create.name);
         assert_eq!(create.capacity_range.unwrap().required_bytes, 1 << 30);

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use crate::model::{ObjectSet, SourceProblem};
 use crate::watched_dir::WatchedDir;
 pub use crate::watched_dir::{Landing, MAX_DELAY, OpenWrites, QUIET, Quiet, landing};
+use kvol_api::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 
 /// The namespace of a namespaced object that names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -42,6 +43,8 @@ pub enum Object {
     StorageClass(Box<StorageClass>),
     CsiDriver(Box<CSIDriver>),
     Secret(Box<Secret>),
+    VolumeSnapshot(Box<VolumeSnapshot>),
+    VolumeSnapshotClass(Box<VolumeSnapshotClass>),
 }
 
 impl Object {
@@ -54,6 +57,8 @@ impl Object {
             Object::StorageClass(_) => "StorageClass",
             Object::CsiDriver(_) => "CSIDriver",
             Object::Secret(_) => "Secret",
+            Object::VolumeSnapshot(_) => "VolumeSnapshot",
+            Object::VolumeSnapshotClass(_) => "VolumeSnapshotClass",
         }
     }
 
@@ -67,6 +72,8 @@ impl Object {
             Object::StorageClass(o) => &o.metadata,
             Object::CsiDriver(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::VolumeSnapshot(o) => &o.metadata,
+            Object::VolumeSnapshotClass(o) => &o.metadata,
         };
         let name = meta.name.as_deref().unwrap_or_default();
         if namespaced(self.kind()) {
@@ -88,6 +95,8 @@ impl fmt::Debug for Object {
             Object::Secret(o) => {
                 f.debug_tuple("Secret").field(&kvol_plugin::host::RedactedSecret(o)).finish()
             }
+            Object::VolumeSnapshot(o) => f.debug_tuple("VolumeSnapshot").field(o).finish(),
+            Object::VolumeSnapshotClass(o) => f.debug_tuple("VolumeSnapshotClass").field(o).finish(),
         }
     }
 }
@@ -106,6 +115,8 @@ const KINDS: &[(&str, &str, bool)] = &[
     ("StorageClass", "storage.k8s.io/v1", false),
     ("CSIDriver", "storage.k8s.io/v1", false),
     ("Secret", "v1", true),
+    ("VolumeSnapshot", kvol_api::snapshot::API_VERSION, true),
+    ("VolumeSnapshotClass", kvol_api::snapshot::API_VERSION, false),
 ];
 
 fn namespaced(kind: &str) -> bool {
@@ -218,7 +229,8 @@ fn type_object(value: Value) -> Result<Object, String> {
     let Some(&(kind, want, is_namespaced)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
         return Err(format!(
             "unsupported kind {kind:?} ({label}): the manifests source reads Pod, PersistentVolume, \
-             PersistentVolumeClaim, StorageClass, CSIDriver and Secret"
+             PersistentVolumeClaim, StorageClass, CSIDriver, Secret, VolumeSnapshot and \
+             VolumeSnapshotClass"
         ));
     };
     let api_version =
@@ -243,6 +255,8 @@ fn type_object(value: Value) -> Result<Object, String> {
         }
         "StorageClass" => Object::StorageClass(serde_json::from_value(value).map_err(invalid)?),
         "CSIDriver" => Object::CsiDriver(serde_json::from_value(value).map_err(invalid)?),
+        "VolumeSnapshot" => Object::VolumeSnapshot(serde_json::from_value(value).map_err(invalid)?),
+        "VolumeSnapshotClass" => Object::VolumeSnapshotClass(serde_json::from_value(value).map_err(invalid)?),
         _ => Object::Secret(serde_json::from_value(value).map_err(invalid)?),
     };
     complete(&mut object);
@@ -261,6 +275,8 @@ fn validate(object: &Object) -> Result<(), String> {
         Object::StorageClass(o) => v::validate_storage_class(o),
         Object::CsiDriver(o) => v::validate_csi_driver(o),
         Object::Secret(o) => v::validate_secret(o),
+        Object::VolumeSnapshot(o) => v::validate_volume_snapshot(o),
+        Object::VolumeSnapshotClass(o) => v::validate_volume_snapshot_class(o),
     };
     if errors.is_empty() {
         return Ok(());
@@ -274,7 +290,11 @@ fn complete(object: &mut Object) {
         Object::Pod(o) => &mut o.metadata,
         Object::PersistentVolumeClaim(o) => &mut o.metadata,
         Object::Secret(o) => &mut o.metadata,
-        Object::PersistentVolume(_) | Object::StorageClass(_) | Object::CsiDriver(_) => return,
+        Object::VolumeSnapshot(o) => &mut o.metadata,
+        Object::PersistentVolume(_)
+        | Object::StorageClass(_)
+        | Object::CsiDriver(_)
+        | Object::VolumeSnapshotClass(_) => return,
     };
     if meta.namespace.as_deref().unwrap_or_default().is_empty() {
         meta.namespace = Some(DEFAULT_NAMESPACE.to_string());
@@ -342,6 +362,8 @@ impl SetBuilder {
                 Object::StorageClass(o) => drop(self.set.storage_classes.insert(key, *o)),
                 Object::CsiDriver(o) => drop(self.set.csi_drivers.insert(key, *o)),
                 Object::Secret(o) => drop(self.set.secrets.insert(key, *o)),
+                Object::VolumeSnapshot(o) => drop(self.set.volume_snapshots.insert(key, *o)),
+                Object::VolumeSnapshotClass(o) => drop(self.set.snapshot_classes.insert(key, *o)),
             }
         }
     }

@@ -42,6 +42,22 @@ pub struct StatusReport {
     /// The storage components' processes the agent supervises (standalone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<crate::components::ComponentStatus>,
+    /// The volume snapshots the agent took (standalone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotStatus>,
+}
+
+/// A snapshot the agent took: the standalone VolumeSnapshotContent.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The VolumeSnapshot, `namespace/name`.
+    pub name: String,
+    pub driver: String,
+    pub snapshot_handle: String,
+    pub source_claim: String,
+    pub size_bytes: i64,
+    pub ready_to_use: bool,
 }
 
 /// One volume attached to or staged on the node (per unique volume, not per pod).
@@ -208,6 +224,17 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
     }
     for component in &report.components {
         out.push_str(&component_line(component));
+    }
+    for snapshot in &report.snapshots {
+        let ready = if snapshot.ready_to_use { "ready" } else { "not ready" };
+        out.push_str(&format!(
+            "snapshot {}: {ready}, {} bytes, of claim {}, {} snapshot {}\n",
+            snapshot.name,
+            snapshot.size_bytes,
+            snapshot.source_claim,
+            snapshot.driver,
+            snapshot.snapshot_handle
+        ));
     }
     if !report.problems.is_empty() {
         out.push_str("problems:\n");
@@ -389,6 +416,7 @@ mod tests {
             node_volumes: Vec::new(),
             csi_node: None,
             components: Vec::new(),
+            snapshots: Vec::new(),
         }
     }
 

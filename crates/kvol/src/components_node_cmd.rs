@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use kvol_api::StorageSection;
-use kvol_components::uninstall::{Holder, Inventory, holders};
+use kvol_components::uninstall::{Holder, Inventory, SnapshotObject, holders};
 use kvol_components::{Catalogue, Decision, decide};
 use kvol_node::components::ComponentStatus;
 use kvol_node::status::{Phase, StatusReport, read_status};
@@ -251,8 +251,8 @@ fn running_pid(state_dir: &Path, name: &str) -> Option<u32> {
 }
 
 /// What depends on the component on this node: the manifests' volumes, claims and classes,
-/// and the volumes the agent provisioned (its records under `<state>/provisioned`).
-/// Standalone kvol has no snapshot objects yet, so none are counted.
+/// the volumes the agent provisioned (`<state>/provisioned`) and the snapshots it took
+/// (`<state>/snapshots`).
 fn standalone_holders(
     definition: &kvol_components::ComponentDefinition,
     manifests: &Path,
@@ -264,7 +264,19 @@ fn standalone_holders(
     volumes.extend(provisioned.into_values());
     let claims: Vec<_> = objects.claims.values().cloned().collect();
     let classes: Vec<_> = objects.storage_classes.values().cloned().collect();
-    holders(definition, &Inventory { volumes: &volumes, claims: &claims, classes: &classes, snapshots: &[] })
+    let (taken, _) = kvol_node::snapshots::load(&state_dir.join("snapshots"));
+    let snapshots: Vec<SnapshotObject> = taken
+        .into_iter()
+        .map(|(key, record)| SnapshotObject {
+            kind: "VolumeSnapshot",
+            name: key,
+            driver: Some(record.driver),
+        })
+        .collect();
+    holders(
+        definition,
+        &Inventory { volumes: &volumes, claims: &claims, classes: &classes, snapshots: &snapshots },
+    )
 }
 
 /// Removes the component's data directory, log and pid file; what is already gone is fine.

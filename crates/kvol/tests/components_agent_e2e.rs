@@ -283,3 +283,113 @@ fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depen
     assert!(!node.root.join("csi-hostpath").exists(), "its data directory is gone");
     assert!(!node.root.join("logs/hostpath.log").exists(), "its log is gone");
 }
+
+const SNAPSHOT: &str = "\
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata:
+  name: hostpath-snapshots
+  annotations: {snapshot.storage.kubernetes.io/is-default-class: \"true\"}
+driver: hostpath.csi.kvol.io
+deletionPolicy: Delete
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: before, namespace: default}
+spec:
+  source: {persistentVolumeClaimName: data}
+";
+
+const RESTORED: &str = "\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: restored, namespace: default}
+spec:
+  storageClassName: kvol-hostpath
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 16Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: before}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: restorer, namespace: default}
+spec:
+  containers: [{name: c, image: none}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: restored}}]
+";
+
+fn snapshot_of<'a>(report: &'a StatusReport, name: &str) -> Option<&'a kvol_node::status::SnapshotStatus> {
+    report.snapshots.iter().find(|s| s.name == name)
+}
+
+#[test]
+fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    let config = node.root.join("etc/kvol.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    // Snapshots off first: a VolumeSnapshot is left alone, and the status says why.
+    std::fs::write(&config, "storage:\n  optionalCsiComponents: [none]\n").unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    let report = node
+        .wait(LIMIT, published)
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    std::fs::write(publish_dir(&report).join("kept"), "in the snapshot").unwrap();
+    node.write("snapshot.yaml", SNAPSHOT);
+    node.wait(LIMIT, |r| r.problems.iter().any(|p| p.contains("the snapshot-controller component is off")))
+        .unwrap_or_else(|last| panic!("no word on snapshots being off: {last}"));
+    assert!(node.status().unwrap().snapshots.is_empty());
+
+    // On (a rename-save): the snapshot is taken through the driver and recorded.
+    rename_save(&config, "storage:\n  optionalCsiComponents: [snapshot-controller]\n");
+    let report = node
+        .wait(LIMIT, |r| snapshot_of(r, "default/before").is_some_and(|s| s.ready_to_use))
+        .unwrap_or_else(|last| panic!("never taken: {last}\n{}", node.agent_log()));
+    let taken = snapshot_of(&report, "default/before").unwrap().clone();
+    assert_eq!(taken.driver, "hostpath.csi.kvol.io");
+    assert_eq!(taken.source_claim, "default/data");
+    // Written after the snapshot: the restored volume must not have it.
+    std::fs::write(publish_dir(&report).join("later"), "after the snapshot").unwrap();
+
+    // A claim restored from it: its pod sees the data as it was.
+    node.write("restored.yaml", RESTORED);
+    let report = node
+        .wait(LIMIT, |r| r.volumes.iter().any(|v| v.pod == "default/restorer" && v.phase == Phase::Published))
+        .unwrap_or_else(|last| {
+            panic!("the restored claim was never published: {last}\n{}", node.agent_log())
+        });
+    let restored = report.volumes.iter().find(|v| v.pod == "default/restorer").unwrap();
+    let restored_dir = restored.target.clone().unwrap().join("mount");
+    assert_eq!(std::fs::read_to_string(restored_dir.join("kept")).unwrap(), "in the snapshot");
+    assert!(!restored_dir.join("later").exists(), "the restore holds what was written after the snapshot");
+
+    // The driver turned off, uninstall refuses and names the snapshot among what depends on it.
+    let snapshots_dir = node.root.join("csi-hostpath/snapshots");
+    let held = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&snapshots_dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+    };
+    assert_eq!(held().len(), 1, "the driver holds the snapshot: {:?}", held());
+    rename_save(&config, "storage:\n  driver: none\n  optionalCsiComponents: [snapshot-controller]\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
+    let state_dir = node.root.display().to_string();
+    let out = kvol(&["components", "uninstall", "hostpath", "--state-dir", &state_dir], &config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("VolumeSnapshot default/before"), "{stderr}");
+    rename_save(&config, "storage:\n  optionalCsiComponents: [snapshot-controller]\n");
+    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+
+    // The VolumeSnapshot deleted: its snapshot is deleted on the driver and forgotten.
+    node.remove("snapshot.yaml");
+    node.write("class.yaml", SNAPSHOT.split("---").next().unwrap());
+    node.wait(LIMIT, |r| r.snapshots.is_empty())
+        .unwrap_or_else(|last| panic!("the snapshot was never deleted: {last}\n{}", node.agent_log()));
+    let snapshots_dir = node.root.join("csi-hostpath/snapshots");
+    let left: Vec<_> = std::fs::read_dir(&snapshots_dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the driver still holds {left:?}");
+    assert!(!node.root.join("snapshots/default~before.json").exists());
+}

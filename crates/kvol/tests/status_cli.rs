@@ -97,6 +97,7 @@ fn report() -> StatusReport {
         }],
         csi_node: None,
         components: Vec::new(),
+        snapshots: Vec::new(),
     }
 }
 
