@@ -1,7 +1,7 @@
 //! The standalone source: a directory of YAML or JSON manifests, read into an object set and watched for changes.
 //!
 //! The directory holds Pods, PersistentVolumes, PersistentVolumeClaims, StorageClasses,
-//! CSIDrivers and Secrets, as `kubectl get -o yaml` writes them or as a person writes them by
+//! CSIDrivers, Secrets, VolumeSnapshots and VolumeSnapshotClasses, as `kubectl get -o yaml` writes them or as a person writes them by
 //! hand. Every `*.yaml`, `*.yml` and `*.json` file directly in the directory is read, in name
 //! order; dot-files are skipped, so editors' swap files and the temporary file of an atomic
 //! write (`.name.yaml.tmp`, then rename) never count. One bad document or file is a
@@ -819,8 +819,8 @@ mod tests {
                     "Pod default/a",
                     "Pod default/b",
                     "problem m.yaml document 2: unsupported kind \"ConfigMap\" (ConfigMap/c): the manifests \
-                     source reads Pod, PersistentVolume, PersistentVolumeClaim, StorageClass, CSIDriver and \
-                     Secret",
+                     source reads Pod, PersistentVolume, PersistentVolumeClaim, StorageClass, CSIDriver, \
+                     Secret, VolumeSnapshot and VolumeSnapshotClass",
                 ],
             ),
             (
