@@ -135,6 +135,19 @@ fn the_bundled_driver_is_a_supervised_component_and_the_config_turns_it_off() {
     assert_eq!(driver_volumes(&node.root), volumes, "no new volume was made");
 }
 
+/// An agent on the claim and pod of [`STORAGE`], started with `--config` holding `text`; the
+/// node and its config file's path.
+fn started_with_config(text: &str) -> (Node, PathBuf) {
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    let config = node.root.join("etc/kvol.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, text).unwrap();
+    node.agent_args = vec!["--config".into(), config.display().to_string()];
+    node.start();
+    (node, config)
+}
+
 /// Saves `text` as an editor does: a temporary file renamed over the config.
 fn rename_save(path: &Path, text: &str) {
     let tmp = path.with_file_name(".kvol.yaml.tmp");
@@ -149,13 +162,7 @@ fn config_problem(report: &StatusReport) -> Option<&String> {
 #[test]
 fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
     support::enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.write("storage.yaml", STORAGE);
-    let config = node.root.join("etc/kvol.yaml");
-    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
-    std::fs::write(&config, "storage:\n  driver: hostpath\n").unwrap();
-    node.agent_args = vec!["--config".into(), config.display().to_string()];
-    node.start();
+    let (mut node, config) = started_with_config("storage:\n  driver: hostpath\n");
     let report = node
         .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
         .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
@@ -213,13 +220,7 @@ fn kvol(args: &[&str], config: &Path) -> std::process::Output {
 #[test]
 fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depends_on_it() {
     support::enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.write("storage.yaml", STORAGE);
-    let config = node.root.join("etc/kvol.yaml");
-    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
-    std::fs::write(&config, "storage:\n  driver: hostpath\n").unwrap();
-    node.agent_args = vec!["--config".into(), config.display().to_string()];
-    node.start();
+    let (mut node, config) = started_with_config("storage:\n  driver: hostpath\n");
     let report = node
         .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
         .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
@@ -325,14 +326,8 @@ fn snapshot_of<'a>(report: &'a StatusReport, name: &str) -> Option<&'a kvol_node
 #[test]
 fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
     support::enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.write("storage.yaml", STORAGE);
-    let config = node.root.join("etc/kvol.yaml");
-    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
     // Snapshots off first: a VolumeSnapshot is left alone, and the status says why.
-    std::fs::write(&config, "storage:\n  optionalCsiComponents: [none]\n").unwrap();
-    node.agent_args = vec!["--config".into(), config.display().to_string()];
-    node.start();
+    let (mut node, config) = started_with_config("storage:\n  optionalCsiComponents: [none]\n");
     let report = node
         .wait(LIMIT, published)
         .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));

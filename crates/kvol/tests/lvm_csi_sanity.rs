@@ -18,51 +18,10 @@ use lvm_support::*;
 /// pool (snapshots): skipped only where the kernel has no device-mapper.
 const NEED_DEVICE_MAPPER: &str = "Node Service.*(should work|should be idempotent|should remove target path|does not exist on the specified path|called after node-publish)|DeleteSnapshot.*should return appropriate values|from an existing source snapshot|CreateSnapshot.*(already existing name|maximum-length name)";
 
-/// What csi-sanity (ginkgo) reports in its closing line.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Counts {
-    passed: u32,
-    failed: u32,
-    pending: u32,
-    skipped: u32,
-}
+#[path = "../../kvol-hostpath/tests/sanity_summary/mod.rs"]
+mod sanity_summary;
 
-/// Ginkgo's summary line, `SUCCESS! -- 73 Passed | 0 Failed | 1 Pending | 18 Skipped` (or `FAIL! -- …`).
-fn parse_summary(output: &str) -> Option<Counts> {
-    let line = output.lines().rev().find(|l| l.contains(" Passed | ") && l.contains(" -- "))?;
-    let mut c = Counts::default();
-    for part in line.split_once(" -- ")?.1.split('|') {
-        let mut words = part.split_whitespace();
-        let n: u32 = words.next()?.parse().ok()?;
-        match words.next()? {
-            "Passed" => c.passed = n,
-            "Failed" => c.failed = n,
-            "Pending" => c.pending = n,
-            "Skipped" => c.skipped = n,
-            _ => return None,
-        }
-    }
-    Some(c)
-}
-
-#[test]
-fn summaries_are_parsed() {
-    let cases: &[(&str, Option<Counts>)] = &[
-        (
-            "Ran 55 of 92 Specs\nFAIL! -- 45 Passed | 10 Failed | 1 Pending | 36 Skipped\n",
-            Some(Counts { passed: 45, failed: 10, pending: 1, skipped: 36 }),
-        ),
-        (
-            "SUCCESS! -- 73 Passed | 0 Failed | 1 Pending | 18 Skipped",
-            Some(Counts { passed: 73, failed: 0, pending: 1, skipped: 18 }),
-        ),
-        ("no summary here", None),
-        ("SUCCESS! -- many Passed | 0 Failed", None),
-    ];
-    for (output, want) in cases {
-        assert_eq!(parse_summary(output), *want, "{output}");
-    }
-}
+use sanity_summary::parse_summary;
 
 #[tokio::test(flavor = "current_thread")]
 async fn csi_sanity_passes_on_a_loop_device_volume_group() {
