@@ -162,7 +162,7 @@ fn config_problem(report: &StatusReport) -> Option<&String> {
 #[test]
 fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
     support::enter_private_mount_namespace();
-    let (mut node, config) = started_with_config("storage:\n  driver: hostpath\n");
+    let (node, config) = started_with_config("storage:\n  driver: hostpath\n");
     let report = node
         .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
         .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
@@ -220,7 +220,7 @@ fn kvol(args: &[&str], config: &Path) -> std::process::Output {
 #[test]
 fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depends_on_it() {
     support::enter_private_mount_namespace();
-    let (mut node, config) = started_with_config("storage:\n  driver: hostpath\n");
+    let (node, config) = started_with_config("storage:\n  driver: hostpath\n");
     let report = node
         .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
         .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
