@@ -327,7 +327,7 @@ fn snapshot_of<'a>(report: &'a StatusReport, name: &str) -> Option<&'a kvol_node
 fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
     support::enter_private_mount_namespace();
     // Snapshots off first: a VolumeSnapshot is left alone, and the status says why.
-    let (mut node, config) = started_with_config("storage:\n  optionalCsiComponents: [none]\n");
+    let (node, config) = started_with_config("storage:\n  optionalCsiComponents: [none]\n");
     let report = node
         .wait(LIMIT, published)
         .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
