@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::components::{Components, ConfigWatch};
+use crate::components::{ComponentConfigWatch, Components, ConfigWatch};
 use crate::supervisor::{ProcessSpec, SupervisorSettings};
 use k8s_openapi::api::core::v1::Secret;
 use kvol_api::FeatureGates;
@@ -305,6 +305,16 @@ async fn run(
         (Some(_), Some(path)) => Some(ConfigWatch::start(path).map_err(|e| e.to_string())?),
         _ => None,
     };
+    let mut component_config_watch = running_setup.as_ref().and_then(|setup| {
+        let dir = &setup.paths.config_dir;
+        match ComponentConfigWatch::start(dir) {
+            Ok(watch) => Some(watch),
+            Err(e) => {
+                tracing::info!(dir = %dir.display(), error = %e, "components' config files not watched");
+                None
+            }
+        }
+    });
     let metrics_address = match config.metrics_address {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -416,6 +426,9 @@ async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
+            Some(path) = next_component_config(&mut component_config_watch) => {
+                components.config_changed(&path).await;
+            }
             Some(outcome) = next_config(&mut config_watch) => {
                 agent.config_problem =
                     reload_components(outcome, &mut running_setup, &mut components, &mut agent.snapshots_on).await;
@@ -1293,6 +1306,12 @@ fn install_example_flex_drivers(config: &AgentConfig) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
+}
+
+/// The next component config file that changed; never, without a watch.
+async fn next_component_config(watch: &mut Option<ComponentConfigWatch>) -> Option<PathBuf> {
+    let Some(watch) = watch else { return std::future::pending().await };
+    watch.changes.recv().await
 }
 
 /// The next outcome of the config watch; never, without one.

@@ -107,12 +107,19 @@ pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &Compone
             ("{state-dir}", state.as_str()),
             ("{config}", config.as_str()),
         ];
+        let config_file = process
+            .command
+            .iter()
+            .any(|arg| arg.contains("{config}"))
+            .then(|| paths.config_dir.join(format!("{name}.yaml")));
         specs.push(ProcessSpec {
             name: name.to_string(),
             command: fill_command(&process.command, &values),
             csi_socket: socket,
             log_file: paths.log_file(name),
             pid_file: Some(paths.pid_file(name)),
+            config_file,
+            reload: process.reload,
         });
         if let Some(registrar) = &process.registrar {
             let registrar_name = format!("{name}-registrar");
@@ -121,6 +128,8 @@ pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &Compone
                 csi_socket: None,
                 log_file: paths.log_file(&registrar_name),
                 pid_file: Some(paths.pid_file(&registrar_name)),
+                config_file: None,
+                reload: Default::default(),
                 name: registrar_name,
             });
         }
@@ -208,6 +217,41 @@ impl Components {
         self.states.set(&self.running);
     }
 
+    /// Tells the running components whose own config file is `path` that it changed, each as
+    /// its definition says: SIGHUP, or a restart. Returns the components told.
+    pub async fn config_changed(&mut self, path: &Path) -> Vec<String> {
+        use kvol_components::definition::Reload;
+        let told: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, (spec, _))| spec.config_file.as_deref() == Some(path))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &told {
+            let Some((spec, supervised)) = self.running.remove(name) else { continue };
+            match spec.reload {
+                Reload::Sighup => {
+                    tracing::info!(component = %name, file = %path.display(), "config changed; SIGHUP");
+                    supervised.signal(nix::sys::signal::Signal::SIGHUP);
+                    self.running.insert(name.clone(), (spec, supervised));
+                }
+                Reload::Restart => {
+                    tracing::info!(component = %name, file = %path.display(), "config changed; restarting");
+                    supervised.stop().await;
+                    let restarted = Supervised::start(spec.clone(), self.settings);
+                    self.running.insert(name.clone(), (spec, restarted));
+                }
+            }
+        }
+        self.states.set(&self.running);
+        told
+    }
+
+    /// The component config files the running processes use.
+    pub fn config_files(&self) -> Vec<PathBuf> {
+        self.running.values().filter_map(|(spec, _)| spec.config_file.clone()).collect()
+    }
+
     /// Stops every process.
     pub async fn stop_all(&mut self) {
         self.apply(Vec::new()).await;
@@ -250,6 +294,57 @@ impl ConfigWatch {
         )?;
         Ok(ConfigWatch { _watched: watched, changes })
     }
+}
+
+/// The components' own config files (`<config dir>/<component>.yaml`) watched for changes of
+/// their content: each landed change is compared with what was last seen, and the files whose
+/// content differs (appeared, changed or went) are sent on.
+#[derive(Debug)]
+pub struct ComponentConfigWatch {
+    _watched: crate::watched_dir::WatchedDir,
+    pub changes: tokio::sync::mpsc::UnboundedReceiver<PathBuf>,
+}
+
+impl ComponentConfigWatch {
+    /// Watches `dir` (which must exist) for the `*.yaml` files of components.
+    pub fn start(dir: &Path) -> Result<ComponentConfigWatch, crate::watched_dir::WatchError> {
+        let (sender, changes) = tokio::sync::mpsc::unbounded_channel();
+        let mut seen: BTreeMap<PathBuf, Option<Vec<u8>>> = yaml_files(dir);
+        let watched_dir = dir.to_path_buf();
+        let read = move || {
+            let now = yaml_files(&watched_dir);
+            let paths: std::collections::BTreeSet<&PathBuf> = seen.keys().chain(now.keys()).collect();
+            for path in paths {
+                if seen.get(path).cloned().flatten() != now.get(path).cloned().flatten() {
+                    let _ = sender.send(path.clone());
+                }
+            }
+            seen = now;
+        };
+        let relevant = |event: &notify::Event, _: &Path| crate::watched_dir::may_change_content(event);
+        let watched = crate::watched_dir::WatchedDir::start(
+            dir.to_path_buf(),
+            "kvol-component-config",
+            relevant,
+            crate::watched_dir::Quiet::default(),
+            read,
+        )?;
+        Ok(ComponentConfigWatch { _watched: watched, changes })
+    }
+}
+
+/// The `*.yaml` files directly in `dir` with their content (none when unreadable).
+fn yaml_files(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return BTreeMap::new() };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| {
+            let content = std::fs::read(&p).ok();
+            (p, content)
+        })
+        .collect()
 }
 
 /// The storage section of kvol's config file at `path`, once the whole file is valid.

@@ -28,6 +28,11 @@ pub struct ProcessSpec {
     /// agent) leaves its process running; the next one finds it here and stops it before
     /// starting its own, so two never serve the same socket and state. `None`: not kept.
     pub pid_file: Option<PathBuf>,
+    /// The component's own config file (its definition's `{config}`), when its command names
+    /// one: a change of it is passed on as `reload` says.
+    pub config_file: Option<PathBuf>,
+    /// How the process learns its config file changed: SIGHUP, or a restart.
+    pub reload: kvol_components::definition::Reload,
 }
 
 /// How supervision is paced.
@@ -103,6 +108,12 @@ impl Supervised {
 
     pub fn state(&self) -> ProcessState {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Sends `signal` to the running process, if one runs; whether it was sent.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> bool {
+        let Some(pid) = self.state().pid.and_then(|p| i32::try_from(p).ok()) else { return false };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).is_ok()
     }
 
     /// The live state, for a reader that outlives this borrow (the status report).

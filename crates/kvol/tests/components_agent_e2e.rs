@@ -388,3 +388,80 @@ fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
     assert!(left.is_empty(), "the driver still holds {left:?}");
     assert!(!node.root.join("snapshots/default~before.json").exists());
 }
+
+/// Two user components that record their lives: one told of a change of its config file by
+/// SIGHUP, one restarted.
+const USER_COMPONENTS: &[(&str, &str)] = &[
+    (
+        "ticker.yaml",
+        "name: ticker\nrole: optional\nstandalone:\n  process:\n    command: [sh, -c, \"trap 'echo reloaded >> {state-dir}.log' HUP; echo started >> {state-dir}.log; while true; do sleep 0.05; done\", \"{config}\"]\n    reload: sighup\n",
+    ),
+    (
+        "restarter.yaml",
+        "name: restarter\nrole: optional\nstandalone:\n  process:\n    command: [sh, -c, \"echo started >> {state-dir}.log; exec sleep 600\", \"{config}\"]\n    reload: restart\n",
+    ),
+];
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().map(String::from).collect()
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < LIMIT, "never {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    let definitions = node.root.join("components.d");
+    std::fs::create_dir_all(&definitions).unwrap();
+    for (file, text) in USER_COMPONENTS {
+        std::fs::write(definitions.join(file), text).unwrap();
+    }
+    let etc = node.root.join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let config = etc.join("kvol.yaml");
+    std::fs::write(&config, "storage:\n  driver: none\n  optionalCsiComponents: [ticker, restarter]\n")
+        .unwrap();
+    node.agent_args = vec![
+        "--config".into(),
+        config.display().to_string(),
+        "--component-definitions-dir".into(),
+        definitions.display().to_string(),
+    ];
+    node.start();
+    let ticker_log = node.root.join("csi-ticker.log");
+    let restarter_log = node.root.join("csi-restarter.log");
+    wait_for("both components started", || {
+        lines(&ticker_log) == ["started"] && lines(&restarter_log) == ["started"]
+    });
+    // The ticker's shell must have its trap in place before the signal.
+    std::thread::sleep(Duration::from_millis(300));
+
+    // SIGHUP for the ticker: the same process says it reloaded.
+    rename_save(&etc.join("ticker.yaml"), "level: 1\n");
+    wait_for("the ticker told by SIGHUP", || lines(&ticker_log) == ["started", "reloaded"]);
+    // The restarter restarts.
+    std::fs::write(etc.join("restarter.yaml"), "level: 1\n").unwrap();
+    wait_for("the restarter restarted", || lines(&restarter_log) == ["started", "started"]);
+    let report = node
+        .wait(LIMIT, |r| r.components.iter().any(|c| c.name == "restarter" && c.state.starts == 1))
+        .unwrap();
+    assert!(
+        report.components.iter().any(|c| c.name == "ticker" && c.state.starts == 1),
+        "{:?}",
+        report.components
+    );
+
+    // Saving the same content again, or another file, tells nobody.
+    rename_save(&etc.join("ticker.yaml"), "level: 1\n");
+    std::fs::write(etc.join("unrelated.yaml"), "x: 1\n").unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(lines(&ticker_log), ["started", "reloaded"]);
+    assert_eq!(lines(&restarter_log), ["started", "started"]);
+}
