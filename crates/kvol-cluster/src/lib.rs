@@ -10,6 +10,7 @@
 //! [`tokens::ApiTokens`] the service-account tokens their CSIDrivers ask for.
 
 pub mod attachments;
+pub mod bundles;
 pub mod client;
 pub mod events;
 pub mod inventory;

@@ -31,6 +31,18 @@ pub struct ComponentDefinition {
     /// How the component runs on a standalone node; absent means it cannot.
     #[serde(default)]
     pub standalone: Option<Standalone>,
+    /// How the component is deployed into a cluster; absent means it is not.
+    #[serde(default)]
+    pub cluster: Option<ClusterBundle>,
+}
+
+/// The objects a component is in a cluster, applied by `kvol components apply` (see
+/// [`crate::bundle`]).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterBundle {
+    /// Kubernetes objects, each with `apiVersion`, `kind` and `metadata.name`.
+    pub objects: Vec<serde_json::Value>,
 }
 
 /// Whether a component is the node's CSI driver or an optional addition.

@@ -10,6 +10,7 @@
 //!
 //! No I/O except [`catalogue::Catalogue::load`], which reads a directory of definitions.
 
+pub mod bundle;
 pub mod catalogue;
 pub mod definition;
 pub mod selection;
@@ -17,4 +18,4 @@ pub mod uninstall;
 
 pub use catalogue::{Catalogue, CatalogueProblem};
 pub use definition::{ComponentDefinition, DefinitionError, NodeFeature, Role};
-pub use selection::{ConfigProblem, Decision, NodeFacts, Verdict, decide};
+pub use selection::{ConfigProblem, Decision, NodeFacts, Verdict, decide, decide_for_cluster};

@@ -84,6 +84,32 @@ pub fn decide(
     catalogue: &Catalogue,
     node: &NodeFacts,
 ) -> Result<Decision, Vec<ConfigProblem>> {
+    decide_with(storage, catalogue, node, |entry, wanted| runnable(entry, wanted, node))
+}
+
+/// The same decision for deploying into a cluster (`kvol components apply`): the same rules
+/// for what the config asks, no node's facts (a driver that needs one runs only where the
+/// node has it, which is its bundle's business), and a component runs only when its
+/// definition has a cluster bundle.
+pub fn decide_for_cluster(
+    storage: &StorageSection,
+    catalogue: &Catalogue,
+) -> Result<Decision, Vec<ConfigProblem>> {
+    let no_facts = NodeFacts::default();
+    decide_with(storage, catalogue, &no_facts, |entry, wanted| match wanted {
+        Verdict::Run(why) if entry.definition.cluster.is_none() => {
+            Verdict::Blocked(format!("{why}, but its definition ({}) has no cluster bundle", entry.origin))
+        }
+        other => other,
+    })
+}
+
+fn decide_with(
+    storage: &StorageSection,
+    catalogue: &Catalogue,
+    node: &NodeFacts,
+    deployable: impl Fn(&Entry, Verdict) -> Verdict,
+) -> Result<Decision, Vec<ConfigProblem>> {
     let mut notes = Notes::default();
     let driver = choose_driver(storage.driver.as_deref(), catalogue, &mut notes);
     let optional = choose_optional(storage.optional_csi_components.as_deref(), catalogue, &mut notes);
@@ -98,7 +124,7 @@ pub fn decide(
                 Role::Driver => driver.verdict_for(entry, catalogue, node),
                 Role::Optional => optional.verdict_for(entry),
             };
-            (entry.definition.name.clone(), runnable(entry, wanted, node))
+            (entry.definition.name.clone(), deployable(entry, wanted))
         })
         .collect();
     Ok(Decision { verdicts, warnings: notes.warnings })

@@ -28,6 +28,11 @@ pub enum ComponentsCommand {
     /// Remove a component that is turned off: refused while any volume, claim or snapshot
     /// still depends on it (each listed), then its data directory, log and pid file go.
     Uninstall(crate::components_node_cmd::UninstallArgs),
+    /// Deploy into a cluster: each component the config turns on is applied from its
+    /// definition's cluster bundle (server-side apply, field manager kvol, labelled with the
+    /// component), what its bundle no longer has is pruned, components turned off are left
+    /// exactly as they are.
+    Apply(crate::components_cluster_cmd::ApplyArgs),
 }
 
 #[derive(Debug, clap::Args)]

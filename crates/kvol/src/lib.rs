@@ -1,6 +1,7 @@
 //! The kvol command line: argument parsing and the commands, over the kvol libraries.
 
 pub mod agent_cmd;
+pub mod components_cluster_cmd;
 pub mod components_cmd;
 pub mod components_node_cmd;
 pub mod csi_driver_cmd;
@@ -236,6 +237,9 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Components(components_cmd::ComponentsCommand::Uninstall(args)) => {
             components_node_cmd::run_uninstall(args, &config.storage)
+        }
+        Command::Components(components_cmd::ComponentsCommand::Apply(args)) => {
+            components_cluster_cmd::run_apply(args, &config.storage)
         }
         Command::Migrate(command) => migrate_cmd::run(&gates, command),
     };

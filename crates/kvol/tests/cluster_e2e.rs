@@ -468,3 +468,101 @@ fn migrate_check_reads_a_live_cluster() {
     assert_eq!(report["blockers"], json!([]), "{report:#}");
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// A user component deployed into the cluster from its bundle: applied with kvol's label and
+/// field manager, an object its bundle drops pruned, and left alone once turned off.
+#[test]
+fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    let dir = tempfile::tempdir().unwrap();
+    let definitions = dir.path().join("components");
+    std::fs::create_dir_all(&definitions).unwrap();
+    let definition = |with_settings: bool| {
+        let settings = "  - {apiVersion: v1, kind: ConfigMap, metadata: {name: cloud-settings, namespace: default}, data: {level: \"1\"}}\n";
+        format!(
+            "name: cloud\nrole: driver\nprovides: {{csiDriver: cloud.csi.example}}\ncluster:\n  objects:\n\
+             {}  - {{apiVersion: storage.k8s.io/v1, kind: CSIDriver, metadata: {{name: cloud.csi.example}}, spec: {{attachRequired: false}}}}\n\
+             \x20 - {{apiVersion: v1, kind: ServiceAccount, metadata: {{name: cloud, namespace: default}}}}\n",
+            if with_settings { settings } else { "" }
+        )
+    };
+    std::fs::write(definitions.join("cloud.yaml"), definition(true)).unwrap();
+    let config = dir.path().join("kvol.yaml");
+    let apply = |storage: &str| {
+        std::fs::write(&config, storage).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .arg("--config")
+            .arg(&config)
+            .args(["components", "apply", "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .arg("--definitions-dir")
+            .arg(&definitions)
+            .env_remove("KVOL_CONFIG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    };
+    let label = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+        labels.and_then(|l| l.get("components.kvol.io/name")).cloned()
+    };
+
+    // On: every object applied, labelled, under kvol's field manager.
+    let out = apply("storage:\n  driver: cloud\n  optionalCsiComponents: [none]\n");
+    assert!(out.contains("applied ServiceAccount default/cloud (cloud)"), "{out}");
+    runtime.block_on(async {
+        let settings =
+            Api::<ConfigMap>::namespaced(client.clone(), "default").get("cloud-settings").await.unwrap();
+        assert_eq!(label(settings.metadata.labels.as_ref()).as_deref(), Some("cloud"));
+        let managers: Vec<String> = settings
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.manager)
+            .collect();
+        assert!(managers.iter().any(|m| m == "kvol"), "{managers:?}");
+        let driver = Api::<CSIDriver>::all(client.clone()).get("cloud.csi.example").await.unwrap();
+        assert_eq!(label(driver.metadata.labels.as_ref()).as_deref(), Some("cloud"));
+    });
+
+    // The bundle drops the ConfigMap: it is pruned, the rest stays.
+    std::fs::write(definitions.join("cloud.yaml"), definition(false)).unwrap();
+    let out = apply("storage:\n  driver: cloud\n  optionalCsiComponents: [none]\n");
+    assert!(out.contains("pruned ConfigMap default/cloud-settings (cloud)"), "{out}");
+    runtime.block_on(async {
+        let gone =
+            Api::<ConfigMap>::namespaced(client.clone(), "default").get_opt("cloud-settings").await.unwrap();
+        assert!(gone.is_none(), "{gone:?}");
+        assert!(
+            Api::<ServiceAccount>::namespaced(client.clone(), "default")
+                .get_opt("cloud")
+                .await
+                .unwrap()
+                .is_some()
+        );
+    });
+
+    // Off: nothing applied, nothing deleted; the objects stay exactly as they are.
+    let before = runtime.block_on(async {
+        Api::<ServiceAccount>::namespaced(client.clone(), "default")
+            .get("cloud")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+    });
+    let out = apply("storage:\n  driver: none\n  optionalCsiComponents: [none]\n");
+    assert!(out.contains("left alone: component cloud is off"), "{out}");
+    assert!(!out.contains("applied") && !out.contains("pruned"), "{out}");
+    runtime.block_on(async {
+        let sa = Api::<ServiceAccount>::namespaced(client.clone(), "default").get("cloud").await.unwrap();
+        assert_eq!(sa.metadata.resource_version, before, "the turned-off component's object was touched");
+        assert!(Api::<CSIDriver>::all(client.clone()).get_opt("cloud.csi.example").await.unwrap().is_some());
+    });
+}

@@ -1,0 +1,265 @@
+//! Cluster deployment as a pure plan: which bundle objects to apply (dependencies first), which deployed objects to prune, and which to leave alone because their component is off.
+//!
+//! Every object kvol applies carries the label [`COMPONENT_LABEL`] naming its component; what
+//! the cluster holds under that label is the deployed state the plan compares against. A
+//! component that does not run is never touched: not applied, not pruned, not deleted (a
+//! restart must not bring back, nor take away, what the user turned off).
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::{Catalogue, Decision};
+
+/// The label on every object kvol applies for a component.
+pub const COMPONENT_LABEL: &str = "components.kvol.io/name";
+
+/// One object as the API names it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.namespace.as_str() {
+            "" => write!(f, "{} {}", self.kind, self.name),
+            ns => write!(f, "{} {ns}/{}", self.kind, self.name),
+        }
+    }
+}
+
+impl ObjectRef {
+    /// The reference of an object's text; `None` without `apiVersion`, `kind` or a name.
+    pub fn of(object: &Value) -> Option<ObjectRef> {
+        let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).map(str::to_string);
+        Some(ObjectRef {
+            api_version: text("/apiVersion")?,
+            kind: text("/kind")?,
+            namespace: text("/metadata/namespace").unwrap_or_default(),
+            name: text("/metadata/name").filter(|n| !n.is_empty())?,
+        })
+    }
+}
+
+/// An object the cluster holds under [`COMPONENT_LABEL`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deployed {
+    pub object: ObjectRef,
+    pub component: String,
+}
+
+/// What `kvol components apply` does.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BundlePlan {
+    /// Objects to apply, labelled, in dependency order; each with its component.
+    pub apply: Vec<(String, Value)>,
+    /// Deployed objects of running components that their bundle no longer has, dependents
+    /// first.
+    pub prune: Vec<Deployed>,
+    /// Components that do not run and still have objects deployed: left exactly as they are.
+    pub left_alone: Vec<String>,
+    /// Bundle objects that cannot be applied, with why.
+    pub problems: Vec<String>,
+}
+
+/// Where a kind goes in the apply order: definitions and namespaces first, then identities and
+/// permissions, then configuration and storage objects, workloads last.
+pub fn apply_rank(kind: &str) -> u8 {
+    match kind {
+        "CustomResourceDefinition" => 0,
+        "Namespace" => 1,
+        "ServiceAccount" | "ClusterRole" | "Role" => 2,
+        "ClusterRoleBinding" | "RoleBinding" => 3,
+        "ConfigMap" | "Secret" => 4,
+        "DaemonSet" | "Deployment" | "StatefulSet" | "Job" | "Pod" => 6,
+        _ => 5,
+    }
+}
+
+/// The plan for `decision` over what is `deployed`. Pure.
+pub fn plan(decision: &Decision, catalogue: &Catalogue, deployed: &[Deployed]) -> BundlePlan {
+    let mut out = BundlePlan::default();
+    let running: BTreeSet<&str> = decision.running().collect();
+    let mut wanted: BTreeSet<ObjectRef> = BTreeSet::new();
+    for entry in catalogue.entries() {
+        let name = entry.definition.name.as_str();
+        let Some(bundle) = entry.definition.cluster.as_ref().filter(|_| running.contains(name)) else {
+            continue;
+        };
+        for (i, object) in bundle.objects.iter().enumerate() {
+            match ObjectRef::of(object) {
+                Some(reference) => {
+                    wanted.insert(reference);
+                    out.apply.push((name.to_string(), labelled(object, name)));
+                }
+                None => out.problems.push(format!(
+                    "component {name}: cluster.objects[{i}] needs apiVersion, kind and metadata.name"
+                )),
+            }
+        }
+    }
+    out.apply.sort_by_key(|(_, object)| apply_rank(object["kind"].as_str().unwrap_or_default()));
+    out.prune = deployed
+        .iter()
+        .filter(|d| running.contains(d.component.as_str()) && !wanted.contains(&d.object))
+        .cloned()
+        .collect();
+    out.prune.sort_by_key(|d| std::cmp::Reverse(apply_rank(&d.object.kind)));
+    let mut left: Vec<String> = deployed
+        .iter()
+        .filter(|d| !running.contains(d.component.as_str()))
+        .map(|d| d.component.clone())
+        .collect();
+    left.dedup();
+    out.left_alone = left.into_iter().collect::<BTreeSet<_>>().into_iter().collect();
+    out
+}
+
+/// `object` with [`COMPONENT_LABEL`] set to `component`.
+fn labelled(object: &Value, component: &str) -> Value {
+    let mut object = object.clone();
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        let labels = metadata.entry("labels").or_insert_with(|| Value::Object(Default::default()));
+        if let Some(labels) = labels.as_object_mut() {
+            labels.insert(COMPONENT_LABEL.to_string(), Value::String(component.to_string()));
+        }
+    }
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::Origin;
+    use crate::decide_for_cluster;
+    use kvol_api::StorageSection;
+
+    const DRIVER: &str = "
+name: cloud
+role: driver
+provides: {csiDriver: cloud.csi.example}
+cluster:
+  objects:
+  - {apiVersion: apps/v1, kind: DaemonSet, metadata: {name: cloud-node, namespace: kube-system}}
+  - {apiVersion: storage.k8s.io/v1, kind: CSIDriver, metadata: {name: cloud.csi.example}}
+  - {apiVersion: v1, kind: ServiceAccount, metadata: {name: cloud, namespace: kube-system}}
+  - {apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRoleBinding, metadata: {name: cloud}}
+  - {apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, metadata: {name: clouds.example.com}}
+";
+
+    const EXTRA: &str = "
+name: extra
+role: optional
+cluster:
+  objects:
+  - {apiVersion: v1, kind: ConfigMap, metadata: {name: extra, namespace: kube-system}}
+  - {apiVersion: v1, kind: ConfigMap}
+";
+
+    fn catalogue() -> Catalogue {
+        let docs = [("cloud.yaml", DRIVER), ("extra.yaml", EXTRA)]
+            .map(|(f, t)| (Origin::File(format!("/d/{f}").into()), t.to_string()));
+        let (catalogue, problems) = Catalogue::with_documents(docs.to_vec());
+        assert!(problems.is_empty(), "{problems:?}");
+        catalogue
+    }
+
+    fn decision(driver: &str, optional: &[&str]) -> Decision {
+        let storage = StorageSection {
+            driver: Some(driver.into()),
+            optional_csi_components: Some(optional.iter().map(|o| Some(o.to_string())).collect()),
+        };
+        decide_for_cluster(&storage, &catalogue()).unwrap()
+    }
+
+    fn deployed(kind: &str, name: &str, component: &str) -> Deployed {
+        let api_version = match kind {
+            "ConfigMap" | "ServiceAccount" => "v1",
+            "CSIDriver" => "storage.k8s.io/v1",
+            _ => "apps/v1",
+        };
+        let namespace = if kind == "CSIDriver" { "" } else { "kube-system" };
+        Deployed {
+            object: ObjectRef {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                namespace: namespace.into(),
+                name: name.into(),
+            },
+            component: component.into(),
+        }
+    }
+
+    #[test]
+    fn bundles_apply_in_dependency_order_with_their_label() {
+        let plan = plan(&decision("cloud", &["none"]), &catalogue(), &[]);
+        let kinds: Vec<&str> = plan.apply.iter().map(|(_, o)| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            ["CustomResourceDefinition", "ServiceAccount", "ClusterRoleBinding", "CSIDriver", "DaemonSet"]
+        );
+        for (component, object) in &plan.apply {
+            assert_eq!(component, "cloud");
+            assert_eq!(object["metadata"]["labels"][COMPONENT_LABEL], "cloud", "{object}");
+        }
+        assert!(plan.prune.is_empty() && plan.left_alone.is_empty() && plan.problems.is_empty());
+    }
+
+    #[test]
+    fn dropped_objects_are_pruned_and_components_turned_off_are_left_alone() {
+        let cluster = [
+            deployed("DaemonSet", "cloud-node", "cloud"),
+            deployed("DaemonSet", "cloud-node-old", "cloud"),
+            deployed("ConfigMap", "cloud-old", "cloud"),
+            deployed("ConfigMap", "extra", "extra"),
+            deployed("ConfigMap", "extra-old", "extra"),
+        ];
+        let rows: [(&str, Decision, &[&str], &[&str]); 3] = [
+            (
+                "both run: each prunes what its bundle dropped, workloads first",
+                decision("cloud", &["extra"]),
+                &[
+                    "DaemonSet kube-system/cloud-node-old",
+                    "ConfigMap kube-system/cloud-old",
+                    "ConfigMap kube-system/extra-old",
+                ],
+                &[],
+            ),
+            (
+                "extra off: its objects are left exactly as they are",
+                decision("cloud", &["none"]),
+                &["DaemonSet kube-system/cloud-node-old", "ConfigMap kube-system/cloud-old"],
+                &["extra"],
+            ),
+            (
+                "all off: nothing applied, nothing pruned",
+                decision("none", &["none"]),
+                &[],
+                &["cloud", "extra"],
+            ),
+        ];
+        for (what, decision, prune, left) in rows {
+            let plan = plan(&decision, &catalogue(), &cluster);
+            let pruned: Vec<String> = plan.prune.iter().map(|d| d.object.to_string()).collect();
+            assert_eq!(pruned, prune, "{what}");
+            assert_eq!(plan.left_alone, left, "{what}");
+        }
+        let off = plan(&decision("none", &["none"]), &catalogue(), &cluster);
+        assert!(off.apply.is_empty(), "a component turned off is never applied: {:?}", off.apply);
+    }
+
+    #[test]
+    fn an_object_without_a_name_is_a_problem_naming_its_place() {
+        let plan = plan(&decision("none", &["extra"]), &catalogue(), &[]);
+        assert_eq!(plan.apply.len(), 1);
+        assert_eq!(
+            plan.problems,
+            ["component extra: cluster.objects[1] needs apiVersion, kind and metadata.name"]
+        );
+    }
+}
