@@ -75,7 +75,15 @@ fn wait_status(
         {
             return report;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "never {what}; status: {:#?}", read_status(root));
+        if start.elapsed() >= Duration::from_secs(60) {
+            let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+            panic!(
+                "never {what}; status: {:#?}\nthe agent's log, last lines:\n{}",
+                read_status(root),
+                tail.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
