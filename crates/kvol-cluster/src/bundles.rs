@@ -166,3 +166,92 @@ async fn resource(
         .map_err(|e| format!("the api server does not serve {kind} ({api_version}): {e}"))?;
     Ok((resource, capabilities.scope))
 }
+
+/// What still depends on `definition`'s driver in the cluster: PersistentVolumes (in-tree ones
+/// that migrate to it included), claims, and snapshot objects when the snapshot kinds are
+/// served (a cluster without them has none).
+pub async fn holders(
+    client: &kube::Client,
+    definition: &kvol_components::ComponentDefinition,
+) -> Result<Vec<kvol_components::uninstall::Holder>, String> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kvol_components::uninstall::{Inventory, holders};
+    let all = ListParams::default();
+    let failed = |what: &'static str| move |e: kube::Error| format!("cannot list {what}: {e}");
+    let volumes =
+        Api::<PersistentVolume>::all(client.clone()).list(&all).await.map_err(failed("persistentvolumes"))?;
+    let claims = Api::<PersistentVolumeClaim>::all(client.clone())
+        .list(&all)
+        .await
+        .map_err(failed("persistentvolumeclaims"))?;
+    let classes =
+        Api::<StorageClass>::all(client.clone()).list(&all).await.map_err(failed("storageclasses"))?;
+    let snapshots = snapshot_objects(client).await?;
+    Ok(holders(
+        definition,
+        &Inventory {
+            volumes: &volumes.items,
+            claims: &claims.items,
+            classes: &classes.items,
+            snapshots: &snapshots,
+        },
+    ))
+}
+
+/// VolumeSnapshotContents (their `spec.driver`) and VolumeSnapshots (their class's driver),
+/// when the API serves the snapshot kinds.
+async fn snapshot_objects(
+    client: &kube::Client,
+) -> Result<Vec<kvol_components::uninstall::SnapshotObject>, String> {
+    use kvol_components::uninstall::SnapshotObject;
+    const GROUP: &str = "snapshot.storage.k8s.io/v1";
+    let list = |kind: &'static str| async move {
+        let Ok((resource, _)) = resource(client, GROUP, kind).await else { return Ok(Vec::new()) };
+        Api::<DynamicObject>::all_with(client.clone(), &resource)
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .map_err(|e| format!("cannot list {kind}: {e}"))
+    };
+    let classes = list("VolumeSnapshotClass").await?;
+    let class_driver = |name: &str| {
+        classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .and_then(|c| c.data.get("driver").and_then(|d| d.as_str()).map(str::to_string))
+    };
+    let mut out = Vec::new();
+    for content in list("VolumeSnapshotContent").await? {
+        out.push(SnapshotObject {
+            kind: "VolumeSnapshotContent",
+            name: content.metadata.name.clone().unwrap_or_default(),
+            driver: content.data.pointer("/spec/driver").and_then(|d| d.as_str()).map(str::to_string),
+        });
+    }
+    for snapshot in list("VolumeSnapshot").await? {
+        let class = snapshot.data.pointer("/spec/volumeSnapshotClassName").and_then(|c| c.as_str());
+        out.push(SnapshotObject {
+            kind: "VolumeSnapshot",
+            name: format!(
+                "{}/{}",
+                snapshot.metadata.namespace.as_deref().unwrap_or("default"),
+                snapshot.metadata.name.as_deref().unwrap_or_default()
+            ),
+            driver: class.and_then(class_driver),
+        });
+    }
+    Ok(out)
+}
+
+/// Deletes `objects` in the order given; each failure is named, the rest still deleted.
+pub async fn delete_all(client: &kube::Client, objects: &[ObjectRef]) -> Outcome {
+    let mut outcome = Outcome::default();
+    for object in objects {
+        match delete_one(client, object).await {
+            Ok(()) => outcome.pruned.push(object.to_string()),
+            Err(e) => outcome.failed.push(format!("cannot delete {object}: {e}")),
+        }
+    }
+    outcome
+}

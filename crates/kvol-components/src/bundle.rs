@@ -120,6 +120,31 @@ pub fn plan(decision: &Decision, catalogue: &Catalogue, deployed: &[Deployed]) -
     out
 }
 
+/// What uninstalling `component` from a cluster deletes, in order: its deployed objects,
+/// workloads first and definitions last (the reverse of the apply order). A
+/// CustomResourceDefinition another component's bundle also has is kept, and listed apart.
+/// Pure.
+pub fn removal(
+    component: &str,
+    deployed: &[Deployed],
+    catalogue: &Catalogue,
+) -> (Vec<ObjectRef>, Vec<ObjectRef>) {
+    let shared: BTreeSet<ObjectRef> = catalogue
+        .entries()
+        .iter()
+        .filter(|e| e.definition.name != component)
+        .filter_map(|e| e.definition.cluster.as_ref())
+        .flat_map(|bundle| bundle.objects.iter().filter_map(ObjectRef::of))
+        .filter(|r| r.kind == "CustomResourceDefinition")
+        .collect();
+    let mut delete: Vec<ObjectRef> =
+        deployed.iter().filter(|d| d.component == component).map(|d| d.object.clone()).collect();
+    let kept: Vec<ObjectRef> = delete.iter().filter(|r| shared.contains(r)).cloned().collect();
+    delete.retain(|r| !shared.contains(r));
+    delete.sort_by_key(|r| std::cmp::Reverse(apply_rank(&r.kind)));
+    (delete, kept)
+}
+
 /// `object` with [`COMPONENT_LABEL`] set to `component`.
 fn labelled(object: &Value, component: &str) -> Value {
     let mut object = object.clone();
@@ -261,5 +286,49 @@ cluster:
             plan.problems,
             ["component extra: cluster.objects[1] needs apiVersion, kind and metadata.name"]
         );
+    }
+
+    #[test]
+    fn uninstall_deletes_workloads_first_and_keeps_a_crd_another_component_uses() {
+        const OTHER: &str = "
+name: other
+role: optional
+cluster:
+  objects:
+  - {apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, metadata: {name: clouds.example.com}}
+";
+        let docs = [("cloud.yaml", DRIVER), ("other.yaml", OTHER)]
+            .map(|(f, t)| (Origin::File(format!("/d/{f}").into()), t.to_string()));
+        let (with_other, problems) = Catalogue::with_documents(docs.to_vec());
+        assert!(problems.is_empty(), "{problems:?}");
+        let crd = Deployed {
+            object: ObjectRef {
+                api_version: "apiextensions.k8s.io/v1".into(),
+                kind: "CustomResourceDefinition".into(),
+                namespace: String::new(),
+                name: "clouds.example.com".into(),
+            },
+            component: "cloud".into(),
+        };
+        let cluster = [
+            crd.clone(),
+            deployed("ServiceAccount", "cloud", "cloud"),
+            deployed("DaemonSet", "cloud-node", "cloud"),
+            deployed("ConfigMap", "extra", "extra"),
+        ];
+        let names = |refs: &[ObjectRef]| refs.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let (delete, kept) = removal("cloud", &cluster, &catalogue());
+        assert_eq!(
+            names(&delete),
+            [
+                "DaemonSet kube-system/cloud-node",
+                "ServiceAccount kube-system/cloud",
+                "CustomResourceDefinition clouds.example.com"
+            ]
+        );
+        assert!(kept.is_empty());
+        let (delete, kept) = removal("cloud", &cluster, &with_other);
+        assert_eq!(names(&delete), ["DaemonSet kube-system/cloud-node", "ServiceAccount kube-system/cloud"]);
+        assert_eq!(names(&kept), ["CustomResourceDefinition clouds.example.com"]);
     }
 }

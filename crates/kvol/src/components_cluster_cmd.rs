@@ -69,3 +69,66 @@ pub fn run_apply(args: &ApplyArgs, storage: &StorageSection) -> anyhow::Result<E
         Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     })
 }
+
+/// `kvol components uninstall NAME --kubeconfig FILE`: refused while the config turns the
+/// component on or anything in the cluster depends on it (each named; `--force` names them as
+/// orphaned instead); then its deployed objects are deleted, workloads first, a definition
+/// another component's bundle shares kept.
+pub fn run_uninstall(
+    args: &crate::components_node_cmd::UninstallArgs,
+    kubeconfig: &std::path::Path,
+    storage: &StorageSection,
+) -> anyhow::Result<ExitCode> {
+    let (catalogue, _) = Catalogue::load(&args.definitions_dir);
+    let Some((entry, _)) = catalogue.resolve(&args.name) else {
+        anyhow::bail!("no component named {:?} (known: {})", args.name, catalogue.known_names().join(", "));
+    };
+    let definition = entry.definition.clone();
+    let decision = decide_for_cluster(storage, &catalogue)
+        .map_err(|problems| anyhow::anyhow!("invalid storage section: {problems:?}"))?;
+    if decision.verdict(&definition.name).is_some_and(|v| v.runs()) {
+        eprintln!(
+            "kvol: component {} is on in the config's storage section: turn it off first, then uninstall",
+            definition.name
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let client = kvol_cluster::client::client(Some(kubeconfig)).await?;
+        let found = kvol_cluster::bundles::holders(&client, &definition).await.map_err(anyhow::Error::msg)?;
+        if !found.is_empty() && !args.force {
+            eprintln!("kvol: component {} still holds data; uninstalling would orphan:", definition.name);
+            for holder in &found {
+                eprintln!("  {holder}");
+            }
+            eprintln!("delete these first, or pass --force to orphan them");
+            return Ok(ExitCode::FAILURE);
+        }
+        for holder in &found {
+            println!("orphaned: {holder}");
+        }
+        let mut kinds = kvol_cluster::bundles::bundle_kinds(&catalogue);
+        kinds.extend(kvol_cluster::bundles::inventory_kinds(&client).await.map_err(anyhow::Error::msg)?);
+        let deployed = kvol_cluster::bundles::deployed(&client, &kinds).await.map_err(anyhow::Error::msg)?;
+        let (delete, kept) = bundle::removal(&definition.name, &deployed, &catalogue);
+        let outcome = kvol_cluster::bundles::delete_all(&client, &delete).await;
+        for deleted in &outcome.pruned {
+            println!("deleted {deleted}");
+        }
+        for shared in &kept {
+            println!("kept {shared}: another component's bundle has it");
+        }
+        for failure in &outcome.failed {
+            eprintln!("kvol: {failure}");
+        }
+        if !outcome.failed.is_empty() {
+            return Ok(ExitCode::FAILURE);
+        }
+        println!("component {} uninstalled from the cluster", definition.name);
+        Ok(ExitCode::SUCCESS)
+    })
+}

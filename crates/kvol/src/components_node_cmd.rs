@@ -42,6 +42,10 @@ pub struct UninstallArgs {
     /// Remove it even though objects still depend on it; each one is named as orphaned.
     #[arg(long)]
     pub force: bool,
+    /// Uninstall from this cluster instead of this node: the holders are read from the API and
+    /// the component's deployed objects deleted, workloads first, definitions last.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// One component as `kvol components status` shows it.
@@ -195,6 +199,9 @@ fn table(rows: &[Row]) -> String {
 
 /// Runs `kvol components uninstall NAME`.
 pub fn run_uninstall(args: &UninstallArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
+    if let Some(kubeconfig) = &args.kubeconfig {
+        return crate::components_cluster_cmd::run_uninstall(args, kubeconfig, storage);
+    }
     let catalogue = load_catalogue(&args.definitions_dir);
     let Some((entry, _)) = catalogue.resolve(&args.name) else {
         anyhow::bail!("no component named {:?} (known: {})", args.name, catalogue.known_names().join(", "));

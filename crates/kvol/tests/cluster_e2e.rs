@@ -573,4 +573,76 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
         assert_eq!(sa.metadata.resource_version, before, "the turned-off component's object was touched");
         assert!(Api::<CSIDriver>::all(client.clone()).get_opt("cloud.csi.example").await.unwrap().is_some());
     });
+
+    // Uninstall from the cluster: refused while a volume and a claim of its driver exist, each
+    // named; once they are gone, its objects are deleted.
+    let uninstall = || {
+        Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .arg("--config")
+            .arg(&config)
+            .args(["components", "uninstall", "cloud", "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .arg("--definitions-dir")
+            .arg(&definitions)
+            .env_remove("KVOL_CONFIG")
+            .output()
+            .unwrap()
+    };
+    runtime.block_on(async {
+        create(
+            &Api::<PersistentVolume>::all(client.clone()),
+            json!({"metadata": {"name": "pv-cloud"}, "spec": {"capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                "claimRef": {"namespace": "default", "name": "cloudy"},
+                "csi": {"driver": "cloud.csi.example", "volumeHandle": "vol-1"}}}),
+        )
+        .await;
+        create(
+            &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
+            json!({"metadata": {"name": "cloudy"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                "storageClassName": "", "volumeName": "pv-cloud", "resources": {"requests": {"storage": "1Gi"}}}}),
+        )
+        .await;
+    });
+    let out = uninstall();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("PersistentVolume pv-cloud")
+            && stderr.contains("PersistentVolumeClaim default/cloudy"),
+        "{stderr}"
+    );
+    runtime.block_on(async {
+        assert!(
+            Api::<CSIDriver>::all(client.clone()).get_opt("cloud.csi.example").await.unwrap().is_some(),
+            "refused, yet deleted"
+        );
+        use kube::api::{Patch, PatchParams};
+        let now = DeleteParams::default();
+        let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
+        let volumes = Api::<PersistentVolume>::all(client.clone());
+        claims.delete("cloudy", &now).await.unwrap();
+        volumes.delete("pv-cloud", &now).await.unwrap();
+        // The API server's protection finalizers stay until a controller releases them; no
+        // controller runs here, so the test does its part.
+        let release = json!({"metadata": {"finalizers": null}});
+        claims.patch("cloudy", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+        volumes.patch("pv-cloud", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+        assert!(volumes.get_opt("pv-cloud").await.unwrap().is_none());
+        assert!(claims.get_opt("cloudy").await.unwrap().is_none());
+    });
+    let out = uninstall();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("deleted ServiceAccount default/cloud"), "{stdout}");
+    runtime.block_on(async {
+        assert!(Api::<CSIDriver>::all(client.clone()).get_opt("cloud.csi.example").await.unwrap().is_none());
+        assert!(
+            Api::<ServiceAccount>::namespaced(client.clone(), "default")
+                .get_opt("cloud")
+                .await
+                .unwrap()
+                .is_none()
+        );
+    });
 }
