@@ -51,6 +51,34 @@ where
     api.create(&PostParams::default(), &object).await.expect("created")
 }
 
+/// A PersistentVolume `pv` of `size` with the volume `source` (`{"csi": …}` or an in-tree
+/// source, with `labels`), pre-bound to claim `default/<claim>`, and that claim bound to it.
+async fn bound_claim(
+    client: &kube::Client,
+    pv: &str,
+    claim: &str,
+    size: &str,
+    labels: serde_json::Value,
+    source: serde_json::Value,
+) {
+    let mut spec = json!({"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+        "claimRef": {"namespace": "default", "name": claim}});
+    for (key, value) in source.as_object().expect("a volume source") {
+        spec[key] = value.clone();
+    }
+    create(
+        &Api::<PersistentVolume>::all(client.clone()),
+        json!({"metadata": {"name": pv, "labels": labels}, "spec": spec}),
+    )
+    .await;
+    create(
+        &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
+        json!({"metadata": {"name": claim}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": "", "volumeName": pv, "resources": {"requests": {"storage": size}}}}),
+    )
+    .await;
+}
+
 /// A pod on `node` with a CSI ephemeral volume of the bundled driver and an emptyDir.
 fn pod(name: &str, node: &str) -> serde_json::Value {
     json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": node,
@@ -209,18 +237,13 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
     let socket = root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
     let handle = runtime.block_on(create_volume(&socket, "claimed"));
     runtime.block_on(async {
-        create(
-            &Api::<PersistentVolume>::all(client.clone()),
-            json!({"metadata": {"name": "pv-claimed"}, "spec": {"capacity": {"storage": "1Mi"},
-                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                "claimRef": {"namespace": "default", "name": "claimed"},
-                "csi": {"driver": DRIVER, "volumeHandle": handle}}}),
-        )
-        .await;
-        create(
-            &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
-            json!({"metadata": {"name": "claimed"}, "spec": {"accessModes": ["ReadWriteOnce"],
-                "storageClassName": "", "volumeName": "pv-claimed", "resources": {"requests": {"storage": "1Mi"}}}}),
+        bound_claim(
+            &client,
+            "pv-claimed",
+            "claimed",
+            "1Mi",
+            json!({}),
+            json!({"csi": {"driver": DRIVER, "volumeHandle": handle}}),
         )
         .await;
         create(
@@ -377,18 +400,13 @@ fn migrated_gce_pd(
             json!({"metadata": {"name": GCE_PD_DRIVER}, "spec": {"attachRequired": true}}),
         )
         .await;
-        create(
-            &Api::<PersistentVolume>::all(client.clone()),
-            json!({"metadata": {"name": "pv-gce", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
-                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "", "claimRef": {"namespace": "default", "name": "gce"},
-                "gcePersistentDisk": {"pdName": "disk-1", "fsType": "ext4"}}}),
-        )
-        .await;
-        create(
-            &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
-            json!({"metadata": {"name": "gce"}, "spec": {"accessModes": ["ReadWriteOnce"],
-                "storageClassName": "", "volumeName": "pv-gce", "resources": {"requests": {"storage": "1Gi"}}}}),
+        bound_claim(
+            client,
+            "pv-gce",
+            "gce",
+            "1Gi",
+            json!({"topology.kubernetes.io/zone": "zone-a"}),
+            json!({"gcePersistentDisk": {"pdName": "disk-1", "fsType": "ext4"}}),
         )
         .await;
         create(
@@ -589,18 +607,13 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
             .unwrap()
     };
     runtime.block_on(async {
-        create(
-            &Api::<PersistentVolume>::all(client.clone()),
-            json!({"metadata": {"name": "pv-cloud"}, "spec": {"capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                "claimRef": {"namespace": "default", "name": "cloudy"},
-                "csi": {"driver": "cloud.csi.example", "volumeHandle": "vol-1"}}}),
-        )
-        .await;
-        create(
-            &Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default"),
-            json!({"metadata": {"name": "cloudy"}, "spec": {"accessModes": ["ReadWriteOnce"],
-                "storageClassName": "", "volumeName": "pv-cloud", "resources": {"requests": {"storage": "1Gi"}}}}),
+        bound_claim(
+            &client,
+            "pv-cloud",
+            "cloudy",
+            "1Gi",
+            json!({}),
+            json!({"csi": {"driver": "cloud.csi.example", "volumeHandle": "vol-1"}}),
         )
         .await;
     });
