@@ -53,7 +53,9 @@ pub struct SnapshotPending {
     pub reason: String,
 }
 
-/// The VolumeSnapshots not yet recorded, each with what taking it needs — or why it cannot be
+/// The VolumeSnapshots not yet recorded, or recorded but not ready to use (asked again: a
+/// repeated CreateSnapshot of the same name answers with the snapshot's current state, as
+/// the external-snapshotter polls), each with what taking it needs — or why it cannot be
 /// taken now: its claim missing or unbound, no class (or the class's driver is not the
 /// volume's), the driver not registered, a pre-provisioned content (not served). `objects`
 /// has the provisioned volumes laid over it. Pure.
@@ -65,7 +67,7 @@ pub fn snapshots_to_take(
     let mut take = Vec::new();
     let mut pending = Vec::new();
     for (key, snapshot) in &objects.volume_snapshots {
-        if records.contains_key(key) {
+        if records.get(key).is_some_and(|r| r.ready_to_use) {
             continue;
         }
         match request_for(key, snapshot, objects, drivers) {
@@ -318,6 +320,10 @@ mod tests {
         ]);
         let (take, pending) = snapshots_to_take(&set, &records, &["d.example".into()]);
         assert!(take.is_empty() && pending.is_empty());
+        // Recorded but not ready yet: asked again, under the same name.
+        let waiting = BTreeMap::from([("ns/s".to_string(), record("Delete", false))]);
+        let (take, _) = snapshots_to_take(&set, &waiting, &["d.example".into()]);
+        assert_eq!(take.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["snapshot-u-1"]);
         let deleted: Vec<&String> = snapshots_to_delete(&set, &records).into_iter().map(|(k, _)| k).collect();
         assert_eq!(deleted, ["ns/gone"]);
     }
