@@ -270,9 +270,13 @@ fn component_line(component: &crate::components::ComponentStatus) -> String {
         (Some(false), None) => "unhealthy".to_string(),
         (None, _) => "not probed yet".to_string(),
     };
+    let version = state.version.as_deref().map(|v| format!(", {}", one_line(v))).unwrap_or_default();
     let last =
         state.last_exit.as_deref().map(|e| format!("; last ended: {}", one_line(e))).unwrap_or_default();
-    format!("component {}: {running}, started {} time(s), {health}{last}\n", component.name, state.starts)
+    format!(
+        "component {}: {running}, started {} time(s), {health}{version}{last}\n",
+        component.name, state.starts
+    )
 }
 
 fn csi_node_lines(csi_node: &CSINode) -> String {
@@ -637,8 +641,14 @@ vol-2   acme/disk  failed                                          -            
         use crate::supervisor::ProcessState;
         let rows = [
             (
-                ProcessState { pid: Some(77), starts: 1, healthy: Some(true), ..ProcessState::default() },
-                "component hostpath: pid 77, started 1 time(s), healthy\n",
+                ProcessState {
+                    pid: Some(77),
+                    starts: 1,
+                    healthy: Some(true),
+                    version: Some("hostpath.csi.kvol.io 0.1.0".into()),
+                    ..ProcessState::default()
+                },
+                "component hostpath: pid 77, started 1 time(s), healthy, hostpath.csi.kvol.io 0.1.0\n",
             ),
             (
                 ProcessState {
@@ -647,6 +657,7 @@ vol-2   acme/disk  failed                                          -            
                     healthy: None,
                     last_exit: Some("the process signal: 9 (SIGKILL)".into()),
                     probe_error: None,
+                    version: None,
                 },
                 "component hostpath: pid 78, started 2 time(s), not probed yet; last ended: the process signal: 9 (SIGKILL)\n",
             ),
@@ -657,6 +668,7 @@ vol-2   acme/disk  failed                                          -            
                     healthy: Some(false),
                     last_exit: Some("the process exit status: 3".into()),
                     probe_error: Some("connection refused\nat csi.sock".into()),
+                    version: None,
                 },
                 "component hostpath: not running, started 5 time(s), unhealthy: connection refused at csi.sock; last ended: the process exit status: 3\n",
             ),

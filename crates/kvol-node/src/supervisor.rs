@@ -80,6 +80,10 @@ pub struct ProcessState {
     pub healthy: Option<bool>,
     /// The last failed probe's error.
     pub probe_error: Option<String>,
+    /// What the running process says it is (CSI `GetPluginInfo`: `<name> <vendor version>`),
+    /// asked once per run after its first healthy probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// A process under supervision; `stop` stops it and waits, dropping the handle stops it too.
@@ -277,6 +281,7 @@ async fn run_once(
         s.starts += 1;
         s.healthy = None;
         s.probe_error = None;
+        s.version = None;
     });
     tracing::info!(component = %spec.name, pid = ?child.id(), "component process started");
     tokio::select! {
@@ -311,10 +316,17 @@ async fn watch_health(
     let mut failed = 0;
     loop {
         tokio::time::sleep(settings.probe_every).await;
-        let answer = match CsiClient::new(spec.name.clone(), socket, timeouts) {
+        let client = CsiClient::new(spec.name.clone(), socket, timeouts).map_err(|e| e.to_string());
+        let answer = match &client {
             Ok(client) => client.probe().await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.clone()),
         };
+        if let (Ok(true), Ok(client)) = (&answer, &client)
+            && state.lock().unwrap_or_else(|p| p.into_inner()).version.is_none()
+            && let Ok(info) = client.plugin_info().await
+        {
+            update(state, |s| s.version = Some(format!("{} {}", info.name, info.vendor_version)));
+        }
         let error = match answer {
             Ok(true) => None,
             Ok(false) => Some("probe answered not ready".to_string()),

@@ -59,6 +59,8 @@ struct Row {
     pid: Option<u32>,
     starts: u32,
     healthy: Option<bool>,
+    /// What its process says it is (`GetPluginInfo`), once it answered a probe.
+    version: Option<String>,
     rss_bytes: Option<u64>,
     cpu_seconds: Option<f64>,
     csi_driver: Option<String>,
@@ -149,6 +151,7 @@ fn status_rows(
                 pid,
                 starts: process.map_or(0, |p| p.starts),
                 healthy: process.and_then(|p| p.healthy),
+                version: process.and_then(|p| p.version.clone()),
                 rss_bytes: usage.map(|u| u.0),
                 cpu_seconds: usage.map(|u| u.1),
                 csi_driver,
@@ -170,8 +173,18 @@ fn published_of(report: &StatusReport, driver: &str) -> usize {
 
 fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<22} {:<8} {:<10} {:>8} {:>6} {:<9} {:>9} {:>8} {:>7}  {}\n",
-        "COMPONENT", "CONFIG", "STATE", "PID", "STARTS", "HEALTH", "RSS", "CPU", "VOLUMES", "LAST EXIT"
+        "{:<22} {:<8} {:<10} {:>8} {:>6} {:<9} {:>9} {:>8} {:>7}  {:<28} {}\n",
+        "COMPONENT",
+        "CONFIG",
+        "STATE",
+        "PID",
+        "STARTS",
+        "HEALTH",
+        "RSS",
+        "CPU",
+        "VOLUMES",
+        "VERSION",
+        "LAST EXIT"
     );
     for row in rows {
         let dash = || "-".to_string();
@@ -181,7 +194,7 @@ fn table(rows: &[Row]) -> String {
             None => "-",
         };
         out.push_str(&format!(
-            "{:<22} {:<8} {:<10} {:>8} {:>6} {:<9} {:>9} {:>8} {:>7}  {}\n",
+            "{:<22} {:<8} {:<10} {:>8} {:>6} {:<9} {:>9} {:>8} {:>7}  {:<28} {}\n",
             row.name,
             row.decision,
             row.state,
@@ -191,6 +204,7 @@ fn table(rows: &[Row]) -> String {
             row.rss_bytes.map_or_else(dash, |b| format!("{:.1}MiB", b as f64 / 1048576.0)),
             row.cpu_seconds.map_or_else(dash, |s| format!("{s:.2}s")),
             row.volumes_published,
+            row.version.as_deref().unwrap_or("-"),
             row.last_exit.as_deref().unwrap_or("-"),
         ));
     }

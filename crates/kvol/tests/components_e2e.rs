@@ -69,6 +69,8 @@ async fn the_bundled_driver_as_a_component_is_probed_restarted_after_kill_9_and_
     let first = until(&supervised, "healthy", |s| s.healthy == Some(true)).await;
     let pid = first.pid.unwrap();
     assert_eq!(first.starts, 1);
+    // What it says it is, asked once it answered its first probe.
+    assert_eq!(first.version.as_deref(), Some(concat!("hostpath.csi.kvol.io ", env!("CARGO_PKG_VERSION"))));
 
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL)
         .unwrap();
