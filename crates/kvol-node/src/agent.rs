@@ -1203,15 +1203,9 @@ async fn snapshot_one(
         parameters: request.parameters.clone().into_iter().collect(),
         ..Default::default()
     };
-    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
-    let failed =
-        |what: String| format!("csi driver {}: CreateSnapshot of {} {what}", request.driver, request.key);
-    let answer = tokio::time::timeout(Duration::from_secs(120), client.create_snapshot(create))
-        .await
-        .map_err(|_| failed("did not answer within 2m".into()))?
-        .map_err(|s| failed(format!("failed ({:?}): {}", s.code(), s.message())))?
-        .into_inner();
-    let snapshot = answer.snapshot.ok_or_else(|| failed("returned no snapshot".into()))?;
+    let what = format!("csi driver {}: CreateSnapshot of {}", request.driver, request.key);
+    let answer = controller_call(what.clone(), controller(channel).create_snapshot(create)).await?;
+    let snapshot = answer.snapshot.ok_or_else(|| format!("{what} returned no snapshot"))?;
     Ok(Some(crate::snapshots::SnapshotRecord {
         driver: request.driver.clone(),
         snapshot_handle: snapshot.snapshot_id,
@@ -1232,15 +1226,8 @@ async fn delete_snapshot_one(
         snapshot_id: record.snapshot_handle.clone(),
         ..Default::default()
     };
-    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
-    let failed = |what: String| {
-        format!("csi driver {}: DeleteSnapshot of {} {what}", record.driver, record.snapshot_handle)
-    };
-    tokio::time::timeout(Duration::from_secs(120), client.delete_snapshot(delete))
-        .await
-        .map_err(|_| failed("did not answer within 2m".into()))?
-        .map_err(|s| failed(format!("failed ({:?}): {}", s.code(), s.message())))?;
-    Ok(())
+    let what = format!("csi driver {}: DeleteSnapshot of {}", record.driver, record.snapshot_handle);
+    controller_call(what, controller(channel).delete_snapshot(delete)).await.map(drop)
 }
 
 async fn delete_one(
@@ -1251,25 +1238,30 @@ async fn delete_one(
         volume_id: request.volume_handle.clone(),
         ..Default::default()
     };
-    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
-    tokio::time::timeout(Duration::from_secs(120), client.delete_volume(delete))
+    let what = format!("csi driver {}: DeleteVolume of {}", request.driver, request.pv_name);
+    controller_call(what, controller(channel).delete_volume(delete)).await.map(drop)
+}
+
+/// The deadline of the agent's own controller calls (provisioning, reclaiming, snapshots).
+const CONTROLLER_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One controller call within [`CONTROLLER_CALL_TIMEOUT`]; an error says what `what` (driver,
+/// call and object) ran into: no answer in time, or the driver's code and message.
+async fn controller_call<T>(
+    what: String,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, String> {
+    tokio::time::timeout(CONTROLLER_CALL_TIMEOUT, call)
         .await
-        .map_err(|_| {
-            format!(
-                "csi driver {}: DeleteVolume of {} did not answer within 2m",
-                request.driver, request.pv_name
-            )
-        })?
-        .map_err(|s| {
-            format!(
-                "csi driver {}: DeleteVolume of {} failed ({:?}): {}",
-                request.driver,
-                request.pv_name,
-                s.code(),
-                s.message()
-            )
-        })?;
-    Ok(())
+        .map_err(|_| format!("{what} did not answer within 2m"))?
+        .map(tonic::Response::into_inner)
+        .map_err(|s| format!("{what} failed ({:?}): {}", s.code(), s.message()))
+}
+
+fn controller(
+    channel: tonic::transport::Channel,
+) -> kvol_csi::proto::csi::controller_client::ControllerClient<tonic::transport::Channel> {
+    kvol_csi::proto::csi::controller_client::ControllerClient::new(channel)
 }
 
 async fn provision_one(
@@ -1277,17 +1269,9 @@ async fn provision_one(
     channel: tonic::transport::Channel,
 ) -> Result<k8s_openapi::api::core::v1::PersistentVolume, String> {
     let create = crate::provision::create_request(request)?;
-    let mut client = kvol_csi::proto::csi::controller_client::ControllerClient::new(channel);
-    let response = tokio::time::timeout(Duration::from_secs(120), client.create_volume(create))
-        .await
-        .map_err(|_| format!("csi driver {}: CreateVolume did not answer within 2m", request.driver))?
-        .map_err(|s| {
-            format!("csi driver {}: CreateVolume failed ({:?}): {}", request.driver, s.code(), s.message())
-        })?
-        .into_inner();
-    let volume = response
-        .volume
-        .ok_or_else(|| format!("csi driver {}: CreateVolume returned no volume", request.driver))?;
+    let what = format!("csi driver {}: CreateVolume", request.driver);
+    let response = controller_call(what.clone(), controller(channel).create_volume(create)).await?;
+    let volume = response.volume.ok_or_else(|| format!("{what} returned no volume"))?;
     crate::provision::bound_pv(request, &volume)
 }
 

@@ -100,16 +100,10 @@ pub fn run_uninstall(
     runtime.block_on(async {
         let client = kvol_cluster::client::client(Some(kubeconfig)).await?;
         let found = kvol_cluster::bundles::holders(&client, &definition).await.map_err(anyhow::Error::msg)?;
-        if !found.is_empty() && !args.force {
-            eprintln!("kvol: component {} still holds data; uninstalling would orphan:", definition.name);
-            for holder in &found {
-                eprintln!("  {holder}");
-            }
-            eprintln!("delete these first, or pass --force to orphan them");
-            return Ok(ExitCode::FAILURE);
-        }
-        for holder in &found {
-            println!("orphaned: {holder}");
+        if let Some(refused) =
+            crate::components_node_cmd::refuse_orphaning(&definition.name, &found, args.force)
+        {
+            return Ok(refused);
         }
         let mut kinds = kvol_cluster::bundles::bundle_kinds(&catalogue);
         kinds.extend(kvol_cluster::bundles::inventory_kinds(&client).await.map_err(anyhow::Error::msg)?);

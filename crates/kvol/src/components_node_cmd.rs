@@ -240,20 +240,29 @@ pub fn run_uninstall(args: &UninstallArgs, storage: &StorageSection) -> anyhow::
     }
     let manifests = args.manifests.clone().unwrap_or_else(|| args.state_dir.join("manifests"));
     let found = standalone_holders(definition, &manifests, &args.state_dir);
-    if !found.is_empty() && !args.force {
-        eprintln!("kvol: component {} still holds data; uninstalling would orphan:", definition.name);
-        for holder in &found {
-            eprintln!("  {holder}");
-        }
-        eprintln!("delete these first, or pass --force to orphan them");
-        return Ok(ExitCode::FAILURE);
-    }
-    for holder in &found {
-        println!("orphaned: {holder}");
+    if let Some(refused) = refuse_orphaning(&definition.name, &found, args.force) {
+        return Ok(refused);
     }
     remove_component_files(&args.state_dir, &definition.name)?;
     println!("component {} uninstalled", definition.name);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says what uninstalling `component` would orphan: a refusal listing each holder (the exit
+/// code to return), or with `force` each one named as orphaned and `None`.
+pub(crate) fn refuse_orphaning(component: &str, found: &[Holder], force: bool) -> Option<ExitCode> {
+    if !found.is_empty() && !force {
+        eprintln!("kvol: component {component} still holds data; uninstalling would orphan:");
+        for holder in found {
+            eprintln!("  {holder}");
+        }
+        eprintln!("delete these first, or pass --force to orphan them");
+        return Some(ExitCode::FAILURE);
+    }
+    for holder in found {
+        println!("orphaned: {holder}");
+    }
+    None
 }
 
 fn how_to_turn_off(role: kvol_components::Role) -> &'static str {

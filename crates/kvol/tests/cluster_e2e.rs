@@ -594,7 +594,7 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
 
     // Uninstall from the cluster: refused while a volume and a claim of its driver exist, each
     // named; once they are gone, its objects are deleted.
-    let uninstall = || {
+    let uninstall = |force: bool| {
         Command::new(env!("CARGO_BIN_EXE_kvol"))
             .arg("--config")
             .arg(&config)
@@ -602,6 +602,7 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
             .arg(&server.kubeconfig)
             .arg("--definitions-dir")
             .arg(&definitions)
+            .args(force.then_some("--force"))
             .env_remove("KVOL_CONFIG")
             .output()
             .unwrap()
@@ -617,7 +618,7 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
         )
         .await;
     });
-    let out = uninstall();
+    let out = uninstall(false);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -643,10 +644,21 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
         volumes.patch("pv-cloud", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
         assert!(volumes.get_opt("pv-cloud").await.unwrap().is_none());
         assert!(claims.get_opt("cloudy").await.unwrap().is_none());
+        // One more volume of the driver, which the user chooses to orphan.
+        create(
+            &volumes,
+            json!({"metadata": {"name": "pv-left"}, "spec": {"capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"], "csi": {"driver": "cloud.csi.example", "volumeHandle": "vol-2"}}}),
+        )
+        .await;
     });
-    let out = uninstall();
+    let out = uninstall(false);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PersistentVolume pv-left"));
+    let out = uninstall(true);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("orphaned: PersistentVolume pv-left: a volume of cloud.csi.example"), "{stdout}");
     assert!(stdout.contains("deleted ServiceAccount default/cloud"), "{stdout}");
     runtime.block_on(async {
         assert!(Api::<CSIDriver>::all(client.clone()).get_opt("cloud.csi.example").await.unwrap().is_none());
