@@ -173,7 +173,7 @@ fn a_block_claim_of_the_bundled_driver_is_a_loop_device_in_the_pod_across_kill_9
     );
 
     node.remove("db.yaml");
-    node.wait(LIMIT, |r| r.volumes.is_empty())
+    node.wait(LIMIT, |r| r.volumes.is_empty() && r.node_volumes.is_empty())
         .unwrap_or_else(|last| panic!("never torn down: {last}\nlog:\n{}", node.agent_log()));
     assert!(fs::symlink_metadata(&link).is_err(), "the pod device link is gone");
     assert!(!link.parent().unwrap().parent().unwrap().exists(), "pods/<uid>/volumeDevices is gone");
@@ -233,7 +233,7 @@ spec: {{volumeName: local-blk, volumeMode: Block, accessModes: [ReadWriteOnce]}}
     assert_eq!(tree(&global).len(), 1, "one global map file: {:#?}", tree(&global));
 
     node.remove("db.yaml");
-    node.wait(LIMIT, |r| r.volumes.is_empty())
+    node.wait(LIMIT, |r| r.volumes.is_empty() && r.node_volumes.is_empty())
         .unwrap_or_else(|last| panic!("never torn down: {last}\nlog:\n{}", node.agent_log()));
     assert!(fs::symlink_metadata(&link).is_err(), "the pod device link is gone");
     assert!(!global.parent().unwrap().exists(), "the global map path is gone");
