@@ -119,6 +119,26 @@ pub struct ProcessSpec {
     /// What a change to the component's config file does.
     #[serde(default)]
     pub reload: Reload,
+    /// How kvol writes the component's config file (`{config}`) from the user's.
+    #[serde(default)]
+    pub config: ConfigFileSpec,
+}
+
+/// The component config file kvol writes for a process: `{config}` is kvol's runtime copy,
+/// rendered from the user's `<config dir>/<component>.yaml` over `defaults`, checked by `check`,
+/// and replaced whole; the process never reads a half-saved or refused edit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigFileSpec {
+    /// Settings (a mapping) the user's file is merged over, key by key; with no user file the
+    /// component runs with these. Absent, and with no user file, the runtime copy is removed and
+    /// the component makes its own default.
+    #[serde(default)]
+    pub defaults: Option<serde_json::Value>,
+    /// A command that checks a candidate file (`{candidate}`) before it is put in place: a
+    /// non-zero exit refuses it, and what it printed says why.
+    #[serde(default)]
+    pub check: Option<Vec<String>>,
 }
 
 /// How a running component learns its config changed.
@@ -141,6 +161,9 @@ pub enum AgentFeature {
 /// Placeholders a command line may contain; the agent substitutes each.
 pub const PLACEHOLDERS: &[&str] =
     &["{kvol}", "{node}", "{socket}", "{registration-dir}", "{state-dir}", "{config}"];
+
+/// The placeholder of a config check command for the file it checks (besides [`PLACEHOLDERS`]).
+pub const CANDIDATE: &str = "{candidate}";
 
 /// One thing wrong with a definition, naming the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -201,28 +224,46 @@ impl ComponentDefinition {
             }
         }
         if let Some(Standalone::Process(spec)) = &self.standalone {
-            check_command(&spec.command, "standalone.process.command", &mut fail);
+            check_command(&spec.command, "standalone.process.command", PLACEHOLDERS, &mut fail);
             if let Some(registrar) = &spec.registrar {
-                check_command(registrar, "standalone.process.registrar", &mut fail);
+                check_command(registrar, "standalone.process.registrar", PLACEHOLDERS, &mut fail);
             }
+            check_config_spec(spec, &mut fail);
         }
         problems
     }
 }
 
-fn check_command(command: &[String], field: &str, fail: &mut impl FnMut(&str, String)) {
+fn check_config_spec(spec: &ProcessSpec, fail: &mut impl FnMut(&str, String)) {
+    let ConfigFileSpec { defaults, check } = &spec.config;
+    if (defaults.is_some() || check.is_some()) && !spec.command.iter().any(|a| a.contains("{config}")) {
+        fail("standalone.process.config", "the command never names {config}, so no file is written".into());
+    }
+    if defaults.as_ref().is_some_and(|d| !d.is_object()) {
+        fail("standalone.process.config.defaults", "must be a mapping of settings".into());
+    }
+    if let Some(check) = check {
+        let known: Vec<&str> = PLACEHOLDERS.iter().copied().chain([CANDIDATE]).collect();
+        check_command(check, "standalone.process.config.check", &known, fail);
+        if !check.iter().any(|a| a.contains(CANDIDATE)) {
+            fail("standalone.process.config.check", format!("must name the file it checks, {CANDIDATE}"));
+        }
+    }
+}
+
+fn check_command(command: &[String], field: &str, known: &[&str], fail: &mut impl FnMut(&str, String)) {
     if command.first().is_none_or(|program| program.trim().is_empty()) {
         fail(field, "must name a program".into());
     }
     for (i, arg) in command.iter().enumerate() {
-        if let Err(e) = check_placeholders(arg) {
+        if let Err(e) = check_placeholders(arg, known) {
             fail(&format!("{field}[{i}]"), e);
         }
     }
 }
 
-/// Checks that every `{…}` in `arg` is a known placeholder and braces balance.
-pub fn check_placeholders(arg: &str) -> Result<(), String> {
+/// Checks that every `{…}` in `arg` is one of the `known` placeholders and braces balance.
+pub fn check_placeholders(arg: &str, known: &[&str]) -> Result<(), String> {
     let mut rest = arg;
     while let Some(open) = rest.find(['{', '}']) {
         if rest[open..].starts_with('}') {
@@ -232,8 +273,8 @@ pub fn check_placeholders(arg: &str) -> Result<(), String> {
             return Err(format!("{arg:?} has a '{{' without its '}}'"));
         };
         let token = &rest[open..open + len + 1];
-        if !PLACEHOLDERS.contains(&token) {
-            return Err(format!("{token} is not a placeholder (known: {})", PLACEHOLDERS.join(", ")));
+        if !known.contains(&token) {
+            return Err(format!("{token} is not a placeholder (known: {})", known.join(", ")));
         }
         rest = &rest[open + len + 1..];
     }
@@ -307,6 +348,26 @@ mod tests {
                 "standalone.process.registrar[1]",
                 "without its '}'",
             ),
+            (
+                "name: snap\nrole: optional\nstandalone: {process: {command: [x], config: {defaults: {a: 1}}}}\n",
+                "standalone.process.config",
+                "never names {config}",
+            ),
+            (
+                "name: snap\nrole: optional\nstandalone: {process: {command: [x, \"{config}\"], config: {defaults: [a]}}}\n",
+                "standalone.process.config.defaults",
+                "a mapping",
+            ),
+            (
+                "name: snap\nrole: optional\nstandalone: {process: {command: [x, \"{config}\"], config: {check: [x, --check]}}}\n",
+                "standalone.process.config.check",
+                "{candidate}",
+            ),
+            (
+                "name: snap\nrole: optional\nstandalone: {process: {command: [x, \"{candidate}\"]}}\n",
+                "standalone.process.command[1]",
+                "{candidate} is not a placeholder",
+            ),
         ];
         for (doc, field, words) in rows {
             let def = ComponentDefinition::parse(doc, "t.yaml").unwrap_or_else(|e| panic!("{doc}: {e}"));
@@ -343,7 +404,7 @@ mod tests {
             ("{unknown}", false),
             ("{kvol", false),
         ] {
-            assert_eq!(check_placeholders(arg).is_ok(), ok, "{arg}");
+            assert_eq!(check_placeholders(arg, PLACEHOLDERS).is_ok(), ok, "{arg}");
         }
     }
 }

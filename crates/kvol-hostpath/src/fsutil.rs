@@ -1,7 +1,6 @@
 //! Filesystem helpers of the hostpath driver: atomic file replacement and copying a directory tree with its owners and modes.
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -10,20 +9,8 @@ use kvol_csi::CsiError;
 /// Writes `bytes` to `path` through a temporary file beside it: write, fsync, rename, fsync
 /// the directory. Readers see the old content or the new one, never a mix.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CsiError> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&tmp);
-        return Err(CsiError::io("write", &tmp, e));
-    }
-    fs::rename(&tmp, path).map_err(|e| CsiError::io("replace", path, e))?;
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| CsiError::io("sync", dir, e))
+    kvol_plugin::atomic_file::replace(path, bytes, kvol_plugin::atomic_file::Durability::Synced)
+        .map_err(|e| CsiError::io(e.op, e.path, e.source))
 }
 
 /// Creates the directory `path` (not its parents) with `mode`, whatever the umask.
@@ -167,8 +154,11 @@ mod tests {
         write_atomically(&path, b"two").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
-        let err = write_atomically(&dir.path().join("missing/f"), b"x").unwrap_err().to_string();
-        assert!(err.starts_with("cannot write ") && err.contains("missing/.f.tmp"), "{err}");
+        fs::create_dir(dir.path().join("d")).unwrap();
+        fs::write(dir.path().join("d/inside"), "x").unwrap();
+        let err = write_atomically(&dir.path().join("d"), b"x").unwrap_err().to_string();
+        assert!(err.starts_with("cannot rename a file over ") && err.contains("/d: "), "{err}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary left");
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! Reading lvmd.yaml, or generating it from the node's volume groups when it is absent or kvol's own; a user's file is never replaced.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::generate::{self, GenerateError};
@@ -28,6 +27,8 @@ pub enum ConfigError {
     Invalid { path: PathBuf, problems: Vec<String> },
     #[error("cannot generate {}: {source}", path.display())]
     Generate { path: PathBuf, source: GenerateError },
+    #[error("cannot generate {}: cannot list the node's volume groups: {reason}", path.display())]
+    VolumeGroups { path: PathBuf, reason: String },
 }
 
 impl ConfigError {
@@ -81,17 +82,9 @@ pub fn ensure(path: &Path, vgs: &[VolumeGroup], wanted: Option<&str>) -> Result<
     Ok(Loaded { config, generated: true })
 }
 
-/// Writes `text` beside `path`, fsyncs it and renames it into place.
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.kvol-tmp"));
-    let mut file = std::fs::File::create(&temp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&temp, path)
+    kvol_plugin::atomic_file::replace(path, text.as_bytes(), kvol_plugin::atomic_file::Durability::Synced)
+        .map_err(|e| e.source)
 }
 
 #[cfg(test)]

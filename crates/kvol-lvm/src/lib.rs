@@ -58,6 +58,8 @@ pub struct LvmDriverConfig {
     pub node_name: String,
     /// The lvmd.yaml the driver reloads.
     pub lvmd_config: PathBuf,
+    /// The volume group a generated lvmd.yaml uses (`None`: the node's only one).
+    pub volume_group: Option<String>,
     /// The unix socket the CSI services listen on.
     pub csi_socket: PathBuf,
     /// Where the registration socket goes; `None` serves none.
@@ -73,6 +75,7 @@ impl LvmDriverConfig {
             driver_name: driver_name.to_string(),
             node_name: node_name.to_string(),
             lvmd_config: PathBuf::from(DEFAULT_CONFIG_PATH),
+            volume_group: None,
             csi_socket: kvol_hostpath::default_csi_socket(driver_name),
             registration_dir: Some(PathBuf::from(kvol_hostpath::DEFAULT_REGISTRATION_DIR)),
             lvm_timeout: command::DEFAULT_TIMEOUT,

@@ -51,7 +51,7 @@ impl Reloader {
     pub async fn reload(&self) -> ReloadOutcome {
         let mut core = self.core.lock().await;
         let path = core.config.lvmd_config.clone();
-        let next = match crate::config_file::load(&path) {
+        let next = match reread(&path, &core.config).await {
             Ok(loaded) => loaded.config,
             Err(e) => {
                 let problems = e.problems();
@@ -87,6 +87,22 @@ impl Reloader {
     pub async fn running(&self) -> LvmdConfig {
         self.core.lock().await.lvmd.clone()
     }
+}
+
+/// lvmd.yaml as a reload reads it: a user's file as it is; a removed or generated one made
+/// again from the node's volume groups, as at start.
+async fn reread(path: &std::path::Path, config: &LvmDriverConfig) -> Result<crate::config_file::Loaded, crate::config_file::ConfigError> {
+    let generated = match std::fs::read_to_string(path) {
+        Ok(text) => crate::generate::is_generated(&text),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    };
+    if !generated {
+        return crate::config_file::load(path);
+    }
+    let vgs = crate::command::volume_groups(config.lvm_timeout).await.map_err(|e| {
+        crate::config_file::ConfigError::VolumeGroups { path: path.into(), reason: e.to_string() }
+    })?;
+    crate::config_file::ensure(path, &vgs, config.volume_group.as_deref())
 }
 
 /// The LVM driver with its sockets bound, ready to [`run`](Self::run).

@@ -389,6 +389,7 @@ async fn run(
         config: &config,
         snapshots_on,
         config_problem: None,
+        component_config_problems: components.config_problems(),
         components: components.states(),
         host: &host,
         mounter: mounter.as_ref(),
@@ -428,10 +429,12 @@ async fn run(
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
             Some(path) = next_component_config(&mut component_config_watch) => {
                 components.config_changed(&path).await;
+                agent.component_config_problems = components.config_problems();
             }
             Some(outcome) = next_config(&mut config_watch) => {
                 agent.config_problem =
                     reload_components(outcome, &mut running_setup, &mut components, &mut agent.snapshots_on).await;
+                agent.component_config_problems = components.config_problems();
             }
             _ = wake.notified() => {}
             _ = tokio::time::sleep(agent.nap()) => {}
@@ -522,6 +525,8 @@ struct Loop<'a> {
     snapshots_on: bool,
     /// Why the last change of the config file was not applied, until one is.
     config_problem: Option<String>,
+    /// Components' own config files that were not put in place, and why.
+    component_config_problems: Vec<String>,
     /// The supervised component processes, for the status report.
     components: crate::components::ComponentStates,
     host: &'a PluginHost,
@@ -726,6 +731,7 @@ impl Loop<'_> {
         }));
         drop(failures);
         problems.extend(self.config_problem.clone());
+        problems.extend(self.component_config_problems.iter().cloned());
         problems.extend(self.snapshot_problems(objects));
         problems
     }

@@ -13,6 +13,7 @@ use kvol_api::StorageSection;
 use kvol_components::definition::{Standalone, fill_command};
 use kvol_components::{Catalogue, ConfigProblem, Decision, NodeFacts, decide};
 
+use crate::component_config::{ComponentConfig, Refresh};
 use crate::supervisor::{ProcessSpec, ProcessState, Supervised, SupervisorSettings};
 
 /// Where the agent keeps what component processes need; fills the definitions' placeholders.
@@ -28,7 +29,8 @@ pub struct ComponentPaths {
     /// kvol's state dir: `{state-dir}` is `<state>/csi-<component>`, logs go to
     /// `<state>/logs/<component>.log`, pid files to `<state>/components/<component>.pid`.
     pub state_dir: PathBuf,
-    /// `{config}`: `<config dir>/<component>.yaml`, the component's own config file.
+    /// The user's config files of components, `<config dir>/<component>.yaml`; `{config}` is
+    /// kvol's checked copy, `<state>/components/<component>.yaml`.
     pub config_dir: PathBuf,
 }
 
@@ -54,6 +56,16 @@ impl ComponentPaths {
 
     fn pid_file(&self, process: &str) -> PathBuf {
         self.state_dir.join("components").join(format!("{process}.pid"))
+    }
+
+    /// The user's own config file of a component.
+    pub fn user_config(&self, component: &str) -> PathBuf {
+        self.config_dir.join(format!("{component}.yaml"))
+    }
+
+    /// kvol's copy of a component's config, the file its process reads (`{config}`).
+    pub fn config_copy(&self, component: &str) -> PathBuf {
+        self.state_dir.join("components").join(format!("{component}.yaml"))
     }
 }
 
@@ -98,7 +110,7 @@ pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &Compone
         let socket_text = socket.as_ref().map(|s| s.display().to_string()).unwrap_or_default();
         let registration = paths.registration_dir().display().to_string();
         let state = paths.component_state_dir(name).display().to_string();
-        let config = paths.config_dir.join(format!("{name}.yaml")).display().to_string();
+        let config = paths.config_copy(name).display().to_string();
         let values = [
             ("{kvol}", kvol.as_str()),
             ("{node}", paths.node_name.as_str()),
@@ -107,18 +119,20 @@ pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &Compone
             ("{state-dir}", state.as_str()),
             ("{config}", config.as_str()),
         ];
-        let config_file = process
-            .command
-            .iter()
-            .any(|arg| arg.contains("{config}"))
-            .then(|| paths.config_dir.join(format!("{name}.yaml")));
+        let config_file = process.command.iter().any(|arg| arg.contains("{config}")).then(|| ComponentConfig {
+            component: name.to_string(),
+            source: paths.user_config(name),
+            copy: paths.config_copy(name),
+            spec: process.config.clone(),
+            check: process.config.check.as_ref().map(|check| fill_command(check, &values)),
+        });
         specs.push(ProcessSpec {
             name: name.to_string(),
             command: fill_command(&process.command, &values),
             csi_socket: socket,
             log_file: paths.log_file(name),
             pid_file: Some(paths.pid_file(name)),
-            config_file,
+            config: config_file,
             reload: process.reload,
         });
         if let Some(registrar) = &process.registrar {
@@ -128,7 +142,7 @@ pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &Compone
                 csi_socket: None,
                 log_file: paths.log_file(&registrar_name),
                 pid_file: Some(paths.pid_file(&registrar_name)),
-                config_file: None,
+                config: None,
                 reload: Default::default(),
                 name: registrar_name,
             });
@@ -172,13 +186,18 @@ impl ComponentStates {
 #[derive(Debug, Default)]
 pub struct Components {
     running: BTreeMap<String, (ProcessSpec, Supervised)>,
+    /// Processes the plan wants that wait for a valid config: theirs was refused and there is
+    /// no earlier copy to run with.
+    held: BTreeMap<String, ProcessSpec>,
+    /// Why a component's config file was not put in place, by component.
+    config_problems: BTreeMap<String, String>,
     settings: SupervisorSettings,
     states: ComponentStates,
 }
 
 impl Components {
     pub fn new(settings: SupervisorSettings) -> Components {
-        Components { running: BTreeMap::new(), settings, states: ComponentStates::default() }
+        Components { settings, ..Components::default() }
     }
 
     /// A reader of the processes' states that follows every later [`Components::apply`].
@@ -187,9 +206,12 @@ impl Components {
     }
 
     /// Stops the processes the plan no longer has (or has with another command line) and
-    /// starts those it adds. A stopped component's data stays where it is.
+    /// starts those it adds, each once its config copy is in place. A stopped component's
+    /// data stays where it is.
     pub async fn apply(&mut self, specs: Vec<ProcessSpec>) {
         let wanted: BTreeMap<String, ProcessSpec> = specs.into_iter().map(|s| (s.name.clone(), s)).collect();
+        self.held.retain(|name, spec| wanted.get(name) == Some(spec));
+        self.config_problems.retain(|name, _| wanted.contains_key(name));
         let stale: Vec<String> = self
             .running
             .iter()
@@ -204,52 +226,105 @@ impl Components {
             }
         }
         for (name, spec) in wanted {
-            if self.running.contains_key(&name) {
+            if self.running.contains_key(&name) || self.held.contains_key(&name) {
                 continue;
             }
-            if let Some(dir) = spec.pid_file.as_deref().and_then(Path::parent) {
-                let _ = std::fs::create_dir_all(dir);
+            if let Some(config) = &spec.config {
+                let refreshed = self.refresh_config(config).await;
+                if refreshed.is_err() && !config.copy.exists() {
+                    tracing::warn!(component = %name, "not started until its config file is valid");
+                    self.held.insert(name, spec);
+                    continue;
+                }
             }
-            tracing::info!(component = %name, command = %spec.command.join(" "), "starting component");
-            let supervised = Supervised::start(spec.clone(), self.settings);
-            self.running.insert(name, (spec, supervised));
+            self.start(spec);
         }
         self.states.set(&self.running);
     }
 
-    /// Tells the running components whose own config file is `path` that it changed, each as
-    /// its definition says: SIGHUP, or a restart. Returns the components told.
+    fn start(&mut self, spec: ProcessSpec) {
+        if let Some(dir) = spec.pid_file.as_deref().and_then(Path::parent) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        tracing::info!(component = %spec.name, command = %spec.command.join(" "), "starting component");
+        let supervised = Supervised::start(spec.clone(), self.settings);
+        self.running.insert(spec.name.clone(), (spec, supervised));
+    }
+
+    /// Puts the component's config copy in line with its user file, keeping why not.
+    async fn refresh_config(&mut self, config: &ComponentConfig) -> Result<Refresh, String> {
+        let outcome = config.refresh().await;
+        match &outcome {
+            Ok(_) => {
+                self.config_problems.remove(&config.component);
+            }
+            Err(reason) => {
+                tracing::warn!(component = %config.component, %reason, "component config not put in place");
+                self.config_problems.insert(config.component.clone(), reason.clone());
+            }
+        }
+        outcome
+    }
+
+    /// The user's file `path` changed: each component it configures gets a fresh checked
+    /// copy and is told as its definition says (SIGHUP, or a restart), or started if it was
+    /// waiting for a valid config. A refused edit tells nobody. Returns the components told or
+    /// started.
     pub async fn config_changed(&mut self, path: &Path) -> Vec<String> {
         use kvol_components::definition::Reload;
-        let told: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(_, (spec, _))| spec.config_file.as_deref() == Some(path))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in &told {
-            let Some((spec, supervised)) = self.running.remove(name) else { continue };
+        let configures = |spec: &ProcessSpec| spec.config.as_ref().is_some_and(|c| c.source == path);
+        let mut told = Vec::new();
+        let held: Vec<String> = self.held.iter().filter(|(_, s)| configures(s)).map(|(n, _)| n.clone()).collect();
+        for name in held {
+            let Some(spec) = self.held.remove(&name) else { continue };
+            let config = spec.config.clone().expect("held processes have a config");
+            if self.refresh_config(&config).await.is_ok() || config.copy.exists() {
+                self.start(spec);
+                told.push(name);
+            } else {
+                self.held.insert(name, spec);
+            }
+        }
+        let running: Vec<String> =
+            self.running.iter().filter(|(_, (s, _))| configures(s)).map(|(n, _)| n.clone()).collect();
+        for name in running {
+            let Some(config) = self.running.get(&name).and_then(|(spec, _)| spec.config.clone()) else { continue };
+            if self.refresh_config(&config).await != Ok(Refresh::Replaced) {
+                continue;
+            }
+            let Some((spec, supervised)) = self.running.remove(&name) else { continue };
             match spec.reload {
                 Reload::Sighup => {
-                    tracing::info!(component = %name, file = %path.display(), "config changed; SIGHUP");
+                    tracing::info!(component = %name, file = %config.copy.display(), "config changed; SIGHUP");
                     supervised.signal(nix::sys::signal::Signal::SIGHUP);
                     self.running.insert(name.clone(), (spec, supervised));
                 }
                 Reload::Restart => {
-                    tracing::info!(component = %name, file = %path.display(), "config changed; restarting");
+                    tracing::info!(component = %name, file = %config.copy.display(), "config changed; restarting");
                     supervised.stop().await;
                     let restarted = Supervised::start(spec.clone(), self.settings);
                     self.running.insert(name.clone(), (spec, restarted));
                 }
             }
+            told.push(name);
         }
         self.states.set(&self.running);
         told
     }
 
-    /// The component config files the running processes use.
-    pub fn config_files(&self) -> Vec<PathBuf> {
-        self.running.values().filter_map(|(spec, _)| spec.config_file.clone()).collect()
+    /// Why components' config files were not put in place, for the status: one line each.
+    pub fn config_problems(&self) -> Vec<String> {
+        self.config_problems
+            .iter()
+            .map(|(name, reason)| {
+                let consequence = if self.held.contains_key(name) {
+                    "it is not started until the file is valid"
+                } else {
+                    "it keeps running with its last good config"
+                };
+                format!("component {name}: config not applied: {reason}; {consequence}")
+            })
+            .collect()
     }
 
     /// Stops every process.

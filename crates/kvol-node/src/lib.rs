@@ -1,6 +1,7 @@
 //! kvol's node agent: pods in, volumes attached, staged and published through whichever plugin serves them, state that survives a crash.
 
 pub mod agent;
+pub mod component_config;
 pub mod components;
 pub mod desired;
 pub mod executor;

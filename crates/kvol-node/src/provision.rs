@@ -331,16 +331,9 @@ pub fn load_records<T: serde::de::DeserializeOwned>(
 
 /// Writes a JSON record at `path` durably: a temporary file, fsync, rename.
 pub fn save_record<T: serde::Serialize>(path: &Path, record: &T) -> Result<(), String> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-    let mut file = std::fs::File::create(&tmp).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    file.write_all(&bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {}: {e}", tmp.display()))
+    kvol_plugin::atomic_file::replace(path, &bytes, kvol_plugin::atomic_file::Durability::Synced)
+        .map_err(|e| e.to_string())
 }
 
 /// Removes a record; one already gone is fine.

@@ -1,8 +1,7 @@
 //! The status snapshot the agent writes to `<root>/status.json` and `kvol status` reads and renders.
 
 use std::fmt;
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::storage::v1::CSINode;
@@ -152,20 +151,10 @@ pub fn status_path(root: &Path) -> PathBuf {
 /// the agent rewrites on every start, and an fsync per change would sit on the path of every
 /// volume operation; after a power loss a reader may see an older report, never a torn one.
 pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
-    fs::create_dir_all(root)?;
-    let text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
-    let path = status_path(root);
-    let temporary = root.join(format!(".{STATUS_FILE}.{}.tmp", std::process::id()));
-    let written = (|| {
-        let mut file = File::create(&temporary)?;
-        file.write_all(&text)?;
-        file.write_all(b"\n")?;
-        fs::rename(&temporary, &path)
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&temporary);
-    }
-    written
+    let mut text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
+    text.push(b'\n');
+    kvol_plugin::atomic_file::replace(&status_path(root), &text, kvol_plugin::atomic_file::Durability::AtomicOnly)
+        .map_err(|e| std::io::Error::new(e.source.kind(), e.to_string()))
 }
 
 /// The report in `<state dir>/status.json`; the message says what is wrong when there is none or

@@ -29,8 +29,8 @@ pub struct ProcessSpec {
     /// starting its own, so two never serve the same socket and state. `None`: not kept.
     pub pid_file: Option<PathBuf>,
     /// The component's own config file (its definition's `{config}`), when its command names
-    /// one: a change of it is passed on as `reload` says.
-    pub config_file: Option<PathBuf>,
+    /// one: a change of the copy is passed on as `reload` says.
+    pub config: Option<crate::component_config::ComponentConfig>,
     /// How the process learns its config file changed: SIGHUP, or a restart.
     pub reload: kvol_components::definition::Reload,
 }
@@ -224,9 +224,8 @@ pub fn follow_parent() {
 
 /// Records `pid` in `path`, replaced atomically.
 fn write_pid_file(path: &Path, pid: u32) -> Result<(), String> {
-    let tmp = path.with_extension("pid.tmp");
-    std::fs::write(&tmp, format!("{pid}\n"))
-        .and_then(|()| std::fs::rename(&tmp, path))
+    let text = format!("{pid}\n");
+    kvol_plugin::atomic_file::replace(path, text.as_bytes(), kvol_plugin::atomic_file::Durability::AtomicOnly)
         .map_err(|e| format!("cannot record pid {pid} in {}: {e}", path.display()))
 }
 

@@ -1,5 +1,6 @@
 //! kvol's plugin host: lifecycle traits, the plugin registry, migration decisions and the compiled-in plugins.
 
+pub mod atomic_file;
 pub mod beneath;
 pub mod block;
 pub mod catalog;

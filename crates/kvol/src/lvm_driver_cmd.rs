@@ -58,6 +58,7 @@ pub fn config(args: &LvmDriverArgs, node: &str) -> LvmDriverConfig {
         driver_name: args.name.clone(),
         node_name: node.to_string(),
         lvmd_config: args.lvmd_config.clone(),
+        volume_group: args.volume_group.clone(),
         csi_socket,
         registration_dir: (!args.no_register).then(|| args.registration_dir.clone()),
         lvm_timeout: Duration::from_secs(args.lvm_timeout_seconds),

@@ -390,15 +390,16 @@ fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
 }
 
 /// Two user components that record their lives: one told of a change of its config file by
-/// SIGHUP, one restarted.
+/// SIGHUP, one restarted. Both have their config checked: a candidate saying `bad` is refused.
+/// The ticker has defaults, the restarter none.
 const USER_COMPONENTS: &[(&str, &str)] = &[
     (
         "ticker.yaml",
-        "name: ticker\nrole: optional\nstandalone:\n  process:\n    command: [sh, -c, \"trap 'echo reloaded >> {state-dir}.log' HUP; echo started >> {state-dir}.log; while true; do sleep 0.05; done\", \"{config}\"]\n    reload: sighup\n",
+        "name: ticker\nrole: optional\nstandalone:\n  process:\n    command: [sh, -c, \"trap 'echo reloaded >> {state-dir}.log' HUP; echo started >> {state-dir}.log; while true; do sleep 0.05; done\", \"{config}\"]\n    reload: sighup\n    config:\n      defaults: {level: 0, name: ticker}\n      check: [sh, -c, \"if grep -q bad \\\"$0\\\"; then echo the level is bad >&2; exit 1; fi\", \"{candidate}\"]\n",
     ),
     (
         "restarter.yaml",
-        "name: restarter\nrole: optional\nstandalone:\n  process:\n    command: [sh, -c, \"echo started >> {state-dir}.log; exec sleep 600\", \"{config}\"]\n    reload: restart\n",
+        "name: restarter\nrole: optional\nstandalone:\n  process:\n    command: [sh, -c, \"echo started >> {state-dir}.log; exec sleep 600\", \"{config}\"]\n    reload: restart\n    config:\n      check: [sh, -c, \"! grep -q bad \\\"$0\\\"\", \"{candidate}\"]\n",
     ),
 ];
 
@@ -412,6 +413,12 @@ fn wait_for(what: &str, done: impl Fn() -> bool) {
         assert!(start.elapsed() < LIMIT, "never {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The status line about a component's config file, if any.
+fn component_config_problem<'a>(report: &'a StatusReport, component: &str) -> Option<&'a String> {
+    let prefix = format!("component {component}: config not applied");
+    report.problems.iter().find(|p| p.starts_with(&prefix))
 }
 
 #[test]
@@ -428,6 +435,8 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
     let config = etc.join("kvol.yaml");
     std::fs::write(&config, "storage:\n  driver: none\n  optionalCsiComponents: [ticker, restarter]\n")
         .unwrap();
+    // The restarter's file is refused from the start, and it has no earlier copy to run with.
+    std::fs::write(etc.join("restarter.yaml"), "level: bad\n").unwrap();
     node.agent_args = vec![
         "--config".into(),
         config.display().to_string(),
@@ -437,17 +446,33 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
     node.start();
     let ticker_log = node.root.join("csi-ticker.log");
     let restarter_log = node.root.join("csi-restarter.log");
-    wait_for("both components started", || {
-        lines(&ticker_log) == ["started"] && lines(&restarter_log) == ["started"]
-    });
+    let ticker_copy = node.root.join("components/ticker.yaml");
+    let restarter_copy = node.root.join("components/restarter.yaml");
+    let copy = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    wait_for("the ticker started", || lines(&ticker_log) == ["started"]);
+    assert!(copy(&ticker_copy).contains("level: 0"), "no user file: the defaults\n{}", copy(&ticker_copy));
+    let report = node
+        .wait(LIMIT, |r| component_config_problem(r, "restarter").is_some_and(|p| p.contains("not started")))
+        .unwrap();
+    let problem = component_config_problem(&report, "restarter").unwrap();
+    assert!(problem.contains(&etc.join("restarter.yaml").display().to_string()), "{problem}");
+    assert!(!restarter_log.exists() && !restarter_copy.exists(), "held until its config is valid");
+
+    // Fixed: the restarter starts with its copy in place.
+    rename_save(&etc.join("restarter.yaml"), "level: 1\n");
+    wait_for("the restarter started", || lines(&restarter_log) == ["started"]);
+    assert!(copy(&restarter_copy).contains("level: 1"), "{}", copy(&restarter_copy));
+    node.wait(LIMIT, |r| component_config_problem(r, "restarter").is_none()).unwrap();
     // The ticker's shell must have its trap in place before the signal.
     std::thread::sleep(Duration::from_millis(300));
 
-    // SIGHUP for the ticker: the same process says it reloaded.
+    // SIGHUP for the ticker, once its copy holds the change over its defaults.
     rename_save(&etc.join("ticker.yaml"), "level: 1\n");
     wait_for("the ticker told by SIGHUP", || lines(&ticker_log) == ["started", "reloaded"]);
+    let text = copy(&ticker_copy);
+    assert!(text.contains("level: 1") && text.contains("name: ticker"), "the user's level over the defaults:\n{text}");
     // The restarter restarts.
-    std::fs::write(etc.join("restarter.yaml"), "level: 1\n").unwrap();
+    std::fs::write(etc.join("restarter.yaml"), "level: 2\n").unwrap();
     wait_for("the restarter restarted", || lines(&restarter_log) == ["started", "started"]);
     let report = node
         .wait(LIMIT, |r| r.components.iter().any(|c| c.name == "restarter" && c.state.starts == 1))
@@ -458,10 +483,29 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
         report.components
     );
 
-    // Saving the same content again, or another file, tells nobody.
+    // Refused edits (the check says no; a save cut short) reach nobody, keep the copy, and
+    // the status says why.
+    for (text, words) in [("level: bad\n", "the level is bad"), ("", "is empty")] {
+        std::fs::write(etc.join("ticker.yaml"), text).unwrap();
+        let report = node
+            .wait(LIMIT, |r| component_config_problem(r, "ticker").is_some_and(|p| p.contains(words)))
+            .unwrap();
+        let problem = component_config_problem(&report, "ticker").unwrap();
+        assert!(problem.contains("keeps running with its last good config"), "{problem}");
+        assert!(copy(&ticker_copy).contains("level: 1"), "the copy stays:\n{}", copy(&ticker_copy));
+    }
+    assert_eq!(lines(&ticker_log), ["started", "reloaded"]);
+
+    // Saving the good content again clears the problem and tells nobody, as does another file.
     rename_save(&etc.join("ticker.yaml"), "level: 1\n");
+    node.wait(LIMIT, |r| component_config_problem(r, "ticker").is_none()).unwrap();
     std::fs::write(etc.join("unrelated.yaml"), "x: 1\n").unwrap();
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(lines(&ticker_log), ["started", "reloaded"]);
     assert_eq!(lines(&restarter_log), ["started", "started"]);
+
+    // Removed: back to the defaults, and the ticker told.
+    std::fs::remove_file(etc.join("ticker.yaml")).unwrap();
+    wait_for("the ticker told of its defaults", || lines(&ticker_log) == ["started", "reloaded", "reloaded"]);
+    assert!(copy(&ticker_copy).contains("level: 0"), "{}", copy(&ticker_copy));
 }

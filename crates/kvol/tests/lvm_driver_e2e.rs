@@ -178,7 +178,16 @@ async fn lvmd_yaml_reloads_at_once_but_never_orphans_volumes() {
     driver.signal(nix::sys::signal::Signal::SIGHUP);
     let _ = driver.wait_line("volume-group: should not be empty");
     ctl.create_volume(create_request("pvc-5", 4 * MIB, Some("b"))).await.unwrap();
-    for name in ["pvc-3", "pvc-4", "pvc-5"] {
+
+    // Removed (kvol's component copy goes when its user's file does): made again from the
+    // node's volume groups, as at start. With two here and none named there is no one to pick,
+    // so it is refused and the classes stay.
+    std::fs::remove_file(&config).unwrap();
+    driver.signal(nix::sys::signal::Signal::SIGHUP);
+    let said = driver.wait_line("cannot generate");
+    assert!(said.iter().any(|l| l.contains(&config.display().to_string())), "{said:?}");
+    ctl.create_volume(create_request("pvc-6", 4 * MIB, Some("b"))).await.unwrap();
+    for name in ["pvc-3", "pvc-4", "pvc-5", "pvc-6"] {
         let id = kvol_lvm::naming::volume_id(name);
         ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() }).await.unwrap();
     }
