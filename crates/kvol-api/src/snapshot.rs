@@ -30,8 +30,8 @@ pub struct VolumeSnapshotSpec {
     pub source: VolumeSnapshotSource,
 }
 
-/// What the snapshot is of: a claim in the snapshot's namespace (a pre-provisioned content,
-/// `volumeSnapshotContentName`, is read but not served).
+/// What the snapshot is of: a claim in the snapshot's namespace, or a pre-provisioned
+/// VolumeSnapshotContent (a snapshot that exists on the driver already).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSnapshotSource {
@@ -59,4 +59,56 @@ impl VolumeSnapshotClass {
     pub fn is_default(&self) -> bool {
         self.metadata.annotations.as_ref().and_then(|a| a.get(ANN_DEFAULT_CLASS)).is_some_and(|v| v == "true")
     }
+}
+
+/// A snapshot on a driver, as the cluster knows it. kvol reads the pre-provisioned kind
+/// (`source.snapshotHandle`, written by a person to bring an existing snapshot in); the
+/// dynamic kind (`source.volumeHandle`) is what a snapshot controller writes for itself.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotContent {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: VolumeSnapshotContentSpec,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotContentSpec {
+    /// `Delete` (the snapshot on the driver goes with its VolumeSnapshot) or `Retain`.
+    #[serde(default)]
+    pub deletion_policy: String,
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub source: VolumeSnapshotContentSource,
+    /// The VolumeSnapshot this content is for; the two must name each other.
+    #[serde(default)]
+    pub volume_snapshot_ref: SnapshotReference,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_snapshot_class_name: Option<String>,
+}
+
+/// Where a content's snapshot comes from: exactly one of the two.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotContentSource {
+    /// The driver's id of a snapshot that exists (pre-provisioned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_handle: Option<String>,
+    /// The volume to take a snapshot of (dynamic; a controller's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_handle: Option<String>,
+}
+
+/// The VolumeSnapshot a content is bound to (an ObjectReference; kvol reads its name and
+/// namespace).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotReference {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
 }

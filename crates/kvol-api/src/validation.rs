@@ -76,11 +76,23 @@ const DELETION_POLICY: Rule = Rule {
         other => Err(format!("{other:?} is neither")),
     },
 };
+const ONE_CONTENT_SOURCE: Rule = Rule {
+    name: "exactly one of snapshotHandle and volumeHandle",
+    check: |count| if count == "1" { Ok(()) } else { Err(format!("{count} are given")) },
+};
+const SNAPSHOT_HANDLE: Rule = Rule { name: "a snapshot handle", check: snapshot_handle };
 const UID: Rule = Rule { name: "a uid kvol accepts", check: uid };
 const QUALIFIED: Rule = Rule { name: "a qualified name (vendor/driver)", check: qualified_name };
 const FS_GROUP_CHANGE_POLICY: Rule = Rule { name: "an fsGroupChangePolicy", check: fs_group_change_policy };
 const HOST_PATH: Rule = Rule { name: "a clean absolute path", check: clean_absolute_path };
 const VOLUME_MODE: Rule = Rule { name: "a volume mode", check: volume_mode };
+
+/// A driver's snapshot id: opaque, but present, at most 1024 bytes and free of control
+/// characters (it reaches logs, status and file contents).
+fn snapshot_handle(value: &str) -> Result<(), String> {
+    not_empty_within(value, 1024)?;
+    first_bad_char(value, |c| !c.is_control())
+}
 
 /// `Filesystem` or `Block`.
 fn volume_mode(value: &str) -> Result<(), String> {
@@ -327,6 +339,30 @@ pub fn validate_volume_snapshot(snapshot: &crate::snapshot::VolumeSnapshot) -> V
         source.persistent_volume_claim_name.as_deref(),
         SUBDOMAIN,
     );
+    errors.check_some(
+        "spec.source.volumeSnapshotContentName",
+        source.volume_snapshot_content_name.as_deref(),
+        SUBDOMAIN,
+    );
+    errors.check_some("spec.volumeSnapshotClassName", snapshot.spec.volume_snapshot_class_name.as_deref(), SUBDOMAIN);
+    errors.0
+}
+
+/// A VolumeSnapshotContent's field errors: its metadata, driver, deletion policy, one source
+/// (a handle without control characters), and the VolumeSnapshot it names.
+pub fn validate_volume_snapshot_content(content: &crate::snapshot::VolumeSnapshotContent) -> Vec<FieldError> {
+    let mut errors = Errors::default();
+    errors.meta(&content.metadata, SUBDOMAIN, false);
+    let spec = &content.spec;
+    errors.check("spec.driver", &spec.driver, CSI_DRIVER);
+    errors.check("spec.deletionPolicy", &spec.deletion_policy, DELETION_POLICY);
+    let given = [&spec.source.snapshot_handle, &spec.source.volume_handle];
+    errors.check("spec.source", &given.iter().filter(|s| s.is_some()).count().to_string(), ONE_CONTENT_SOURCE);
+    errors.check_some("spec.source.snapshotHandle", spec.source.snapshot_handle.as_deref(), SNAPSHOT_HANDLE);
+    errors.check_some("spec.source.volumeHandle", spec.source.volume_handle.as_deref(), SNAPSHOT_HANDLE);
+    errors.check("spec.volumeSnapshotRef.name", &spec.volume_snapshot_ref.name, SUBDOMAIN);
+    errors.check("spec.volumeSnapshotRef.namespace", &spec.volume_snapshot_ref.namespace, LABEL);
+    errors.check_some("spec.volumeSnapshotClassName", spec.volume_snapshot_class_name.as_deref(), SUBDOMAIN);
     errors.0
 }
 
@@ -562,5 +598,38 @@ mod tests {
             ..Secret::default()
         };
         assert_eq!(validate_secret(&secret)[0].field, "metadata.namespace");
+    }
+
+    #[test]
+    fn snapshot_contents_name_their_handle_driver_and_snapshot() {
+        use crate::snapshot::{SnapshotReference, VolumeSnapshotContent, VolumeSnapshotContentSpec, VolumeSnapshotContentSource};
+        let good = VolumeSnapshotContent {
+            metadata: ObjectMeta { name: Some("imported".into()), ..ObjectMeta::default() },
+            spec: VolumeSnapshotContentSpec {
+                deletion_policy: "Retain".into(),
+                driver: "hostpath.csi.kvol.io".into(),
+                source: VolumeSnapshotContentSource { snapshot_handle: Some("snap-1".into()), volume_handle: None },
+                volume_snapshot_ref: SnapshotReference { name: "before".into(), namespace: "default".into() },
+                volume_snapshot_class_name: None,
+            },
+        };
+        assert_eq!(validate_volume_snapshot_content(&good), vec![]);
+        // (what, change, field named)
+        type Change = fn(&mut VolumeSnapshotContent);
+        let rows: [(&str, Change, &str); 7] = [
+            ("no handle", |c| c.spec.source.snapshot_handle = None, "spec.source"),
+            ("two sources", |c| c.spec.source.volume_handle = Some("v".into()), "spec.source"),
+            ("a control character", |c| c.spec.source.snapshot_handle = Some("a\nb".into()), "spec.source.snapshotHandle"),
+            ("an empty handle", |c| c.spec.source.snapshot_handle = Some(String::new()), "spec.source.snapshotHandle"),
+            ("a bad policy", |c| c.spec.deletion_policy = "Keep".into(), "spec.deletionPolicy"),
+            ("no driver", |c| c.spec.driver = String::new(), "spec.driver"),
+            ("no snapshot named", |c| c.spec.volume_snapshot_ref.namespace = String::new(), "spec.volumeSnapshotRef.namespace"),
+        ];
+        for (what, change, field) in rows {
+            let mut content = good.clone();
+            change(&mut content);
+            let errors = validate_volume_snapshot_content(&content);
+            assert!(errors.iter().any(|e| e.field == field), "{what}: {errors:?}");
+        }
     }
 }

@@ -372,7 +372,6 @@ async fn run(
         tracing::warn!(%problem, "provisioned volumes");
     }
     let provisioned = Arc::new(std::sync::Mutex::new(Provisioned { records, version: 0 }));
-    let provisioning = Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
     let snapshots_dir = config.state_dir.join("snapshots");
     let (snapshot_records, problems) = crate::snapshots::load(&snapshots_dir);
     for problem in problems {
@@ -402,10 +401,11 @@ async fn run(
         source: source.as_ref(),
         provisioning: Provisioning {
             done: provisioned,
-            running: provisioning,
+            calls: CallSlots::default(),
             dir: provisioned_dir,
             channels: ControllerChannels::default(),
             snapshots,
+            snapshot_calls: CallSlots::default(),
         },
         wake: &wake,
         started,
@@ -477,11 +477,58 @@ struct ObjectsView {
 /// under way or failed (claim → empty, or the error), and where the records live.
 struct Provisioning {
     done: Arc<std::sync::Mutex<Provisioned>>,
-    running: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    /// Provisioning and reclaiming calls, by claim.
+    calls: CallSlots,
     dir: PathBuf,
     channels: ControllerChannels,
     /// The snapshots taken (the `snapshot-controller` component, when it runs).
     snapshots: Arc<std::sync::Mutex<SnapshotBook>>,
+    /// Snapshot calls, by VolumeSnapshot.
+    snapshot_calls: CallSlots,
+}
+
+/// The pause after a failed controller call (provisioning, reclaiming, a snapshot) before the
+/// same key is tried again.
+const RETRY_PAUSE: Duration = Duration::from_secs(5);
+
+/// Controller calls by key (a claim, a VolumeSnapshot): empty while one runs, else its last
+/// error, kept through [`RETRY_PAUSE`]. At most one call per key runs, and none starts during
+/// a failure's pause.
+#[derive(Clone, Debug, Default)]
+struct CallSlots(Arc<std::sync::Mutex<BTreeMap<String, String>>>);
+
+impl CallSlots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks a call for `key` as running, unless one runs or its last failure is in its pause.
+    fn begin(&self, key: &str) -> bool {
+        let mut calls = self.lock();
+        if calls.contains_key(key) {
+            return false;
+        }
+        calls.insert(key.to_string(), String::new());
+        true
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    /// Shows `error` as `key`'s (the agent is woken so the status says it now), keeps it
+    /// through the retry pause, then forgets it so a later pass tries again.
+    async fn failed(&self, key: &str, error: String, wake: &Notify) {
+        self.lock().insert(key.to_string(), error);
+        wake.notify_one();
+        tokio::time::sleep(RETRY_PAUSE).await;
+        self.lock().remove(key);
+    }
+
+    /// The keys whose last call failed, with the error.
+    fn failures(&self) -> Vec<(String, String)> {
+        self.lock().iter().filter(|(_, e)| !e.is_empty()).map(|(k, e)| (k.clone(), e.clone())).collect()
+    }
 }
 
 /// The snapshots the agent took, by VolumeSnapshot key, and the ones under way or failed.
@@ -490,8 +537,6 @@ struct SnapshotBook {
     records: BTreeMap<String, crate::snapshots::SnapshotRecord>,
     /// Counts changes of `records`, for the status.
     version: u64,
-    /// VolumeSnapshot → empty while a call runs, or its last error.
-    running: BTreeMap<String, String>,
     /// Why each VolumeSnapshot not taken is waiting, from the last pass.
     pending: Vec<crate::snapshots::SnapshotPending>,
     dir: PathBuf,
@@ -707,6 +752,7 @@ impl Loop<'_> {
                 source_claim: r.source_claim.clone(),
                 size_bytes: r.size_bytes,
                 ready_to_use: r.ready_to_use,
+                content: r.content.clone(),
             })
             .collect()
     }
@@ -720,16 +766,10 @@ impl Loop<'_> {
                 .retain(|(path, _)| !exec.actual.published.values().any(|p| p.target.starts_with(path)));
             problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
         }
-        let failures = self.provisioning.running.lock().unwrap_or_else(|p| p.into_inner());
-        problems.extend(failures.iter().filter(|(_, e)| !e.is_empty()).map(|(claim, e)| {
-            crate::model::SourceProblem {
-                origin: format!("provisioning of claim {claim}"),
-                document: None,
-                reason: e.clone(),
-            }
-            .to_string()
+        problems.extend(self.provisioning.calls.failures().into_iter().map(|(claim, reason)| {
+            crate::model::SourceProblem { origin: format!("provisioning of claim {claim}"), document: None, reason }
+                .to_string()
         }));
-        drop(failures);
         problems.extend(self.config_problem.clone());
         problems.extend(self.component_config_problems.iter().cloned());
         problems.extend(self.snapshot_problems(objects));
@@ -752,7 +792,7 @@ impl Loop<'_> {
         }
         problems.extend(book.pending.iter().map(|p| format!("snapshot {}: {}", p.key, p.reason)));
         problems.extend(
-            book.running.iter().filter(|(_, e)| !e.is_empty()).map(|(k, e)| format!("snapshot {k}: {e}")),
+            self.provisioning.snapshot_calls.failures().into_iter().map(|(k, e)| format!("snapshot {k}: {e}")),
         );
         let done = self.provisioning.done.lock().unwrap_or_else(|p| p.into_inner());
         for (key, claim) in &objects.claims {
@@ -968,7 +1008,7 @@ fn start_provisioning(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, running: provisioning, dir, channels, snapshots } = state;
+    let Provisioning { done: provisioned, calls, dir, channels, snapshots, .. } = state;
     let drivers = handler.drivers();
     let names: Vec<String> = drivers.iter().map(|d| d.name.clone()).collect();
     let requests = {
@@ -984,21 +1024,16 @@ fn start_provisioning(
         )
     };
     for request in requests {
-        {
-            let mut running = provisioning.lock().unwrap_or_else(|p| p.into_inner());
-            // An empty entry is a provisioning in flight; an error waits for the next resync.
-            if running.get(&request.claim_key).is_some_and(|e| e.is_empty()) {
-                continue;
-            }
-            running.insert(request.claim_key.clone(), String::new());
-        }
         let Some(endpoint) = drivers.iter().find(|d| d.name == request.driver).map(|d| d.endpoint.clone())
         else {
             continue;
         };
-        let (provisioned, provisioning, dir, wake, channels) = (
+        if !calls.begin(&request.claim_key) {
+            continue;
+        }
+        let (provisioned, calls, dir, wake, channels) = (
             Arc::clone(provisioned),
-            Arc::clone(provisioning),
+            calls.clone(),
             dir.to_path_buf(),
             Arc::clone(wake),
             channels.clone(),
@@ -1018,14 +1053,11 @@ fn start_provisioning(
                         provisioned.records.insert(claim.clone(), pv);
                         provisioned.version += 1;
                     }
-                    provisioning.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                    calls.succeeded(&claim);
                 }
                 Err(e) => {
                     tracing::warn!(claim = %claim, driver = %request.driver, error = %e, "provisioning failed");
-                    // Retried after a pause: keep the error visible, then forget it.
-                    provisioning.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), e);
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    provisioning.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                    calls.failed(&claim, e, &wake).await;
                 }
             }
             wake.notify_one();
@@ -1043,7 +1075,7 @@ fn start_reclaiming(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, running, dir, channels, .. } = state;
+    let Provisioning { done: provisioned, calls, dir, channels, .. } = state;
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
         if done.records.keys().all(|claim| source.claims.contains_key(claim)) {
@@ -1065,16 +1097,12 @@ fn start_reclaiming(
         else {
             continue;
         };
-        {
-            let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
-            if running.get(&request.claim_key).is_some_and(|e| e.is_empty()) {
-                continue;
-            }
-            running.insert(request.claim_key.clone(), String::new());
+        if !calls.begin(&request.claim_key) {
+            continue;
         }
-        let (provisioned, running, dir, wake, channel) = (
+        let (provisioned, calls, dir, wake, channel) = (
             Arc::clone(provisioned),
-            Arc::clone(running),
+            calls.clone(),
             dir.to_path_buf(),
             Arc::clone(wake),
             channels.get(&endpoint),
@@ -1091,13 +1119,11 @@ fn start_reclaiming(
                     provisioned.records.remove(&claim);
                     provisioned.version += 1;
                     drop(provisioned);
-                    running.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                    calls.succeeded(&claim);
                 }
                 Err(e) => {
                     tracing::warn!(claim = %claim, driver = %request.driver, error = %e, "deleting a deleted claim's volume failed");
-                    running.lock().unwrap_or_else(|p| p.into_inner()).insert(claim.clone(), e);
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    running.lock().unwrap_or_else(|p| p.into_inner()).remove(&claim);
+                    calls.failed(&claim, e, &wake).await;
                 }
             }
             wake.notify_one();
@@ -1129,11 +1155,14 @@ fn start_snapshotting(
         (take, delete)
     };
     let endpoint = |driver: &str| drivers.iter().find(|d| d.name == driver).map(|d| d.endpoint.clone());
-    for request in take {
-        let Some(endpoint) = endpoint(&request.driver) else { continue };
-        let key = request.key.clone();
+    for work in take {
+        let Some(endpoint) = endpoint(work.driver()) else { continue };
+        let key = work.key().to_string();
         spawn_snapshot_call(state, wake, &key, state.channels.get(&endpoint), move |channel| async move {
-            snapshot_one(&request, channel).await
+            match &work {
+                crate::snapshots::SnapshotWork::Take(request) => snapshot_one(request, channel).await,
+                crate::snapshots::SnapshotWork::Adopt(adoption) => adopt_snapshot_one(adoption, channel).await,
+            }
         });
     }
     for (key, record) in delete {
@@ -1156,14 +1185,11 @@ fn spawn_snapshot_call<F, Fut>(
     F: FnOnce(tonic::transport::Channel) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<Option<crate::snapshots::SnapshotRecord>, String>> + Send,
 {
-    {
-        let mut book = state.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-        if book.running.get(key).is_some_and(|e| e.is_empty()) {
-            return;
-        }
-        book.running.insert(key.to_string(), String::new());
+    if !state.snapshot_calls.begin(key) {
+        return;
     }
-    let (book, wake, key) = (Arc::clone(&state.snapshots), Arc::clone(wake), key.to_string());
+    let (book, calls, wake, key) =
+        (Arc::clone(&state.snapshots), state.snapshot_calls.clone(), Arc::clone(wake), key.to_string());
     tokio::spawn(async move {
         let outcome = match channel {
             Ok(channel) => call(channel).await,
@@ -1186,13 +1212,12 @@ fn spawn_snapshot_call<F, Fut>(
                     None => drop(book.records.remove(&key)),
                 }
                 book.version += 1;
-                book.running.remove(&key);
+                drop(book);
+                calls.succeeded(&key);
             }
             Err(e) => {
                 tracing::warn!(snapshot = %key, error = %e, "snapshot call failed");
-                book.lock().unwrap_or_else(|p| p.into_inner()).running.insert(key.clone(), e);
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                book.lock().unwrap_or_else(|p| p.into_inner()).running.remove(&key);
+                calls.failed(&key, e, &wake).await;
             }
         }
         wake.notify_one();
@@ -1221,7 +1246,58 @@ async fn snapshot_one(
         ready_to_use: snapshot.ready_to_use,
         deletion_policy: request.deletion_policy.clone(),
         created_unix_seconds: snapshot.creation_time.map_or(0, |t| t.seconds),
+        content: None,
     }))
+}
+
+/// Brings in a pre-provisioned content's snapshot: ListSnapshots of its handle when the driver
+/// can list (a snapshot the driver does not know is an error, retried), else taken as ready
+/// with no size, as the external-snapshotter does.
+async fn adopt_snapshot_one(
+    adoption: &crate::snapshots::ContentAdoption,
+    channel: tonic::transport::Channel,
+) -> Result<Option<crate::snapshots::SnapshotRecord>, String> {
+    use kvol_csi::proto::csi::controller_service_capability::{Type, rpc::Type as Rpc};
+    let mut client = controller(channel);
+    let what = format!("csi driver {}: ControllerGetCapabilities", adoption.driver);
+    let capabilities = controller_call(what, client.controller_get_capabilities(kvol_csi::proto::csi::ControllerGetCapabilitiesRequest {})).await?;
+    let lists = capabilities
+        .capabilities
+        .iter()
+        .any(|c| matches!(c.r#type, Some(Type::Rpc(ref rpc)) if rpc.r#type == Rpc::ListSnapshots as i32));
+    let mut record = crate::snapshots::SnapshotRecord {
+        driver: adoption.driver.clone(),
+        snapshot_handle: adoption.snapshot_handle.clone(),
+        source_volume_handle: String::new(),
+        source_claim: String::new(),
+        size_bytes: 0,
+        ready_to_use: true,
+        deletion_policy: adoption.deletion_policy.clone(),
+        created_unix_seconds: 0,
+        content: Some(adoption.content.clone()),
+    };
+    if !lists {
+        return Ok(Some(record));
+    }
+    let list = kvol_csi::proto::csi::ListSnapshotsRequest {
+        snapshot_id: adoption.snapshot_handle.clone(),
+        ..Default::default()
+    };
+    let what = format!("csi driver {}: ListSnapshots of {}", adoption.driver, adoption.snapshot_handle);
+    let answer = controller_call(what.clone(), client.list_snapshots(list)).await?;
+    let snapshot = answer
+        .entries
+        .into_iter()
+        .filter_map(|entry| entry.snapshot)
+        .find(|snapshot| snapshot.snapshot_id == adoption.snapshot_handle)
+        .ok_or_else(|| {
+            format!("{what}: the driver has no such snapshot (VolumeSnapshotContent {})", adoption.content)
+        })?;
+    record.source_volume_handle = snapshot.source_volume_id;
+    record.size_bytes = snapshot.size_bytes;
+    record.ready_to_use = snapshot.ready_to_use;
+    record.created_unix_seconds = snapshot.creation_time.map_or(0, |t| t.seconds);
+    Ok(Some(record))
 }
 
 async fn delete_snapshot_one(

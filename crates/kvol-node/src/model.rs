@@ -51,6 +51,8 @@ pub struct ObjectSet {
     pub volume_snapshots: BTreeMap<String, kvol_api::snapshot::VolumeSnapshot>,
     /// VolumeSnapshotClasses by name.
     pub snapshot_classes: BTreeMap<String, kvol_api::snapshot::VolumeSnapshotClass>,
+    /// VolumeSnapshotContents by name (the pre-provisioned ones a person wrote).
+    pub snapshot_contents: BTreeMap<String, kvol_api::snapshot::VolumeSnapshotContent>,
     pub problems: Vec<SourceProblem>,
 }
 
@@ -65,6 +67,7 @@ impl fmt::Debug for ObjectSet {
             .field("secrets", &kvol_plugin::host::RedactedSecrets(&self.secrets))
             .field("volume_snapshots", &self.volume_snapshots)
             .field("snapshot_classes", &self.snapshot_classes)
+            .field("snapshot_contents", &self.snapshot_contents)
             .field("problems", &self.problems)
             .finish()
     }

@@ -1,4 +1,4 @@
-//! Volume snapshots on a standalone node (the `snapshot-controller` component, run by the agent): VolumeSnapshot manifests taken through the source volume's CSI driver, recorded, deleted with their manifest, and restored into new claims.
+//! Volume snapshots on a standalone node (the `snapshot-controller` component, run by the agent): VolumeSnapshot manifests taken through the source volume's CSI driver or brought in from a pre-provisioned VolumeSnapshotContent, recorded, deleted with their manifest, and restored into new claims.
 //!
 //! The decisions are pure ([`snapshots_to_take`], [`snapshots_to_delete`], [`restore_source`]);
 //! the agent makes the CSI calls and keeps the records under `<state dir>/snapshots/`, one JSON
@@ -26,9 +26,51 @@ pub struct SnapshotRecord {
     pub source_claim: String,
     pub size_bytes: i64,
     pub ready_to_use: bool,
-    /// `Delete` or `Retain`, from the class at the time it was taken.
+    /// `Delete` or `Retain`, from the class at the time it was taken (or the content's).
     pub deletion_policy: String,
     pub created_unix_seconds: i64,
+    /// The pre-provisioned VolumeSnapshotContent it was brought in from; `None`: taken by kvol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// What the agent does for one VolumeSnapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotWork {
+    /// CreateSnapshot of its claim's volume.
+    Take(SnapshotRequest),
+    /// Bring in the snapshot a pre-provisioned content names: asked about with ListSnapshots
+    /// when the driver can list (ready, size, source), taken as ready when it cannot, as the
+    /// external-snapshotter does.
+    Adopt(ContentAdoption),
+}
+
+impl SnapshotWork {
+    pub fn key(&self) -> &str {
+        match self {
+            SnapshotWork::Take(request) => &request.key,
+            SnapshotWork::Adopt(adoption) => &adoption.key,
+        }
+    }
+
+    pub fn driver(&self) -> &str {
+        match self {
+            SnapshotWork::Take(request) => &request.driver,
+            SnapshotWork::Adopt(adoption) => &adoption.driver,
+        }
+    }
+}
+
+/// A VolumeSnapshot bound to a pre-provisioned VolumeSnapshotContent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContentAdoption {
+    /// The VolumeSnapshot, `namespace/name`.
+    pub key: String,
+    /// The VolumeSnapshotContent's name.
+    pub content: String,
+    pub driver: String,
+    pub snapshot_handle: String,
+    pub deletion_policy: String,
 }
 
 /// A snapshot to take.
@@ -54,39 +96,70 @@ pub struct SnapshotPending {
 }
 
 /// The VolumeSnapshots not yet recorded, or recorded but not ready to use (asked again: a
-/// repeated CreateSnapshot of the same name answers with the snapshot's current state, as
-/// the external-snapshotter polls), each with what taking it needs — or why it cannot be
-/// taken now: its claim missing or unbound, no class (or the class's driver is not the
-/// volume's), the driver not registered, a pre-provisioned content (not served). `objects`
-/// has the provisioned volumes laid over it. Pure.
+/// repeated CreateSnapshot of the same name, or ListSnapshots of a content's handle, answers
+/// with the snapshot's current state, as the external-snapshotter polls), each with what
+/// taking or bringing it in needs — or why it cannot be done now: its claim missing or
+/// unbound, no class (or the class's driver is not the volume's), its content missing or bound
+/// to another snapshot, the driver not registered. `objects` has the provisioned volumes laid
+/// over it. Pure.
 pub fn snapshots_to_take(
     objects: &ObjectSet,
     records: &BTreeMap<String, SnapshotRecord>,
     drivers: &[String],
-) -> (Vec<SnapshotRequest>, Vec<SnapshotPending>) {
-    let mut take = Vec::new();
+) -> (Vec<SnapshotWork>, Vec<SnapshotPending>) {
+    let mut work = Vec::new();
     let mut pending = Vec::new();
     for (key, snapshot) in &objects.volume_snapshots {
         if records.get(key).is_some_and(|r| r.ready_to_use) {
             continue;
         }
-        match request_for(key, snapshot, objects, drivers) {
-            Ok(request) => take.push(request),
+        let planned = match snapshot.spec.source.volume_snapshot_content_name.as_deref() {
+            Some(content) => adoption(key, content, objects).map(SnapshotWork::Adopt),
+            None => request_for(key, snapshot, objects).map(SnapshotWork::Take),
+        };
+        let registered = planned.and_then(|w| {
+            if drivers.iter().any(|d| d == w.driver()) {
+                Ok(w)
+            } else {
+                Err(format!("csi driver {} is not registered on this node", w.driver()))
+            }
+        });
+        match registered {
+            Ok(w) => work.push(w),
             Err(reason) => pending.push(SnapshotPending { key: key.clone(), reason }),
         }
     }
-    (take, pending)
+    (work, pending)
 }
 
-fn request_for(
-    key: &str,
-    snapshot: &VolumeSnapshot,
-    objects: &ObjectSet,
-    drivers: &[String],
-) -> Result<SnapshotRequest, String> {
+/// The content a VolumeSnapshot names, if it names the snapshot back and holds a handle.
+fn adoption(key: &str, content_name: &str, objects: &ObjectSet) -> Result<ContentAdoption, String> {
+    let content = objects
+        .snapshot_contents
+        .get(content_name)
+        .ok_or(format!("its VolumeSnapshotContent {content_name} does not exist"))?;
+    let reference = &content.spec.volume_snapshot_ref;
+    let bound_to = format!("{}/{}", reference.namespace, reference.name);
+    if bound_to != key {
+        return Err(format!("VolumeSnapshotContent {content_name} is for VolumeSnapshot {bound_to}, not this one"));
+    }
+    let handle = content.spec.source.snapshot_handle.clone().ok_or(format!(
+        "VolumeSnapshotContent {content_name} has no source.snapshotHandle: only pre-provisioned contents are read \
+         from manifests (kvol keeps the ones it takes itself)"
+    ))?;
+    Ok(ContentAdoption {
+        key: key.to_string(),
+        content: content_name.to_string(),
+        driver: content.spec.driver.clone(),
+        snapshot_handle: handle,
+        deletion_policy: content.spec.deletion_policy.clone(),
+    })
+}
+
+fn request_for(key: &str, snapshot: &VolumeSnapshot, objects: &ObjectSet) -> Result<SnapshotRequest, String> {
     let namespace = key.split_once('/').map_or("default", |(ns, _)| ns);
     let Some(claim_name) = snapshot.spec.source.persistent_volume_claim_name.as_deref() else {
-        return Err("a snapshot of a pre-provisioned VolumeSnapshotContent is not served standalone".into());
+        return Err("it names neither a claim nor a VolumeSnapshotContent".into());
     };
     let claim_key = format!("{namespace}/{claim_name}");
     let claim = objects.claims.get(&claim_key).ok_or(format!("its claim {claim_key} does not exist"))?;
@@ -110,9 +183,6 @@ fn request_for(
             class.driver,
             csi.driver
         ));
-    }
-    if !drivers.contains(&csi.driver) {
-        return Err(format!("csi driver {} is not registered on this node", csi.driver));
     }
     let name = match snapshot.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
         Some(uid) => format!("snapshot-{uid}"),
@@ -276,7 +346,7 @@ mod tests {
                     assert!(pending.is_empty(), "{what}: {pending:?}");
                     assert_eq!(
                         take,
-                        [SnapshotRequest {
+                        [SnapshotWork::Take(SnapshotRequest {
                             key: "ns/s".into(),
                             name: "snapshot-u-1".into(),
                             driver: "d.example".into(),
@@ -284,7 +354,7 @@ mod tests {
                             source_claim: "ns/data".into(),
                             deletion_policy: "Delete".into(),
                             parameters: BTreeMap::from([("p".into(), "1".into())]),
-                        }],
+                        })],
                         "{what}"
                     );
                 }
@@ -306,6 +376,7 @@ mod tests {
             ready_to_use: ready,
             deletion_policy: policy.into(),
             created_unix_seconds: 0,
+            content: None,
         }
     }
 
@@ -323,9 +394,80 @@ mod tests {
         // Recorded but not ready yet: asked again, under the same name.
         let waiting = BTreeMap::from([("ns/s".to_string(), record("Delete", false))]);
         let (take, _) = snapshots_to_take(&set, &waiting, &["d.example".into()]);
-        assert_eq!(take.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["snapshot-u-1"]);
+        let names: Vec<&str> = take
+            .iter()
+            .map(|w| match w {
+                SnapshotWork::Take(r) => r.name.as_str(),
+                SnapshotWork::Adopt(a) => a.content.as_str(),
+            })
+            .collect();
+        assert_eq!(names, ["snapshot-u-1"]);
         let deleted: Vec<&String> = snapshots_to_delete(&set, &records).into_iter().map(|(k, _)| k).collect();
         assert_eq!(deleted, ["ns/gone"]);
+    }
+
+    #[test]
+    fn a_pre_provisioned_content_is_brought_in_when_the_two_name_each_other() {
+        let content = |name: &str, bound_to: &str, handle: Option<&str>| -> (String, kvol_api::snapshot::VolumeSnapshotContent) {
+            let (namespace, snapshot) = bound_to.split_once('/').unwrap();
+            let value = json!({"metadata": {"name": name}, "spec": {"driver": "d.example", "deletionPolicy": "Retain",
+                "source": {"snapshotHandle": handle, "volumeHandle": if handle.is_none() { Some("vol-1") } else { None }},
+                "volumeSnapshotRef": {"namespace": namespace, "name": snapshot}}});
+            (name.to_string(), serde_json::from_value(value).unwrap())
+        };
+        let of_content = |name: &str| -> VolumeSnapshot {
+            serde_json::from_value(json!({"metadata": {"name": "s", "namespace": "ns"},
+                "spec": {"source": {"volumeSnapshotContentName": name}}}))
+            .unwrap()
+        };
+        let drivers = vec!["d.example".to_string()];
+        // (what, contents present, the content the snapshot names, drivers, Ok(()) or Err(words))
+        type Row<'a> = (&'a str, Vec<(String, kvol_api::snapshot::VolumeSnapshotContent)>, &'a str, &'a [String], Result<(), &'a str>);
+        let rows: Vec<Row> = vec![
+            ("bound both ways", vec![content("imported", "ns/s", Some("snap-9"))], "imported", &drivers, Ok(())),
+            ("no such content", vec![], "imported", &drivers, Err("VolumeSnapshotContent imported does not exist")),
+            (
+                "the content names another snapshot",
+                vec![content("imported", "ns/other", Some("snap-9"))],
+                "imported",
+                &drivers,
+                Err("is for VolumeSnapshot ns/other, not this one"),
+            ),
+            (
+                "a dynamic content",
+                vec![content("imported", "ns/s", None)],
+                "imported",
+                &drivers,
+                Err("has no source.snapshotHandle"),
+            ),
+            ("driver not registered", vec![content("imported", "ns/s", Some("snap-9"))], "imported", &[], Err("d.example is not registered")),
+        ];
+        for (what, contents, named, drivers, want) in rows {
+            let mut set = objects();
+            set.snapshot_contents.extend(contents);
+            set.volume_snapshots.insert("ns/s".into(), of_content(named));
+            let (work, pending) = snapshots_to_take(&set, &BTreeMap::new(), drivers);
+            match want {
+                Ok(()) => assert_eq!(
+                    (work, pending),
+                    (
+                        vec![SnapshotWork::Adopt(ContentAdoption {
+                            key: "ns/s".into(),
+                            content: "imported".into(),
+                            driver: "d.example".into(),
+                            snapshot_handle: "snap-9".into(),
+                            deletion_policy: "Retain".into(),
+                        })],
+                        vec![]
+                    ),
+                    "{what}"
+                ),
+                Err(words) => {
+                    assert!(work.is_empty(), "{what}");
+                    assert!(pending[0].reason.contains(words), "{what}: {:?}", pending[0].reason);
+                }
+            }
+        }
     }
 
     #[test]

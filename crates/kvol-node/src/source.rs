@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use crate::model::{ObjectSet, SourceProblem};
 use crate::watched_dir::WatchedDir;
 pub use crate::watched_dir::{Landing, MAX_DELAY, OpenWrites, QUIET, Quiet, landing};
-use kvol_api::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
+use kvol_api::snapshot::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent};
 
 /// The namespace of a namespaced object that names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -45,6 +45,7 @@ pub enum Object {
     Secret(Box<Secret>),
     VolumeSnapshot(Box<VolumeSnapshot>),
     VolumeSnapshotClass(Box<VolumeSnapshotClass>),
+    VolumeSnapshotContent(Box<VolumeSnapshotContent>),
 }
 
 impl Object {
@@ -59,6 +60,7 @@ impl Object {
             Object::Secret(_) => "Secret",
             Object::VolumeSnapshot(_) => "VolumeSnapshot",
             Object::VolumeSnapshotClass(_) => "VolumeSnapshotClass",
+            Object::VolumeSnapshotContent(_) => "VolumeSnapshotContent",
         }
     }
 
@@ -74,6 +76,7 @@ impl Object {
             Object::Secret(o) => &o.metadata,
             Object::VolumeSnapshot(o) => &o.metadata,
             Object::VolumeSnapshotClass(o) => &o.metadata,
+            Object::VolumeSnapshotContent(o) => &o.metadata,
         };
         let name = meta.name.as_deref().unwrap_or_default();
         if namespaced(self.kind()) {
@@ -97,6 +100,7 @@ impl fmt::Debug for Object {
             }
             Object::VolumeSnapshot(o) => f.debug_tuple("VolumeSnapshot").field(o).finish(),
             Object::VolumeSnapshotClass(o) => f.debug_tuple("VolumeSnapshotClass").field(o).finish(),
+            Object::VolumeSnapshotContent(o) => f.debug_tuple("VolumeSnapshotContent").field(o).finish(),
         }
     }
 }
@@ -117,7 +121,17 @@ const KINDS: &[(&str, &str, bool)] = &[
     ("Secret", "v1", true),
     ("VolumeSnapshot", kvol_api::snapshot::API_VERSION, true),
     ("VolumeSnapshotClass", kvol_api::snapshot::API_VERSION, false),
+    ("VolumeSnapshotContent", kvol_api::snapshot::API_VERSION, false),
 ];
+
+/// The kinds the source reads, as a sentence: `A, B and C`.
+fn kinds_read() -> String {
+    let names: Vec<&str> = KINDS.iter().map(|(kind, _, _)| *kind).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
 
 fn namespaced(kind: &str) -> bool {
     KINDS.iter().any(|(k, _, ns)| *k == kind && *ns)
@@ -227,11 +241,7 @@ fn type_object(value: Value) -> Result<Object, String> {
     let label = label_of(&value);
     let kind = value.get("kind").and_then(Value::as_str).ok_or(format!("{label}: missing \"kind\""))?;
     let Some(&(kind, want, is_namespaced)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
-        return Err(format!(
-            "unsupported kind {kind:?} ({label}): the manifests source reads Pod, PersistentVolume, \
-             PersistentVolumeClaim, StorageClass, CSIDriver, Secret, VolumeSnapshot and \
-             VolumeSnapshotClass"
-        ));
+        return Err(format!("unsupported kind {kind:?} ({label}): the manifests source reads {}", kinds_read()));
     };
     let api_version =
         value.get("apiVersion").and_then(Value::as_str).ok_or(format!("{label}: missing \"apiVersion\""))?;
@@ -257,6 +267,7 @@ fn type_object(value: Value) -> Result<Object, String> {
         "CSIDriver" => Object::CsiDriver(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshot" => Object::VolumeSnapshot(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshotClass" => Object::VolumeSnapshotClass(serde_json::from_value(value).map_err(invalid)?),
+        "VolumeSnapshotContent" => Object::VolumeSnapshotContent(serde_json::from_value(value).map_err(invalid)?),
         _ => Object::Secret(serde_json::from_value(value).map_err(invalid)?),
     };
     complete(&mut object);
@@ -277,6 +288,7 @@ fn validate(object: &Object) -> Result<(), String> {
         Object::Secret(o) => v::validate_secret(o),
         Object::VolumeSnapshot(o) => v::validate_volume_snapshot(o),
         Object::VolumeSnapshotClass(o) => v::validate_volume_snapshot_class(o),
+        Object::VolumeSnapshotContent(o) => v::validate_volume_snapshot_content(o),
     };
     if errors.is_empty() {
         return Ok(());
@@ -294,7 +306,8 @@ fn complete(object: &mut Object) {
         Object::PersistentVolume(_)
         | Object::StorageClass(_)
         | Object::CsiDriver(_)
-        | Object::VolumeSnapshotClass(_) => return,
+        | Object::VolumeSnapshotClass(_)
+        | Object::VolumeSnapshotContent(_) => return,
     };
     if meta.namespace.as_deref().unwrap_or_default().is_empty() {
         meta.namespace = Some(DEFAULT_NAMESPACE.to_string());
@@ -364,6 +377,7 @@ impl SetBuilder {
                 Object::Secret(o) => drop(self.set.secrets.insert(key, *o)),
                 Object::VolumeSnapshot(o) => drop(self.set.volume_snapshots.insert(key, *o)),
                 Object::VolumeSnapshotClass(o) => drop(self.set.snapshot_classes.insert(key, *o)),
+                Object::VolumeSnapshotContent(o) => drop(self.set.snapshot_contents.insert(key, *o)),
             }
         }
     }
@@ -820,7 +834,7 @@ mod tests {
                     "Pod default/b",
                     "problem m.yaml document 2: unsupported kind \"ConfigMap\" (ConfigMap/c): the manifests \
                      source reads Pod, PersistentVolume, PersistentVolumeClaim, StorageClass, CSIDriver, \
-                     Secret, VolumeSnapshot and VolumeSnapshotClass",
+                     Secret, VolumeSnapshot, VolumeSnapshotClass and VolumeSnapshotContent",
                 ],
             ),
             (

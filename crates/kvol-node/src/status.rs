@@ -57,6 +57,9 @@ pub struct SnapshotStatus {
     pub source_claim: String,
     pub size_bytes: i64,
     pub ready_to_use: bool,
+    /// The pre-provisioned VolumeSnapshotContent it was brought in from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
 }
 
 /// One volume attached to or staged on the node (per unique volume, not per pod).
@@ -216,13 +219,13 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
     }
     for snapshot in &report.snapshots {
         let ready = if snapshot.ready_to_use { "ready" } else { "not ready" };
+        let origin = match &snapshot.content {
+            Some(content) => format!("from VolumeSnapshotContent {content}"),
+            None => format!("of claim {}", snapshot.source_claim),
+        };
         out.push_str(&format!(
-            "snapshot {}: {ready}, {} bytes, of claim {}, {} snapshot {}\n",
-            snapshot.name,
-            snapshot.size_bytes,
-            snapshot.source_claim,
-            snapshot.driver,
-            snapshot.snapshot_handle
+            "snapshot {}: {ready}, {} bytes, {origin}, {} snapshot {}\n",
+            snapshot.name, snapshot.size_bytes, snapshot.driver, snapshot.snapshot_handle
         ));
     }
     if !report.problems.is_empty() {

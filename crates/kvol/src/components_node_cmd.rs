@@ -280,9 +280,9 @@ fn running_pid(state_dir: &Path, name: &str) -> Option<u32> {
     (!stat.contains(") Z ")).then_some(pid)
 }
 
-/// What depends on the component on this node: the manifests' volumes, claims and classes,
-/// the volumes the agent provisioned (`<state>/provisioned`) and the snapshots it took
-/// (`<state>/snapshots`).
+/// What depends on the component on this node: the manifests' volumes, claims, classes and
+/// VolumeSnapshotContents, the volumes the agent provisioned (`<state>/provisioned`) and the
+/// snapshots it took or brought in (`<state>/snapshots`).
 fn standalone_holders(
     definition: &kvol_components::ComponentDefinition,
     manifests: &Path,
@@ -295,7 +295,7 @@ fn standalone_holders(
     let claims: Vec<_> = objects.claims.values().cloned().collect();
     let classes: Vec<_> = objects.storage_classes.values().cloned().collect();
     let (taken, _) = kvol_node::snapshots::load(&state_dir.join("snapshots"));
-    let snapshots: Vec<SnapshotObject> = taken
+    let mut snapshots: Vec<SnapshotObject> = taken
         .into_iter()
         .map(|(key, record)| SnapshotObject {
             kind: "VolumeSnapshot",
@@ -303,13 +303,18 @@ fn standalone_holders(
             driver: Some(record.driver),
         })
         .collect();
+    snapshots.extend(objects.snapshot_contents.iter().map(|(name, content)| SnapshotObject {
+        kind: "VolumeSnapshotContent",
+        name: name.clone(),
+        driver: Some(content.spec.driver.clone()),
+    }));
     holders(
         definition,
         &Inventory { volumes: &volumes, claims: &claims, classes: &classes, snapshots: &snapshots },
     )
 }
 
-/// Removes the component's data directory, log and pid file; what is already gone is fine.
+/// Removes the component's data directory, log, pid file and config copy; what is already gone is fine.
 fn remove_component_files(state_dir: &Path, name: &str) -> anyhow::Result<()> {
     let data = state_dir.join(format!("csi-{name}"));
     match std::fs::remove_dir_all(&data) {
@@ -320,6 +325,7 @@ fn remove_component_files(state_dir: &Path, name: &str) -> anyhow::Result<()> {
     for file in [
         state_dir.join("logs").join(format!("{name}.log")),
         state_dir.join("components").join(format!("{name}.pid")),
+        state_dir.join("components").join(format!("{name}.yaml")),
     ] {
         match std::fs::remove_file(&file) {
             Ok(()) => {}

@@ -389,6 +389,114 @@ fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
     assert!(!node.root.join("snapshots/default~before.json").exists());
 }
 
+/// A Retain class, so a snapshot outlives its VolumeSnapshot, and one taken with it.
+const RETAINED: &str = "\
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: retained}
+driver: hostpath.csi.kvol.io
+deletionPolicy: Retain
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: before, namespace: default}
+spec:
+  volumeSnapshotClassName: retained
+  source: {persistentVolumeClaimName: data}
+";
+
+/// A pre-provisioned VolumeSnapshotContent of `handle`, bound to VolumeSnapshot
+/// `default/<snapshot>`, and the VolumeSnapshot `default/<name>` that names it.
+fn imported(content: &str, handle: &str, snapshot: &str, name: &str) -> String {
+    format!(
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshotContent\nmetadata: {{name: {content}}}\n\
+         spec:\n  driver: hostpath.csi.kvol.io\n  deletionPolicy: Delete\n  source: {{snapshotHandle: {handle}}}\n  \
+         volumeSnapshotRef: {{name: {snapshot}, namespace: default}}\n---\n\
+         apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  source: {{volumeSnapshotContentName: {content}}}\n"
+    )
+}
+
+#[test]
+fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
+    support::enter_private_mount_namespace();
+    let (node, config) = started_with_config("storage:\n  optionalCsiComponents: [snapshot-controller]\n");
+    let report = node
+        .wait(LIMIT, published)
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    std::fs::write(publish_dir(&report).join("kept"), "in the snapshot").unwrap();
+
+    // A snapshot taken with a Retain class, its VolumeSnapshot then deleted: the snapshot stays
+    // on the driver, as a retained content would.
+    node.write("retained.yaml", RETAINED);
+    let report = node
+        .wait(LIMIT, |r| snapshot_of(r, "default/before").is_some_and(|s| s.ready_to_use))
+        .unwrap_or_else(|last| panic!("never taken: {last}\n{}", node.agent_log()));
+    let handle = snapshot_of(&report, "default/before").unwrap().snapshot_handle.clone();
+    node.write("retained.yaml", RETAINED.split("---").next().unwrap());
+
+    // Contents that do not fit say why and bring nothing in: one bound to another snapshot, one
+    // whose handle the driver does not have.
+    node.write("stray.yaml", &imported("stray", &handle, "someone-else", "stray"));
+    node.write("ghost.yaml", &imported("ghost", "no-such-snapshot", "ghost", "ghost"));
+    node.wait(LIMIT, |r| {
+        r.problems.iter().any(|p| p.contains("snapshot default/stray") && p.contains("is for VolumeSnapshot default/someone-else"))
+            && r.problems.iter().any(|p| p.contains("snapshot default/ghost") && p.contains("the driver has no such snapshot"))
+    })
+    .unwrap_or_else(|last| panic!("no word on the contents that do not fit: {last}\n{}", node.agent_log()));
+    let report = node.status().unwrap();
+    assert!(snapshot_of(&report, "default/stray").is_none() && snapshot_of(&report, "default/ghost").is_none());
+    node.remove("stray.yaml");
+    node.remove("ghost.yaml");
+
+    // The content that names the snapshot back is brought in: asked about with ListSnapshots.
+    node.write("imported.yaml", &imported("imported", &handle, "imported", "imported"));
+    let report = node
+        .wait(LIMIT, |r| snapshot_of(r, "default/imported").is_some_and(|s| s.ready_to_use))
+        .unwrap_or_else(|last| panic!("never brought in: {last}\n{}", node.agent_log()));
+    let brought = snapshot_of(&report, "default/imported").unwrap();
+    assert_eq!(brought.content.as_deref(), Some("imported"));
+    assert_eq!(brought.snapshot_handle, handle);
+    assert!(brought.size_bytes > 0, "the driver's size, from ListSnapshots: {brought:?}");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(["status", "--state-dir"])
+        .arg(&node.root)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("snapshot default/imported: ready") && text.contains("from VolumeSnapshotContent imported"), "{text}");
+
+    // A claim restored from it sees the data as it was.
+    node.write("restored.yaml", &RESTORED.replace("name: before", "name: imported"));
+    let report = node
+        .wait(LIMIT, |r| r.volumes.iter().any(|v| v.pod == "default/restorer" && v.phase == Phase::Published))
+        .unwrap_or_else(|last| panic!("the restored claim was never published: {last}\n{}", node.agent_log()));
+    let restored = report.volumes.iter().find(|v| v.pod == "default/restorer").unwrap();
+    let restored_dir = restored.target.clone().unwrap().join("mount");
+    assert_eq!(std::fs::read_to_string(restored_dir.join("kept")).unwrap(), "in the snapshot");
+
+    // Uninstall names the content among what depends on the driver.
+    rename_save(&config, "storage:\n  driver: none\n  optionalCsiComponents: [snapshot-controller]\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
+    let state_dir = node.root.display().to_string();
+    let out = kvol(&["components", "uninstall", "hostpath", "--state-dir", &state_dir], &config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("VolumeSnapshotContent imported"), "{stderr}");
+    rename_save(&config, "storage:\n  optionalCsiComponents: [snapshot-controller]\n");
+    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+
+    // Its VolumeSnapshot deleted, the content's Delete policy deletes the snapshot on the driver.
+    node.remove("restored.yaml");
+    node.write("imported.yaml", imported("imported", &handle, "imported", "imported").split("---").next().unwrap());
+    node.wait(LIMIT, |r| snapshot_of(r, "default/imported").is_none())
+        .unwrap_or_else(|last| panic!("never deleted: {last}\n{}", node.agent_log()));
+    let left: Vec<_> = std::fs::read_dir(node.root.join("csi-hostpath/snapshots"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the driver still holds {left:?}");
+}
+
 /// Two user components that record their lives: one told of a change of its config file by
 /// SIGHUP, one restarted. Both have their config checked: a candidate saying `bad` is refused.
 /// The ticker has defaults, the restarter none.
