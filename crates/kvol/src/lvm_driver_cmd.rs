@@ -199,11 +199,13 @@ mod tests {
                     "--csi-socket=/c.sock",
                     "--registration-dir=/r",
                     "--lvm-timeout-seconds=5",
+                    "--volume-group=vg1",
                 ],
                 LvmDriverConfig {
                     driver_name: "d.example".into(),
                     node_name: "n".into(),
                     lvmd_config: "/e/l.yaml".into(),
+                    volume_group: Some("vg1".into()),
                     csi_socket: "/c.sock".into(),
                     registration_dir: Some("/r".into()),
                     lvm_timeout: Duration::from_secs(5),

@@ -57,7 +57,7 @@ fn bundled_driver(dir: &Path) -> ProcessSpec {
         csi_socket: Some(socket),
         log_file: dir.join("logs/hostpath.log"),
         pid_file: Some(dir.join("hostpath.pid")),
-        config_file: None,
+        config: None,
         reload: Default::default(),
     }
 }
@@ -138,7 +138,7 @@ async fn a_process_that_never_answers_probe_is_killed_and_restarted() {
         csi_socket: Some(dir.path().join("nobody.sock")),
         log_file: dir.path().join("mute.log"),
         pid_file: None,
-        config_file: None,
+        config: None,
         reload: Default::default(),
     };
     let supervised = Supervised::start(spec, quick());
@@ -158,7 +158,7 @@ async fn a_process_that_keeps_failing_is_restarted_with_growing_pauses_and_says_
         csi_socket: None,
         log_file: dir.path().join("failing.log"),
         pid_file: None,
-        config_file: None,
+        config: None,
         reload: Default::default(),
     };
     let started = std::time::Instant::now();
@@ -177,7 +177,7 @@ async fn a_process_that_keeps_failing_is_restarted_with_growing_pauses_and_says_
         csi_socket: None,
         log_file: dir.path().join("missing.log"),
         pid_file: None,
-        config_file: None,
+        config: None,
         reload: Default::default(),
     };
     let supervised = Supervised::start(missing, quick());
