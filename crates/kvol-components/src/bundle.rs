@@ -14,6 +14,17 @@ use crate::{Catalogue, Decision};
 /// The label on every object kvol applies for a component.
 pub const COMPONENT_LABEL: &str = "components.kvol.io/name";
 
+/// The placeholder a bundle writes for kvol's own container image.
+pub const IMAGE_PLACEHOLDER: &str = "{image}";
+
+/// What the bundles' placeholders stand for on one `kvol components apply`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BundleValues {
+    /// [`IMAGE_PLACEHOLDER`]: kvol's container image (`--image`); kvol publishes none, so the
+    /// user builds it (`deploy/kvol/Containerfile`) and names it.
+    pub image: Option<String>,
+}
+
 /// One object as the API names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectRef {
@@ -81,8 +92,10 @@ pub fn apply_rank(kind: &str) -> u8 {
     }
 }
 
-/// The plan for `decision` over what is `deployed`. Pure.
-pub fn plan(decision: &Decision, catalogue: &Catalogue, deployed: &[Deployed]) -> BundlePlan {
+/// The plan for `decision` over what is `deployed`, placeholders filled from `values`. A
+/// component whose bundle cannot be filled (no image given) is not applied, and nothing of it
+/// is pruned either; the problem says what to pass. Pure.
+pub fn plan(decision: &Decision, catalogue: &Catalogue, deployed: &[Deployed], values: &BundleValues) -> BundlePlan {
     let mut out = BundlePlan::default();
     let running: BTreeSet<&str> = decision.running().collect();
     let mut wanted: BTreeSet<ObjectRef> = BTreeSet::new();
@@ -91,16 +104,25 @@ pub fn plan(decision: &Decision, catalogue: &Catalogue, deployed: &[Deployed]) -
         let Some(bundle) = entry.definition.cluster.as_ref().filter(|_| running.contains(name)) else {
             continue;
         };
+        let mut objects = Vec::new();
         for (i, object) in bundle.objects.iter().enumerate() {
             match ObjectRef::of(object) {
                 Some(reference) => {
                     wanted.insert(reference);
-                    out.apply.push((name.to_string(), labelled(object, name)));
+                    objects.push(labelled(object, name));
                 }
                 None => out.problems.push(format!(
                     "component {name}: cluster.objects[{i}] needs apiVersion, kind and metadata.name"
                 )),
             }
+        }
+        match objects.into_iter().map(|o| filled(o, values)).collect::<Option<Vec<Value>>>() {
+            Some(objects) => out.apply.extend(objects.into_iter().map(|o| (name.to_string(), o))),
+            None => out.problems.push(format!(
+                "component {name}: its bundle runs kvol's own container image, and kvol publishes none: \
+                 build it (deploy/kvol/Containerfile), push it where the nodes pull from, and pass --image; \
+                 nothing of {name} was applied"
+            )),
         }
     }
     out.apply.sort_by_key(|(_, object)| apply_rank(object["kind"].as_str().unwrap_or_default()));
@@ -145,6 +167,23 @@ pub fn removal(
     (delete, kept)
 }
 
+/// `object` with every [`IMAGE_PLACEHOLDER`] in its strings replaced; `None` when it has one
+/// and `values` names no image.
+fn filled(object: Value, values: &BundleValues) -> Option<Value> {
+    match object {
+        Value::String(text) if text.contains(IMAGE_PLACEHOLDER) => {
+            Some(Value::String(text.replace(IMAGE_PLACEHOLDER, values.image.as_deref()?)))
+        }
+        Value::Array(items) => items.into_iter().map(|v| filled(v, values)).collect::<Option<_>>().map(Value::Array),
+        Value::Object(map) => map
+            .into_iter()
+            .map(|(k, v)| filled(v, values).map(|v| (k, v)))
+            .collect::<Option<serde_json::Map<_, _>>>()
+            .map(Value::Object),
+        other => Some(other),
+    }
+}
+
 /// `object` with [`COMPONENT_LABEL`] set to `component`.
 fn labelled(object: &Value, component: &str) -> Value {
     let mut object = object.clone();
@@ -170,7 +209,8 @@ role: driver
 provides: {csiDriver: cloud.csi.example}
 cluster:
   objects:
-  - {apiVersion: apps/v1, kind: DaemonSet, metadata: {name: cloud-node, namespace: kube-system}}
+  - {apiVersion: apps/v1, kind: DaemonSet, metadata: {name: cloud-node, namespace: kube-system},
+     spec: {template: {spec: {containers: [{name: node, image: \"{image}\", args: [\"--x={image}\"]}]}}}}
   - {apiVersion: storage.k8s.io/v1, kind: CSIDriver, metadata: {name: cloud.csi.example}}
   - {apiVersion: v1, kind: ServiceAccount, metadata: {name: cloud, namespace: kube-system}}
   - {apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRoleBinding, metadata: {name: cloud}}
@@ -222,7 +262,7 @@ cluster:
 
     #[test]
     fn bundles_apply_in_dependency_order_with_their_label() {
-        let plan = plan(&decision("cloud", &["none"]), &catalogue(), &[]);
+        let plan = plan(&decision("cloud", &["none"]), &catalogue(), &[], &image());
         let kinds: Vec<&str> = plan.apply.iter().map(|(_, o)| o["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
@@ -269,18 +309,38 @@ cluster:
             ),
         ];
         for (what, decision, prune, left) in rows {
-            let plan = plan(&decision, &catalogue(), &cluster);
+            let plan = plan(&decision, &catalogue(), &cluster, &image());
             let pruned: Vec<String> = plan.prune.iter().map(|d| d.object.to_string()).collect();
             assert_eq!(pruned, prune, "{what}");
             assert_eq!(plan.left_alone, left, "{what}");
         }
-        let off = plan(&decision("none", &["none"]), &catalogue(), &cluster);
+        let off = plan(&decision("none", &["none"]), &catalogue(), &cluster, &image());
         assert!(off.apply.is_empty(), "a component turned off is never applied: {:?}", off.apply);
+    }
+
+    fn image() -> BundleValues {
+        BundleValues { image: Some("registry.example/kvol:1".into()) }
+    }
+
+    #[test]
+    fn kvols_image_is_filled_in_or_its_component_waits_untouched() {
+        let with = plan(&decision("cloud", &["none"]), &catalogue(), &[], &image());
+        let daemonset = with.apply.iter().find(|(_, o)| o["kind"] == "DaemonSet").unwrap().1.clone();
+        let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["image"], "registry.example/kvol:1");
+        assert_eq!(container["args"][0], "--x=registry.example/kvol:1", "filled inside a string too");
+
+        let deployed_before = [deployed("DaemonSet", "cloud-node", "cloud")];
+        let without = plan(&decision("cloud", &["none"]), &catalogue(), &deployed_before, &BundleValues::default());
+        assert!(without.apply.is_empty(), "nothing of the component is applied: {:?}", without.apply);
+        assert!(without.prune.is_empty(), "nor pruned: {:?}", without.prune);
+        assert_eq!(without.problems.len(), 1, "{:?}", without.problems);
+        assert!(without.problems[0].starts_with("component cloud: ") && without.problems[0].contains("--image"));
     }
 
     #[test]
     fn an_object_without_a_name_is_a_problem_naming_its_place() {
-        let plan = plan(&decision("none", &["extra"]), &catalogue(), &[]);
+        let plan = plan(&decision("none", &["extra"]), &catalogue(), &[], &image());
         assert_eq!(plan.apply.len(), 1);
         assert_eq!(
             plan.problems,

@@ -18,6 +18,10 @@ pub struct ApplyArgs {
     /// Directory of user component definitions (*.yaml).
     #[arg(long, default_value = DEFAULT_DEFINITIONS_DIR)]
     pub definitions_dir: PathBuf,
+    /// kvol's container image, which the built-in bundles run (`{image}` in a bundle); kvol
+    /// publishes none: build it from `deploy/kvol/Containerfile`.
+    #[arg(long, env = "KVOL_IMAGE", value_name = "REFERENCE")]
+    pub image: Option<String>,
 }
 
 /// Runs `kvol components apply`: exit 0 when everything was applied and pruned, 1 when
@@ -46,7 +50,8 @@ pub fn run_apply(args: &ApplyArgs, storage: &StorageSection) -> anyhow::Result<E
         let mut kinds = kvol_cluster::bundles::bundle_kinds(&catalogue);
         kinds.extend(kvol_cluster::bundles::inventory_kinds(&client).await.map_err(anyhow::Error::msg)?);
         let deployed = kvol_cluster::bundles::deployed(&client, &kinds).await.map_err(anyhow::Error::msg)?;
-        let plan = bundle::plan(&decision, &catalogue, &deployed);
+        let values = bundle::BundleValues { image: args.image.clone() };
+        let plan = bundle::plan(&decision, &catalogue, &deployed, &values);
         for problem in &plan.problems {
             eprintln!("kvol: {problem}");
         }

@@ -671,3 +671,82 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
         );
     });
 }
+
+/// The built-in bundles (the bundled hostpath driver and the LVM driver, each beside upstream's
+/// external-provisioner) are accepted whole by a real API server once kvol's image is named;
+/// without one, nothing of them is applied and the message says what to pass.
+#[test]
+fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kvol.yaml");
+    let apply = |storage: &str, image: Option<&str>| {
+        std::fs::write(&config, storage).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
+        command
+            .arg("--config")
+            .arg(&config)
+            .args(["components", "apply", "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .arg("--definitions-dir")
+            .arg(dir.path().join("none"))
+            .env_remove("KVOL_CONFIG")
+            .env_remove("KVOL_IMAGE");
+        if let Some(image) = image {
+            command.args(["--image", image]);
+        }
+        command.output().unwrap()
+    };
+    let text = |out: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+
+    // No image: refused with what to do, nothing applied.
+    let out = apply("storage:\n  driver: hostpath\n  optionalCsiComponents: [none]\n", None);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("component hostpath: its bundle runs kvol's own container image"), "{}", text(&out));
+    assert!(text(&out).contains("--image"), "{}", text(&out));
+    runtime.block_on(async {
+        assert!(Api::<CSIDriver>::all(client.clone()).get_opt("hostpath.csi.kvol.io").await.unwrap().is_none());
+    });
+
+    // Named: every object of the bundle is accepted by the API server's validation.
+    let image = "registry.example/kvol:e2e";
+    let out = apply("storage:\n  driver: hostpath\n  optionalCsiComponents: [none]\n", Some(image));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("applied DaemonSet kvol-hostpath/csi-hostpath (hostpath)"), "{}", text(&out));
+    runtime.block_on(async {
+        let daemonset =
+            Api::<DaemonSet>::namespaced(client.clone(), "kvol-hostpath").get("csi-hostpath").await.unwrap();
+        let containers = daemonset.spec.template.spec.unwrap().containers;
+        let images: Vec<&str> = containers.iter().filter_map(|c| c.image.as_deref()).collect();
+        assert_eq!(images, [image, "registry.k8s.io/sig-storage/csi-provisioner:v5.2.0"]);
+        let class = Api::<StorageClass>::all(client.clone()).get("kvol-hostpath").await.unwrap();
+        assert_eq!(class.provisioner, "hostpath.csi.kvol.io");
+        assert_eq!(class.volume_binding_mode.as_deref(), Some("WaitForFirstConsumer"));
+        let role = Api::<ClusterRole>::all(client.clone()).get("kvol-hostpath-provisioner").await.unwrap();
+        assert!(!role.rules.unwrap_or_default().is_empty());
+        let driver = Api::<CSIDriver>::all(client.clone()).get("hostpath.csi.kvol.io").await.unwrap();
+        assert_eq!(driver.metadata.labels.unwrap()["components.kvol.io/name"], "hostpath");
+    });
+
+    // The LVM driver instead: its bundle applied too, the hostpath one left as it is.
+    let out = apply("storage:\n  driver: lvm\n  optionalCsiComponents: [none]\n", Some(image));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("left alone: component hostpath is off"), "{}", text(&out));
+    runtime.block_on(async {
+        let daemonset = Api::<DaemonSet>::namespaced(client.clone(), "kvol-lvm").get("csi-lvm").await.unwrap();
+        let args = daemonset.spec.template.spec.unwrap().containers[1].args.clone().unwrap();
+        assert!(args.iter().any(|a| a == "--enable-capacity"), "{args:?}");
+        assert!(Api::<Role>::namespaced(client.clone(), "kvol-lvm").get_opt("csi-lvm-capacity").await.unwrap().is_some());
+        let driver = Api::<CSIDriver>::all(client.clone()).get("lvm.csi.kvol.io").await.unwrap();
+        assert_eq!(driver.spec.storage_capacity, Some(true));
+        assert!(Api::<CSIDriver>::all(client.clone()).get_opt("hostpath.csi.kvol.io").await.unwrap().is_some());
+    });
+}
