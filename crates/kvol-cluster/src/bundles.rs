@@ -67,6 +67,14 @@ pub async fn deployed(
     client: &kube::Client,
     kinds: &BTreeSet<(String, String)>,
 ) -> Result<Vec<Deployed>, String> {
+    Ok(deployed_objects(client, kinds).await?.into_iter().map(|(deployed, _)| deployed).collect())
+}
+
+/// [`deployed`], each with the API's copy of the object (its spec and status as JSON).
+pub async fn deployed_objects(
+    client: &kube::Client,
+    kinds: &BTreeSet<(String, String)>,
+) -> Result<Vec<(Deployed, serde_json::Value)>, String> {
     let mut out = Vec::new();
     for (api_version, kind) in kinds {
         let (resource, _) = resource(client, api_version, kind).await?;
@@ -78,7 +86,7 @@ pub async fn deployed(
         for object in listed {
             let component = object.metadata.labels.as_ref().and_then(|l| l.get(COMPONENT_LABEL)).cloned();
             let (Some(component), Some(name)) = (component, object.metadata.name.clone()) else { continue };
-            out.push(Deployed {
+            let deployed = Deployed {
                 object: ObjectRef {
                     api_version: api_version.clone(),
                     kind: kind.clone(),
@@ -86,10 +94,22 @@ pub async fn deployed(
                     name,
                 },
                 component,
-            });
+            };
+            out.push((deployed, object.data));
         }
     }
     Ok(out)
+}
+
+/// Every PersistentVolume in the cluster (a component's footprint counts its driver's).
+pub async fn persistent_volumes(
+    client: &kube::Client,
+) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, String> {
+    Api::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(|e| format!("cannot list persistentvolumes: {e}"))
 }
 
 /// What [`carry_out`] did.
@@ -174,13 +194,12 @@ pub async fn holders(
     client: &kube::Client,
     definition: &kvol_components::ComponentDefinition,
 ) -> Result<Vec<kvol_components::uninstall::Holder>, String> {
-    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     use k8s_openapi::api::storage::v1::StorageClass;
     use kvol_components::uninstall::{Inventory, holders};
     let all = ListParams::default();
     let failed = |what: &'static str| move |e: kube::Error| format!("cannot list {what}: {e}");
-    let volumes =
-        Api::<PersistentVolume>::all(client.clone()).list(&all).await.map_err(failed("persistentvolumes"))?;
+    let volumes = persistent_volumes(client).await?;
     let claims = Api::<PersistentVolumeClaim>::all(client.clone())
         .list(&all)
         .await
@@ -191,7 +210,7 @@ pub async fn holders(
     Ok(holders(
         definition,
         &Inventory {
-            volumes: &volumes.items,
+            volumes: &volumes,
             claims: &claims.items,
             classes: &classes.items,
             snapshots: &snapshots,

@@ -12,6 +12,7 @@
 
 pub mod bundle;
 pub mod catalogue;
+pub mod cluster_footprint;
 pub mod component_config;
 pub mod definition;
 pub mod selection;

@@ -131,3 +131,70 @@ pub fn run_uninstall(
         Ok(ExitCode::SUCCESS)
     })
 }
+
+/// One component in `kvol components status --kubeconfig`.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ClusterStatusRow {
+    /// What the config decides, in words (`runs: …`, `off: …`, `blocked: …`).
+    decision: String,
+    #[serde(flatten)]
+    footprint: kvol_components::cluster_footprint::ClusterFootprint,
+}
+
+/// `kvol components status --kubeconfig FILE`: per component, what the config decides for a
+/// cluster, its deployed objects, its workloads' readiness and requests, its driver's volumes.
+pub fn run_status(
+    args: &crate::components_node_cmd::StatusArgs,
+    kubeconfig: &std::path::Path,
+    storage: &StorageSection,
+) -> anyhow::Result<ExitCode> {
+    use kvol_components::cluster_footprint::footprint;
+    let (catalogue, problems) = Catalogue::load(&args.definitions_dir);
+    for problem in &problems {
+        eprintln!("kvol: component definition left out: {problem}");
+    }
+    let decision = decide_for_cluster(storage, &catalogue).map_err(|problems| {
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("invalid storage section: {}", listed.join("; "))
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (deployed, volumes) = runtime.block_on(async {
+        let client = kvol_cluster::client::client(Some(kubeconfig)).await?;
+        let mut kinds = kvol_cluster::bundles::bundle_kinds(&catalogue);
+        kinds.extend(kvol_cluster::bundles::inventory_kinds(&client).await.map_err(anyhow::Error::msg)?);
+        let deployed =
+            kvol_cluster::bundles::deployed_objects(&client, &kinds).await.map_err(anyhow::Error::msg)?;
+        let volumes = kvol_cluster::bundles::persistent_volumes(&client).await.map_err(anyhow::Error::msg)?;
+        anyhow::Ok((deployed, volumes))
+    })?;
+    let rows: Vec<ClusterStatusRow> = catalogue
+        .entries()
+        .iter()
+        .map(|entry| {
+            let name = entry.definition.name.as_str();
+            let mine: Vec<_> = deployed
+                .iter()
+                .filter(|(d, _)| d.component == name)
+                .map(|(d, object)| (d.object.clone(), object.clone()))
+                .collect();
+            let decision = decision
+                .verdict(name)
+                .map_or_else(|| "unknown".to_string(), |v| format!("{}: {}", v.word(), v.reason()));
+            ClusterStatusRow { decision, footprint: footprint(&entry.definition, &mine, &volumes) }
+        })
+        .collect();
+    match args.output {
+        crate::components_cmd::Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        crate::components_cmd::Format::Table => {
+            for row in &rows {
+                println!("{}: {}", row.footprint.component, row.decision);
+                print!("{}", row.footprint);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -24,6 +24,10 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Format,
+    /// Report on this cluster instead of this node: each component's deployed objects, its
+    /// workloads' readiness and resource requests, and its driver's volumes.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -71,6 +75,9 @@ struct Row {
 
 /// Runs `kvol components status`.
 pub fn run_status(args: &StatusArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
+    if let Some(kubeconfig) = &args.kubeconfig {
+        return crate::components_cluster_cmd::run_status(args, kubeconfig, storage);
+    }
     let catalogue = load_catalogue(&args.definitions_dir);
     let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts())
         .map_err(|problems| anyhow::anyhow!("invalid storage section: {}", joined(&problems)))?;

@@ -736,6 +736,28 @@ fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
         assert_eq!(driver.metadata.labels.unwrap()["components.kvol.io/name"], "hostpath");
     });
 
+    // The cluster footprint: objects, the workload's readiness (no kubelet runs its pods here)
+    // and what each pod requests.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .arg("--config")
+        .arg(&config)
+        .args(["components", "status", "--kubeconfig"])
+        .arg(&server.kubeconfig)
+        .arg("--definitions-dir")
+        .arg(dir.path().join("none"))
+        .env_remove("KVOL_CONFIG")
+        .output()
+        .unwrap();
+    let status = text(&out);
+    assert!(out.status.success(), "{status}");
+    assert!(status.contains("hostpath: run: storage.driver is hostpath"), "{status}");
+    assert!(status.contains("1 CSIDriver, 1 ClusterRole, 1 ClusterRoleBinding, 1 DaemonSet, 1 Namespace"), "{status}");
+    assert!(
+        status.contains("DaemonSet kvol-hostpath/csi-hostpath: 0/0 pods ready; each pod requests driver cpu 10m memory 24Mi, provisioner cpu 10m memory 32Mi"),
+        "{status}"
+    );
+    assert!(status.contains("lvm: off: ") && status.contains("  volumes: 0\n"), "{status}");
+
     // The LVM driver instead: its bundle applied too, the hostpath one left as it is.
     let out = apply("storage:\n  driver: lvm\n  optionalCsiComponents: [none]\n", Some(image));
     assert!(out.status.success(), "{}", text(&out));
