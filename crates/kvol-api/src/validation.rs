@@ -344,7 +344,11 @@ pub fn validate_volume_snapshot(snapshot: &crate::snapshot::VolumeSnapshot) -> V
         source.volume_snapshot_content_name.as_deref(),
         SUBDOMAIN,
     );
-    errors.check_some("spec.volumeSnapshotClassName", snapshot.spec.volume_snapshot_class_name.as_deref(), SUBDOMAIN);
+    errors.check_some(
+        "spec.volumeSnapshotClassName",
+        snapshot.spec.volume_snapshot_class_name.as_deref(),
+        SUBDOMAIN,
+    );
     errors.0
 }
 
@@ -357,7 +361,11 @@ pub fn validate_volume_snapshot_content(content: &crate::snapshot::VolumeSnapsho
     errors.check("spec.driver", &spec.driver, CSI_DRIVER);
     errors.check("spec.deletionPolicy", &spec.deletion_policy, DELETION_POLICY);
     let given = [&spec.source.snapshot_handle, &spec.source.volume_handle];
-    errors.check("spec.source", &given.iter().filter(|s| s.is_some()).count().to_string(), ONE_CONTENT_SOURCE);
+    errors.check(
+        "spec.source",
+        &given.iter().filter(|s| s.is_some()).count().to_string(),
+        ONE_CONTENT_SOURCE,
+    );
     errors.check_some("spec.source.snapshotHandle", spec.source.snapshot_handle.as_deref(), SNAPSHOT_HANDLE);
     errors.check_some("spec.source.volumeHandle", spec.source.volume_handle.as_deref(), SNAPSHOT_HANDLE);
     errors.check("spec.volumeSnapshotRef.name", &spec.volume_snapshot_ref.name, SUBDOMAIN);
@@ -602,13 +610,18 @@ mod tests {
 
     #[test]
     fn snapshot_contents_name_their_handle_driver_and_snapshot() {
-        use crate::snapshot::{SnapshotReference, VolumeSnapshotContent, VolumeSnapshotContentSpec, VolumeSnapshotContentSource};
+        use crate::snapshot::{
+            SnapshotReference, VolumeSnapshotContent, VolumeSnapshotContentSource, VolumeSnapshotContentSpec,
+        };
         let good = VolumeSnapshotContent {
             metadata: ObjectMeta { name: Some("imported".into()), ..ObjectMeta::default() },
             spec: VolumeSnapshotContentSpec {
                 deletion_policy: "Retain".into(),
                 driver: "hostpath.csi.kvol.io".into(),
-                source: VolumeSnapshotContentSource { snapshot_handle: Some("snap-1".into()), volume_handle: None },
+                source: VolumeSnapshotContentSource {
+                    snapshot_handle: Some("snap-1".into()),
+                    volume_handle: None,
+                },
                 volume_snapshot_ref: SnapshotReference { name: "before".into(), namespace: "default".into() },
                 volume_snapshot_class_name: None,
             },
@@ -619,11 +632,23 @@ mod tests {
         let rows: [(&str, Change, &str); 7] = [
             ("no handle", |c| c.spec.source.snapshot_handle = None, "spec.source"),
             ("two sources", |c| c.spec.source.volume_handle = Some("v".into()), "spec.source"),
-            ("a control character", |c| c.spec.source.snapshot_handle = Some("a\nb".into()), "spec.source.snapshotHandle"),
-            ("an empty handle", |c| c.spec.source.snapshot_handle = Some(String::new()), "spec.source.snapshotHandle"),
+            (
+                "a control character",
+                |c| c.spec.source.snapshot_handle = Some("a\nb".into()),
+                "spec.source.snapshotHandle",
+            ),
+            (
+                "an empty handle",
+                |c| c.spec.source.snapshot_handle = Some(String::new()),
+                "spec.source.snapshotHandle",
+            ),
             ("a bad policy", |c| c.spec.deletion_policy = "Keep".into(), "spec.deletionPolicy"),
             ("no driver", |c| c.spec.driver = String::new(), "spec.driver"),
-            ("no snapshot named", |c| c.spec.volume_snapshot_ref.namespace = String::new(), "spec.volumeSnapshotRef.namespace"),
+            (
+                "no snapshot named",
+                |c| c.spec.volume_snapshot_ref.namespace = String::new(),
+                "spec.volumeSnapshotRef.namespace",
+            ),
         ];
         for (what, change, field) in rows {
             let mut content = good.clone();

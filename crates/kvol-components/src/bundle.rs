@@ -95,7 +95,12 @@ pub fn apply_rank(kind: &str) -> u8 {
 /// The plan for `decision` over what is `deployed`, placeholders filled from `values`. A
 /// component whose bundle cannot be filled (no image given) is not applied, and nothing of it
 /// is pruned either; the problem says what to pass. Pure.
-pub fn plan(decision: &Decision, catalogue: &Catalogue, deployed: &[Deployed], values: &BundleValues) -> BundlePlan {
+pub fn plan(
+    decision: &Decision,
+    catalogue: &Catalogue,
+    deployed: &[Deployed],
+    values: &BundleValues,
+) -> BundlePlan {
     let mut out = BundlePlan::default();
     let running: BTreeSet<&str> = decision.running().collect();
     let mut wanted: BTreeSet<ObjectRef> = BTreeSet::new();
@@ -174,7 +179,9 @@ fn filled(object: Value, values: &BundleValues) -> Option<Value> {
         Value::String(text) if text.contains(IMAGE_PLACEHOLDER) => {
             Some(Value::String(text.replace(IMAGE_PLACEHOLDER, values.image.as_deref()?)))
         }
-        Value::Array(items) => items.into_iter().map(|v| filled(v, values)).collect::<Option<_>>().map(Value::Array),
+        Value::Array(items) => {
+            items.into_iter().map(|v| filled(v, values)).collect::<Option<_>>().map(Value::Array)
+        }
         Value::Object(map) => map
             .into_iter()
             .map(|(k, v)| filled(v, values).map(|v| (k, v)))
@@ -331,11 +338,14 @@ cluster:
         assert_eq!(container["args"][0], "--x=registry.example/kvol:1", "filled inside a string too");
 
         let deployed_before = [deployed("DaemonSet", "cloud-node", "cloud")];
-        let without = plan(&decision("cloud", &["none"]), &catalogue(), &deployed_before, &BundleValues::default());
+        let without =
+            plan(&decision("cloud", &["none"]), &catalogue(), &deployed_before, &BundleValues::default());
         assert!(without.apply.is_empty(), "nothing of the component is applied: {:?}", without.apply);
         assert!(without.prune.is_empty(), "nor pruned: {:?}", without.prune);
         assert_eq!(without.problems.len(), 1, "{:?}", without.problems);
-        assert!(without.problems[0].starts_with("component cloud: ") && without.problems[0].contains("--image"));
+        assert!(
+            without.problems[0].starts_with("component cloud: ") && without.problems[0].contains("--image")
+        );
     }
 
     #[test]

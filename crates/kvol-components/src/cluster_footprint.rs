@@ -60,7 +60,9 @@ pub fn footprint(
         out.volumes = Some(
             volumes
                 .iter()
-                .filter(|pv| pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_some_and(|csi| csi.driver == driver))
+                .filter(|pv| {
+                    pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_some_and(|csi| csi.driver == driver)
+                })
                 .count(),
         );
     }
@@ -71,7 +73,9 @@ fn workload(reference: &ObjectRef, object: &Value) -> Option<WorkloadFootprint> 
     let number = |pointer: &str| object.pointer(pointer).and_then(Value::as_i64);
     let (ready, desired) = match reference.kind.as_str() {
         "DaemonSet" => (number("/status/numberReady"), number("/status/desiredNumberScheduled")),
-        "Deployment" | "StatefulSet" => (number("/status/readyReplicas"), number("/spec/replicas").or(Some(1))),
+        "Deployment" | "StatefulSet" => {
+            (number("/status/readyReplicas"), number("/spec/replicas").or(Some(1)))
+        }
         _ => return None,
     };
     let containers = object.pointer("/spec/template/spec/containers").and_then(Value::as_array);
@@ -167,18 +171,34 @@ mod tests {
             (reference("ServiceAccount", "b"), json!({})),
         ];
         let pv = |driver: &str| -> PersistentVolume {
-            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"csi": {"driver": driver, "volumeHandle": "h"}}}))
-                .unwrap()
+            serde_json::from_value(
+                json!({"metadata": {"name": "p"}, "spec": {"csi": {"driver": driver, "volumeHandle": "h"}}}),
+            )
+            .unwrap()
         };
         let volumes = [pv("fast.csi.example"), pv("other.csi.example"), pv("fast.csi.example")];
         let got = footprint(&definition, &deployed, &volumes);
-        assert_eq!(got.objects, BTreeMap::from([("DaemonSet".into(), 1), ("Deployment".into(), 1), ("ServiceAccount".into(), 2)]));
+        assert_eq!(
+            got.objects,
+            BTreeMap::from([("DaemonSet".into(), 1), ("Deployment".into(), 1), ("ServiceAccount".into(), 2)])
+        );
         assert_eq!(got.volumes, Some(2));
         assert_eq!((got.workloads[0].ready, got.workloads[0].desired), (2, 3));
-        assert_eq!((got.workloads[1].ready, got.workloads[1].desired), (0, 1), "a Deployment with no status: 0 of its 1 replica");
+        assert_eq!(
+            (got.workloads[1].ready, got.workloads[1].desired),
+            (0, 1),
+            "a Deployment with no status: 0 of its 1 replica"
+        );
         let text = got.to_string();
         assert!(text.contains("DaemonSet ns/node: 2/3 pods ready; each pod requests driver cpu 10m memory 32Mi, sidecar nothing"), "{text}");
-        assert!(text.contains("Deployment ns/controller: 0/1 pods ready; each pod requests c cpu - memory 1Gi"), "{text}");
-        assert!(text.contains("objects: 1 DaemonSet, 1 Deployment, 2 ServiceAccount") && text.contains("volumes: 2"), "{text}");
+        assert!(
+            text.contains("Deployment ns/controller: 0/1 pods ready; each pod requests c cpu - memory 1Gi"),
+            "{text}"
+        );
+        assert!(
+            text.contains("objects: 1 DaemonSet, 1 Deployment, 2 ServiceAccount")
+                && text.contains("volumes: 2"),
+            "{text}"
+        );
     }
 }

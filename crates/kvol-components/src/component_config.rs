@@ -20,7 +20,12 @@ pub enum Rendered {
 /// The runtime copy for `component` from the user's file text (`None`: there is none), named
 /// `origin` in errors and in the copy's first line. An empty file is refused as a save cut
 /// short, as is anything but a YAML mapping. A user value of `null` removes that default.
-pub fn render(component: &str, spec: &ConfigFileSpec, user: Option<&str>, origin: &str) -> Result<Rendered, String> {
+pub fn render(
+    component: &str,
+    spec: &ConfigFileSpec,
+    user: Option<&str>,
+    origin: &str,
+) -> Result<Rendered, String> {
     let defaults = spec.defaults.clone().unwrap_or(Value::Object(Map::new()));
     let merged = match user {
         None if spec.defaults.is_none() => return Ok(Rendered::Absent),
@@ -28,7 +33,8 @@ pub fn render(component: &str, spec: &ConfigFileSpec, user: Option<&str>, origin
         Some(text) => merge(defaults, parse_user(text, origin)?),
     };
     let yaml = serde_saphyr::to_string(&merged).map_err(|e| format!("cannot render {origin}: {e}"))?;
-    let from = if user.is_some() { format!("{origin} over its defaults") } else { "its defaults".to_string() };
+    let from =
+        if user.is_some() { format!("{origin} over its defaults") } else { "its defaults".to_string() };
     Ok(Rendered::File(format!(
         "# written by kvol for component {component} from {from}; edit {origin}, not this copy\n{yaml}"
     )))
@@ -36,7 +42,9 @@ pub fn render(component: &str, spec: &ConfigFileSpec, user: Option<&str>, origin
 
 fn parse_user(text: &str, origin: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
-        return Err(format!("{origin} is empty (write {{}} for the defaults; remove the file for the component's own)"));
+        return Err(format!(
+            "{origin} is empty (write {{}} for the defaults; remove the file for the component's own)"
+        ));
     }
     let value: Value = serde_saphyr::from_str(text).map_err(|e| format!("invalid yaml in {origin}: {e}"))?;
     match value {
@@ -111,7 +119,9 @@ mod tests {
                 "a key replaced, a nested key merged, a list replaced whole",
                 Some(defaults.clone()),
                 Some("socket-name: /x.sock\nlog: {level: debug}\ndevice-classes: [{name: hdd}]\n"),
-                Ok(Some(json!({"socket-name": "/x.sock", "device-classes": [{"name": "hdd"}], "log": {"level": "debug", "json": false}}))),
+                Ok(Some(
+                    json!({"socket-name": "/x.sock", "device-classes": [{"name": "hdd"}], "log": {"level": "debug", "json": false}}),
+                )),
             ),
             (
                 "null removes a default",
@@ -121,7 +131,12 @@ mod tests {
             ),
             ("{} keeps the defaults", Some(defaults.clone()), Some("{}\n"), Ok(Some(defaults.clone()))),
             ("empty: a save cut short", Some(defaults.clone()), Some("  \n"), Err("is empty")),
-            ("cut mid-value", None, Some("device-classes: [{name: ss"), Err("invalid yaml in /etc/kvol/c.yaml")),
+            (
+                "cut mid-value",
+                None,
+                Some("device-classes: [{name: ss"),
+                Err("invalid yaml in /etc/kvol/c.yaml"),
+            ),
             ("a list is not settings", None, Some("- a\n"), Err("must be a mapping of settings, not a list")),
             ("a scalar is not settings", None, Some("hello\n"), Err("not a string")),
         ];
@@ -137,7 +152,8 @@ mod tests {
 
     #[test]
     fn the_copy_says_where_to_edit() {
-        let Rendered::File(text) = render("lvm", &spec(None), Some("a: 1\n"), "/etc/kvol/lvm.yaml").unwrap() else {
+        let Rendered::File(text) = render("lvm", &spec(None), Some("a: 1\n"), "/etc/kvol/lvm.yaml").unwrap()
+        else {
             panic!("a file")
         };
         assert!(text.lines().next().unwrap().contains("edit /etc/kvol/lvm.yaml, not this copy"), "{text}");

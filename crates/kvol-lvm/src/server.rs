@@ -91,7 +91,10 @@ impl Reloader {
 
 /// lvmd.yaml as a reload reads it: a user's file as it is; a removed or generated one made
 /// again from the node's volume groups, as at start.
-async fn reread(path: &std::path::Path, config: &LvmDriverConfig) -> Result<crate::config_file::Loaded, crate::config_file::ConfigError> {
+async fn reread(
+    path: &std::path::Path,
+    config: &LvmDriverConfig,
+) -> Result<crate::config_file::Loaded, crate::config_file::ConfigError> {
     let generated = match std::fs::read_to_string(path) {
         Ok(text) => crate::generate::is_generated(&text),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,

@@ -767,8 +767,12 @@ impl Loop<'_> {
             problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
         }
         problems.extend(self.provisioning.calls.failures().into_iter().map(|(claim, reason)| {
-            crate::model::SourceProblem { origin: format!("provisioning of claim {claim}"), document: None, reason }
-                .to_string()
+            crate::model::SourceProblem {
+                origin: format!("provisioning of claim {claim}"),
+                document: None,
+                reason,
+            }
+            .to_string()
         }));
         problems.extend(self.config_problem.clone());
         problems.extend(self.component_config_problems.iter().cloned());
@@ -792,7 +796,11 @@ impl Loop<'_> {
         }
         problems.extend(book.pending.iter().map(|p| format!("snapshot {}: {}", p.key, p.reason)));
         problems.extend(
-            self.provisioning.snapshot_calls.failures().into_iter().map(|(k, e)| format!("snapshot {k}: {e}")),
+            self.provisioning
+                .snapshot_calls
+                .failures()
+                .into_iter()
+                .map(|(k, e)| format!("snapshot {k}: {e}")),
         );
         let done = self.provisioning.done.lock().unwrap_or_else(|p| p.into_inner());
         for (key, claim) in &objects.claims {
@@ -1031,13 +1039,8 @@ fn start_provisioning(
         if !calls.begin(&request.claim_key) {
             continue;
         }
-        let (provisioned, calls, dir, wake, channels) = (
-            Arc::clone(provisioned),
-            calls.clone(),
-            dir.to_path_buf(),
-            Arc::clone(wake),
-            channels.clone(),
-        );
+        let (provisioned, calls, dir, wake, channels) =
+            (Arc::clone(provisioned), calls.clone(), dir.to_path_buf(), Arc::clone(wake), channels.clone());
         tokio::spawn(async move {
             let claim = request.claim_key.clone();
             let channel = channels.get(&endpoint);
@@ -1161,7 +1164,9 @@ fn start_snapshotting(
         spawn_snapshot_call(state, wake, &key, state.channels.get(&endpoint), move |channel| async move {
             match &work {
                 crate::snapshots::SnapshotWork::Take(request) => snapshot_one(request, channel).await,
-                crate::snapshots::SnapshotWork::Adopt(adoption) => adopt_snapshot_one(adoption, channel).await,
+                crate::snapshots::SnapshotWork::Adopt(adoption) => {
+                    adopt_snapshot_one(adoption, channel).await
+                }
             }
         });
     }
@@ -1260,7 +1265,11 @@ async fn adopt_snapshot_one(
     use kvol_csi::proto::csi::controller_service_capability::{Type, rpc::Type as Rpc};
     let mut client = controller(channel);
     let what = format!("csi driver {}: ControllerGetCapabilities", adoption.driver);
-    let capabilities = controller_call(what, client.controller_get_capabilities(kvol_csi::proto::csi::ControllerGetCapabilitiesRequest {})).await?;
+    let capabilities = controller_call(
+        what,
+        client.controller_get_capabilities(kvol_csi::proto::csi::ControllerGetCapabilitiesRequest {}),
+    )
+    .await?;
     let lists = capabilities
         .capabilities
         .iter()

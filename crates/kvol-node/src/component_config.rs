@@ -55,7 +55,8 @@ impl ComponentConfig {
             Rendered::File(text) if current.as_deref() == Some(text.as_str()) => Ok(Refresh::Unchanged),
             Rendered::File(text) => {
                 self.check_candidate(&text).await?;
-                atomic_file::replace(&self.copy, text.as_bytes(), Durability::Synced).map_err(|e| e.to_string())?;
+                atomic_file::replace(&self.copy, text.as_bytes(), Durability::Synced)
+                    .map_err(|e| e.to_string())?;
                 Ok(Refresh::Replaced)
             }
         }
@@ -70,10 +71,13 @@ impl ComponentConfig {
     async fn check_candidate(&self, text: &str) -> Result<(), String> {
         let Some(check) = &self.check else { return Ok(()) };
         let candidate = self.candidate_path();
-        atomic_file::replace(&candidate, text.as_bytes(), Durability::AtomicOnly).map_err(|e| e.to_string())?;
+        atomic_file::replace(&candidate, text.as_bytes(), Durability::AtomicOnly)
+            .map_err(|e| e.to_string())?;
         let outcome = run_check(check, &candidate).await;
         let _ = std::fs::remove_file(&candidate);
-        outcome.map_err(|why| format!("{} refused by component {}'s check: {why}", self.source.display(), self.component))
+        outcome.map_err(|why| {
+            format!("{} refused by component {}'s check: {why}", self.source.display(), self.component)
+        })
     }
 }
 
@@ -97,7 +101,9 @@ async fn run_check(check: &[String], candidate: &Path) -> Result<(), String> {
     }
     let printed: Vec<String> = [&output.stderr, &output.stdout]
         .iter()
-        .flat_map(|bytes| String::from_utf8_lossy(bytes).lines().map(str::trim).map(String::from).collect::<Vec<_>>())
+        .flat_map(|bytes| {
+            String::from_utf8_lossy(bytes).lines().map(str::trim).map(String::from).collect::<Vec<_>>()
+        })
         .filter(|line| !line.is_empty())
         .collect();
     Err(format!("{} ({})", printed.join("; "), output.status))
@@ -112,7 +118,10 @@ mod tests {
             component: "c".into(),
             source: dir.join("etc/c.yaml"),
             copy: dir.join("state/components/c.yaml"),
-            spec: ConfigFileSpec { defaults: Some(serde_json::json!({"level": "info"})), check: check.clone() },
+            spec: ConfigFileSpec {
+                defaults: Some(serde_json::json!({"level": "info"})),
+                check: check.clone(),
+            },
             check,
         }
     }
@@ -121,7 +130,12 @@ mod tests {
     async fn edits_reach_the_copy_only_when_they_pass() {
         let dir = tempfile::tempdir().unwrap();
         // The check refuses any candidate that mentions "bad".
-        let check = vec!["sh".into(), "-c".into(), "! grep -q bad \"$0\" || { echo found bad >&2; exit 3; }".into(), CANDIDATE.into()];
+        let check = vec![
+            "sh".into(),
+            "-c".into(),
+            "! grep -q bad \"$0\" || { echo found bad >&2; exit 3; }".into(),
+            CANDIDATE.into(),
+        ];
         let c = config(dir.path(), Some(check));
         std::fs::create_dir_all(c.source.parent().unwrap()).unwrap();
         let copy = || std::fs::read_to_string(&c.copy).ok();
@@ -141,7 +155,10 @@ mod tests {
         ] {
             std::fs::write(&c.source, text).unwrap();
             let error = c.refresh().await.unwrap_err();
-            assert!(error.contains(words) && error.contains(&c.source.display().to_string()), "{what}: {error}");
+            assert!(
+                error.contains(words) && error.contains(&c.source.display().to_string()),
+                "{what}: {error}"
+            );
             assert!(copy().unwrap().contains("level: debug"), "{what}: the copy stays");
             assert!(!c.candidate_path().exists(), "{what}: no candidate left");
         }

@@ -119,13 +119,14 @@ pub fn process_specs(decision: &Decision, catalogue: &Catalogue, paths: &Compone
             ("{state-dir}", state.as_str()),
             ("{config}", config.as_str()),
         ];
-        let config_file = process.command.iter().any(|arg| arg.contains("{config}")).then(|| ComponentConfig {
-            component: name.to_string(),
-            source: paths.user_config(name),
-            copy: paths.config_copy(name),
-            spec: process.config.clone(),
-            check: process.config.check.as_ref().map(|check| fill_command(check, &values)),
-        });
+        let config_file =
+            process.command.iter().any(|arg| arg.contains("{config}")).then(|| ComponentConfig {
+                component: name.to_string(),
+                source: paths.user_config(name),
+                copy: paths.config_copy(name),
+                spec: process.config.clone(),
+                check: process.config.check.as_ref().map(|check| fill_command(check, &values)),
+            });
         specs.push(ProcessSpec {
             name: name.to_string(),
             command: fill_command(&process.command, &values),
@@ -274,7 +275,8 @@ impl Components {
         use kvol_components::definition::Reload;
         let configures = |spec: &ProcessSpec| spec.config.as_ref().is_some_and(|c| c.source == path);
         let mut told = Vec::new();
-        let held: Vec<String> = self.held.iter().filter(|(_, s)| configures(s)).map(|(n, _)| n.clone()).collect();
+        let held: Vec<String> =
+            self.held.iter().filter(|(_, s)| configures(s)).map(|(n, _)| n.clone()).collect();
         for name in held {
             let Some(spec) = self.held.remove(&name) else { continue };
             let config = spec.config.clone().expect("held processes have a config");
@@ -288,7 +290,9 @@ impl Components {
         let running: Vec<String> =
             self.running.iter().filter(|(_, (s, _))| configures(s)).map(|(n, _)| n.clone()).collect();
         for name in running {
-            let Some(config) = self.running.get(&name).and_then(|(spec, _)| spec.config.clone()) else { continue };
+            let Some(config) = self.running.get(&name).and_then(|(spec, _)| spec.config.clone()) else {
+                continue;
+            };
             if self.refresh_config(&config).await != Ok(Refresh::Replaced) {
                 continue;
             }

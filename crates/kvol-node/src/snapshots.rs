@@ -141,7 +141,9 @@ fn adoption(key: &str, content_name: &str, objects: &ObjectSet) -> Result<Conten
     let reference = &content.spec.volume_snapshot_ref;
     let bound_to = format!("{}/{}", reference.namespace, reference.name);
     if bound_to != key {
-        return Err(format!("VolumeSnapshotContent {content_name} is for VolumeSnapshot {bound_to}, not this one"));
+        return Err(format!(
+            "VolumeSnapshotContent {content_name} is for VolumeSnapshot {bound_to}, not this one"
+        ));
     }
     let handle = content.spec.source.snapshot_handle.clone().ok_or(format!(
         "VolumeSnapshotContent {content_name} has no source.snapshotHandle: only pre-provisioned contents are read \
@@ -408,7 +410,10 @@ mod tests {
 
     #[test]
     fn a_pre_provisioned_content_is_brought_in_when_the_two_name_each_other() {
-        let content = |name: &str, bound_to: &str, handle: Option<&str>| -> (String, kvol_api::snapshot::VolumeSnapshotContent) {
+        let content = |name: &str,
+                       bound_to: &str,
+                       handle: Option<&str>|
+         -> (String, kvol_api::snapshot::VolumeSnapshotContent) {
             let (namespace, snapshot) = bound_to.split_once('/').unwrap();
             let value = json!({"metadata": {"name": name}, "spec": {"driver": "d.example", "deletionPolicy": "Retain",
                 "source": {"snapshotHandle": handle, "volumeHandle": if handle.is_none() { Some("vol-1") } else { None }},
@@ -422,10 +427,28 @@ mod tests {
         };
         let drivers = vec!["d.example".to_string()];
         // (what, contents present, the content the snapshot names, drivers, Ok(()) or Err(words))
-        type Row<'a> = (&'a str, Vec<(String, kvol_api::snapshot::VolumeSnapshotContent)>, &'a str, &'a [String], Result<(), &'a str>);
+        type Row<'a> = (
+            &'a str,
+            Vec<(String, kvol_api::snapshot::VolumeSnapshotContent)>,
+            &'a str,
+            &'a [String],
+            Result<(), &'a str>,
+        );
         let rows: Vec<Row> = vec![
-            ("bound both ways", vec![content("imported", "ns/s", Some("snap-9"))], "imported", &drivers, Ok(())),
-            ("no such content", vec![], "imported", &drivers, Err("VolumeSnapshotContent imported does not exist")),
+            (
+                "bound both ways",
+                vec![content("imported", "ns/s", Some("snap-9"))],
+                "imported",
+                &drivers,
+                Ok(()),
+            ),
+            (
+                "no such content",
+                vec![],
+                "imported",
+                &drivers,
+                Err("VolumeSnapshotContent imported does not exist"),
+            ),
             (
                 "the content names another snapshot",
                 vec![content("imported", "ns/other", Some("snap-9"))],
@@ -440,7 +463,13 @@ mod tests {
                 &drivers,
                 Err("has no source.snapshotHandle"),
             ),
-            ("driver not registered", vec![content("imported", "ns/s", Some("snap-9"))], "imported", &[], Err("d.example is not registered")),
+            (
+                "driver not registered",
+                vec![content("imported", "ns/s", Some("snap-9"))],
+                "imported",
+                &[],
+                Err("d.example is not registered"),
+            ),
         ];
         for (what, contents, named, drivers, want) in rows {
             let mut set = objects();

@@ -241,7 +241,10 @@ fn type_object(value: Value) -> Result<Object, String> {
     let label = label_of(&value);
     let kind = value.get("kind").and_then(Value::as_str).ok_or(format!("{label}: missing \"kind\""))?;
     let Some(&(kind, want, is_namespaced)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
-        return Err(format!("unsupported kind {kind:?} ({label}): the manifests source reads {}", kinds_read()));
+        return Err(format!(
+            "unsupported kind {kind:?} ({label}): the manifests source reads {}",
+            kinds_read()
+        ));
     };
     let api_version =
         value.get("apiVersion").and_then(Value::as_str).ok_or(format!("{label}: missing \"apiVersion\""))?;
@@ -267,7 +270,9 @@ fn type_object(value: Value) -> Result<Object, String> {
         "CSIDriver" => Object::CsiDriver(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshot" => Object::VolumeSnapshot(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshotClass" => Object::VolumeSnapshotClass(serde_json::from_value(value).map_err(invalid)?),
-        "VolumeSnapshotContent" => Object::VolumeSnapshotContent(serde_json::from_value(value).map_err(invalid)?),
+        "VolumeSnapshotContent" => {
+            Object::VolumeSnapshotContent(serde_json::from_value(value).map_err(invalid)?)
+        }
         _ => Object::Secret(serde_json::from_value(value).map_err(invalid)?),
     };
     complete(&mut object);

@@ -156,8 +156,12 @@ pub fn status_path(root: &Path) -> PathBuf {
 pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
     let mut text = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
     text.push(b'\n');
-    kvol_plugin::atomic_file::replace(&status_path(root), &text, kvol_plugin::atomic_file::Durability::AtomicOnly)
-        .map_err(|e| std::io::Error::new(e.source.kind(), e.to_string()))
+    kvol_plugin::atomic_file::replace(
+        &status_path(root),
+        &text,
+        kvol_plugin::atomic_file::Durability::AtomicOnly,
+    )
+    .map_err(|e| std::io::Error::new(e.source.kind(), e.to_string()))
 }
 
 /// The report in `<state dir>/status.json`; the message says what is wrong when there is none or

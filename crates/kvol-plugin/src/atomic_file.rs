@@ -79,7 +79,8 @@ mod tests {
             replace(&path, text.as_bytes(), durability).unwrap();
             assert_eq!(fs::read_to_string(&path).unwrap(), text);
         }
-        let names: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+        let names: Vec<_> =
+            fs::read_dir(path.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(names, ["config.yaml"], "only the file itself");
     }
 
@@ -91,7 +92,10 @@ mod tests {
         // A directory where the temporary file would go makes the write fail.
         fs::create_dir(temporary_for(&path)).unwrap();
         let error = replace(&path, b"new", Durability::Synced).unwrap_err();
-        assert_eq!(error.to_string(), format!("cannot write {}: {}", temporary_for(&path).display(), error.source));
+        assert_eq!(
+            error.to_string(),
+            format!("cannot write {}: {}", temporary_for(&path).display(), error.source)
+        );
         assert_eq!(fs::read_to_string(&path).unwrap(), "old");
     }
 }

@@ -710,10 +710,16 @@ fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
     // No image: refused with what to do, nothing applied.
     let out = apply("storage:\n  driver: hostpath\n  optionalCsiComponents: [none]\n", None);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains("component hostpath: its bundle runs kvol's own container image"), "{}", text(&out));
+    assert!(
+        text(&out).contains("component hostpath: its bundle runs kvol's own container image"),
+        "{}",
+        text(&out)
+    );
     assert!(text(&out).contains("--image"), "{}", text(&out));
     runtime.block_on(async {
-        assert!(Api::<CSIDriver>::all(client.clone()).get_opt("hostpath.csi.kvol.io").await.unwrap().is_none());
+        assert!(
+            Api::<CSIDriver>::all(client.clone()).get_opt("hostpath.csi.kvol.io").await.unwrap().is_none()
+        );
     });
 
     // Named: every object of the bundle is accepted by the API server's validation.
@@ -751,7 +757,10 @@ fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
     let status = text(&out);
     assert!(out.status.success(), "{status}");
     assert!(status.contains("hostpath: run: storage.driver is hostpath"), "{status}");
-    assert!(status.contains("1 CSIDriver, 1 ClusterRole, 1 ClusterRoleBinding, 1 DaemonSet, 1 Namespace"), "{status}");
+    assert!(
+        status.contains("1 CSIDriver, 1 ClusterRole, 1 ClusterRoleBinding, 1 DaemonSet, 1 Namespace"),
+        "{status}"
+    );
     assert!(
         status.contains("DaemonSet kvol-hostpath/csi-hostpath: 0/0 pods ready; each pod requests driver cpu 10m memory 24Mi, provisioner cpu 10m memory 32Mi"),
         "{status}"
@@ -763,12 +772,21 @@ fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("left alone: component hostpath is off"), "{}", text(&out));
     runtime.block_on(async {
-        let daemonset = Api::<DaemonSet>::namespaced(client.clone(), "kvol-lvm").get("csi-lvm").await.unwrap();
+        let daemonset =
+            Api::<DaemonSet>::namespaced(client.clone(), "kvol-lvm").get("csi-lvm").await.unwrap();
         let args = daemonset.spec.template.spec.unwrap().containers[1].args.clone().unwrap();
         assert!(args.iter().any(|a| a == "--enable-capacity"), "{args:?}");
-        assert!(Api::<Role>::namespaced(client.clone(), "kvol-lvm").get_opt("csi-lvm-capacity").await.unwrap().is_some());
+        assert!(
+            Api::<Role>::namespaced(client.clone(), "kvol-lvm")
+                .get_opt("csi-lvm-capacity")
+                .await
+                .unwrap()
+                .is_some()
+        );
         let driver = Api::<CSIDriver>::all(client.clone()).get("lvm.csi.kvol.io").await.unwrap();
         assert_eq!(driver.spec.storage_capacity, Some(true));
-        assert!(Api::<CSIDriver>::all(client.clone()).get_opt("hostpath.csi.kvol.io").await.unwrap().is_some());
+        assert!(
+            Api::<CSIDriver>::all(client.clone()).get_opt("hostpath.csi.kvol.io").await.unwrap().is_some()
+        );
     });
 }

@@ -440,12 +440,18 @@ fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
     node.write("stray.yaml", &imported("stray", &handle, "someone-else", "stray"));
     node.write("ghost.yaml", &imported("ghost", "no-such-snapshot", "ghost", "ghost"));
     node.wait(LIMIT, |r| {
-        r.problems.iter().any(|p| p.contains("snapshot default/stray") && p.contains("is for VolumeSnapshot default/someone-else"))
-            && r.problems.iter().any(|p| p.contains("snapshot default/ghost") && p.contains("the driver has no such snapshot"))
+        r.problems.iter().any(|p| {
+            p.contains("snapshot default/stray") && p.contains("is for VolumeSnapshot default/someone-else")
+        }) && r
+            .problems
+            .iter()
+            .any(|p| p.contains("snapshot default/ghost") && p.contains("the driver has no such snapshot"))
     })
     .unwrap_or_else(|last| panic!("no word on the contents that do not fit: {last}\n{}", node.agent_log()));
     let report = node.status().unwrap();
-    assert!(snapshot_of(&report, "default/stray").is_none() && snapshot_of(&report, "default/ghost").is_none());
+    assert!(
+        snapshot_of(&report, "default/stray").is_none() && snapshot_of(&report, "default/ghost").is_none()
+    );
     node.remove("stray.yaml");
     node.remove("ghost.yaml");
 
@@ -464,13 +470,19 @@ fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("snapshot default/imported: ready") && text.contains("from VolumeSnapshotContent imported"), "{text}");
+    assert!(
+        text.contains("snapshot default/imported: ready")
+            && text.contains("from VolumeSnapshotContent imported"),
+        "{text}"
+    );
 
     // A claim restored from it sees the data as it was.
     node.write("restored.yaml", &RESTORED.replace("name: before", "name: imported"));
     let report = node
         .wait(LIMIT, |r| r.volumes.iter().any(|v| v.pod == "default/restorer" && v.phase == Phase::Published))
-        .unwrap_or_else(|last| panic!("the restored claim was never published: {last}\n{}", node.agent_log()));
+        .unwrap_or_else(|last| {
+            panic!("the restored claim was never published: {last}\n{}", node.agent_log())
+        });
     let restored = report.volumes.iter().find(|v| v.pod == "default/restorer").unwrap();
     let restored_dir = restored.target.clone().unwrap().join("mount");
     assert_eq!(std::fs::read_to_string(restored_dir.join("kept")).unwrap(), "in the snapshot");
@@ -488,7 +500,10 @@ fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
 
     // Its VolumeSnapshot deleted, the content's Delete policy deletes the snapshot on the driver.
     node.remove("restored.yaml");
-    node.write("imported.yaml", imported("imported", &handle, "imported", "imported").split("---").next().unwrap());
+    node.write(
+        "imported.yaml",
+        imported("imported", &handle, "imported", "imported").split("---").next().unwrap(),
+    );
     node.wait(LIMIT, |r| snapshot_of(r, "default/imported").is_none())
         .unwrap_or_else(|last| panic!("never deleted: {last}\n{}", node.agent_log()));
     let left: Vec<_> = std::fs::read_dir(node.root.join("csi-hostpath/snapshots"))
@@ -578,7 +593,10 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
     rename_save(&etc.join("ticker.yaml"), "level: 1\n");
     wait_for("the ticker told by SIGHUP", || lines(&ticker_log) == ["started", "reloaded"]);
     let text = copy(&ticker_copy);
-    assert!(text.contains("level: 1") && text.contains("name: ticker"), "the user's level over the defaults:\n{text}");
+    assert!(
+        text.contains("level: 1") && text.contains("name: ticker"),
+        "the user's level over the defaults:\n{text}"
+    );
     // The restarter restarts.
     std::fs::write(etc.join("restarter.yaml"), "level: 2\n").unwrap();
     wait_for("the restarter restarted", || lines(&restarter_log) == ["started", "started"]);
