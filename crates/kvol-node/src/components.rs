@@ -244,8 +244,12 @@ impl Components {
     }
 
     fn start(&mut self, spec: ProcessSpec) {
-        if let Some(dir) = spec.pid_file.as_deref().and_then(Path::parent) {
-            let _ = std::fs::create_dir_all(dir);
+        // The socket's directory too, as a DaemonSet's DirectoryOrCreate hostPath would make
+        // it: upstream drivers bind their endpoint without making its directory.
+        for dir in [&spec.pid_file, &spec.csi_socket].into_iter().flatten().filter_map(|p| p.parent()) {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                tracing::warn!(component = %spec.name, dir = %dir.display(), error = %e, "cannot create directory");
+            }
         }
         tracing::info!(component = %spec.name, command = %spec.command.join(" "), "starting component");
         let supervised = Supervised::start(spec.clone(), self.settings);

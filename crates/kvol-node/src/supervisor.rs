@@ -42,8 +42,11 @@ pub struct SupervisorSettings {
     pub backoff: Backoff,
     /// A run this long resets the backoff.
     pub stable_after: Duration,
-    /// How often `Probe` is asked, and its deadline.
+    /// How often `Probe` is asked once the process answered healthy, and its deadline.
     pub probe_every: Duration,
+    /// How often it is asked until then (a startup probe): the status says healthy, and the
+    /// version is known, soon after the process binds its socket.
+    pub probe_until_healthy_every: Duration,
     /// Failed probes are not counted for this long after a start (the process binds its socket).
     pub startup_grace: Duration,
     /// Consecutive failed probes (after the grace) that get the process killed and restarted.
@@ -59,6 +62,7 @@ impl Default for SupervisorSettings {
             backoff: Backoff::default(),
             stable_after: Duration::from_secs(60),
             probe_every: Duration::from_secs(10),
+            probe_until_healthy_every: Duration::from_secs(1),
             startup_grace: Duration::from_secs(30),
             failed_probes_to_restart: 3,
             stop_grace: Duration::from_secs(10),
@@ -313,8 +317,14 @@ async fn watch_health(
     let started = Instant::now();
     let timeouts = Timeouts { call: settings.probe_every, connect: settings.probe_every };
     let mut failed = 0;
+    let mut answered_healthy = false;
     loop {
-        tokio::time::sleep(settings.probe_every).await;
+        let wait = if answered_healthy {
+            settings.probe_every
+        } else {
+            settings.probe_until_healthy_every.min(settings.probe_every)
+        };
+        tokio::time::sleep(wait).await;
         let client = CsiClient::new(spec.name.clone(), socket, timeouts).map_err(|e| e.to_string());
         let answer = match &client {
             Ok(client) => client.probe().await.map_err(|e| e.to_string()),
@@ -338,7 +348,10 @@ async fn watch_health(
             }
         });
         match error {
-            None => failed = 0,
+            None => {
+                failed = 0;
+                answered_healthy = true;
+            }
             Some(_) if started.elapsed() < settings.startup_grace => {}
             Some(e) => {
                 failed += 1;

@@ -635,3 +635,83 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
     wait_for("the ticker told of its defaults", || lines(&ticker_log) == ["started", "reloaded", "reloaded"]);
     assert!(copy(&ticker_copy).contains("level: 0"), "{}", copy(&ticker_copy));
 }
+
+/// The upstream hostpath driver (`KVOL_UPSTREAM_HOSTPATH`) and node-driver-registrar
+/// (`KVOL_NODE_DRIVER_REGISTRAR`) as a user's component: the agent runs both from a definition
+/// file, meets the driver through the registrar's registration, provisions and publishes a
+/// claim on it, restarts the driver when it is killed, and reports both processes.
+#[test]
+fn an_upstream_driver_with_its_registrar_is_a_component_like_any_other() {
+    let peer = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let (Some(driver), Some(registrar)) =
+        (peer("KVOL_UPSTREAM_HOSTPATH"), peer("KVOL_NODE_DRIVER_REGISTRAR"))
+    else {
+        eprintln!(
+            "skipped: KVOL_UPSTREAM_HOSTPATH (hostpathplugin) and KVOL_NODE_DRIVER_REGISTRAR (node-driver-registrar) must both name binaries"
+        );
+        return;
+    };
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    let definitions = node.root.join("components.d");
+    std::fs::create_dir_all(&definitions).unwrap();
+    std::fs::write(
+        definitions.join("upstream.yaml"),
+        format!(
+            "name: upstream-hostpath\nrole: driver\nprovides: {{csiDriver: hostpath.csi.k8s.io}}\nstandalone:\n  process:\n    \
+             command: [{driver:?}, \"--endpoint=unix://{{socket}}\", \"--nodeid={{node}}\", --drivername=hostpath.csi.k8s.io, \
+             \"--statedir={{state-dir}}\"]\n    \
+             registrar: [{registrar:?}, \"--csi-address={{socket}}\", \"--kubelet-registration-path={{socket}}\", \
+             \"--plugin-registration-path={{registration-dir}}\"]\n"
+        ),
+    )
+    .unwrap();
+    let config = node.root.join("kvol.yaml");
+    std::fs::write(&config, "storage:\n  driver: upstream-hostpath\n  optionalCsiComponents: [none]\n")
+        .unwrap();
+    node.agent_args = vec![
+        "--config".into(),
+        config.display().to_string(),
+        "--component-definitions-dir".into(),
+        definitions.display().to_string(),
+    ];
+    node.write(
+        "storage.yaml",
+        &STORAGE.replace("provisioner: hostpath.csi.kvol.io", "provisioner: hostpath.csi.k8s.io"),
+    );
+    node.start();
+    let component = |r: &StatusReport, name: &str| r.components.iter().find(|c| c.name == name).cloned();
+    let report = node
+        .wait(LIMIT, |r| {
+            published(r) && component(r, "upstream-hostpath").is_some_and(|c| c.state.version.is_some())
+        })
+        .unwrap_or_else(|last| {
+            panic!("never published through the upstream driver: {last}\n{}", node.agent_log())
+        });
+    let upstream = component(&report, "upstream-hostpath").unwrap();
+    assert!(upstream.state.version.as_deref().unwrap().starts_with("hostpath.csi.k8s.io "), "{upstream:?}");
+    assert!(component(&report, "upstream-hostpath-registrar").is_some_and(|c| c.state.pid.is_some()));
+    assert!(!report.plugins.iter().any(|p| p == "hostpath.csi.kvol.io"), "the bundled driver is not chosen");
+    let target = publish_dir(&report);
+    std::fs::write(target.join("kept"), "through upstream").unwrap();
+
+    // Killed, the upstream driver is started again; the pod's volume and its data stay.
+    let first = upstream.state.pid.unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let report = node
+        .wait(LIMIT, |r| {
+            component(r, "upstream-hostpath")
+                .is_some_and(|c| c.state.starts == 2 && c.state.healthy == Some(true))
+        })
+        .unwrap_or_else(|last| panic!("never restarted: {last}\n{}", node.agent_log()));
+    assert!(published(&report));
+    assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "through upstream");
+
+    // Pod and claim gone: the volume is unpublished and deleted through the upstream driver.
+    node.remove("storage.yaml");
+    node.wait(LIMIT, |r| r.volumes.is_empty() && r.node_volumes.is_empty())
+        .unwrap_or_else(|last| panic!("never torn down: {last}\n{}", node.agent_log()));
+    let log = node.agent_log();
+    assert!(log.contains("claim deleted: its volume deleted"), "{log}");
+}

@@ -13,6 +13,7 @@ fn quick() -> SupervisorSettings {
         backoff: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200) },
         stable_after: Duration::from_secs(60),
         probe_every: Duration::from_millis(100),
+        probe_until_healthy_every: Duration::from_millis(100),
         startup_grace: Duration::from_millis(300),
         failed_probes_to_restart: 3,
         stop_grace: Duration::from_secs(5),
