@@ -27,10 +27,7 @@ pub struct ApplyArgs {
 /// Runs `kvol components apply`: exit 0 when everything was applied and pruned, 1 when
 /// something failed (each named), 2 for an invalid storage section.
 pub fn run_apply(args: &ApplyArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
-    let (catalogue, problems) = Catalogue::load(&args.definitions_dir);
-    for problem in &problems {
-        eprintln!("kvol: component definition left out: {problem}");
-    }
+    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
     let decision = match decide_for_cluster(storage, &catalogue) {
         Ok(decision) => decision,
         Err(problems) => {
@@ -150,13 +147,9 @@ pub fn run_status(
     storage: &StorageSection,
 ) -> anyhow::Result<ExitCode> {
     use kvol_components::cluster_footprint::footprint;
-    let (catalogue, problems) = Catalogue::load(&args.definitions_dir);
-    for problem in &problems {
-        eprintln!("kvol: component definition left out: {problem}");
-    }
+    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
     let decision = decide_for_cluster(storage, &catalogue).map_err(|problems| {
-        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        anyhow::anyhow!("invalid storage section: {}", listed.join("; "))
+        anyhow::anyhow!("invalid storage section: {}", crate::components_cmd::joined(&problems))
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -152,10 +152,7 @@ fn table(rows: &[Listed]) -> String {
 
 /// Runs `kvol components plan` for the config's storage section.
 pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
-    let (catalogue, problems) = Catalogue::load(&args.definitions_dir);
-    for problem in &problems {
-        eprintln!("kvol: component definition left out: {problem}");
-    }
+    let catalogue = load_catalogue(&args.definitions_dir);
     let facts = match args.volume_group {
         Some(known) => facts_with_volume_group(known),
         None => node_facts(),
@@ -193,4 +190,18 @@ fn volume_group_present() -> bool {
         return false;
     };
     runtime.block_on(kvol_lvm::command::volume_groups(VGS_DEADLINE)).is_ok_and(|groups| !groups.is_empty())
+}
+
+/// The built-in definitions and the directory's; each file left out is said on stderr.
+pub(crate) fn load_catalogue(dir: &std::path::Path) -> Catalogue {
+    let (catalogue, problems) = Catalogue::load(dir);
+    for problem in &problems {
+        eprintln!("kvol: component definition left out: {problem}");
+    }
+    catalogue
+}
+
+/// Config problems on one line.
+pub(crate) fn joined(problems: &[kvol_components::ConfigProblem]) -> String {
+    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }

@@ -78,9 +78,10 @@ pub fn run_status(args: &StatusArgs, storage: &StorageSection) -> anyhow::Result
     if let Some(kubeconfig) = &args.kubeconfig {
         return crate::components_cluster_cmd::run_status(args, kubeconfig, storage);
     }
-    let catalogue = load_catalogue(&args.definitions_dir);
-    let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts())
-        .map_err(|problems| anyhow::anyhow!("invalid storage section: {}", joined(&problems)))?;
+    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
+    let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts()).map_err(|problems| {
+        anyhow::anyhow!("invalid storage section: {}", crate::components_cmd::joined(&problems))
+    })?;
     let report = read_status(&args.state_dir).ok();
     let rows = status_rows(&catalogue, &decision, report.as_ref(), &ProcFs);
     match args.output {
@@ -223,13 +224,14 @@ pub fn run_uninstall(args: &UninstallArgs, storage: &StorageSection) -> anyhow::
     if let Some(kubeconfig) = &args.kubeconfig {
         return crate::components_cluster_cmd::run_uninstall(args, kubeconfig, storage);
     }
-    let catalogue = load_catalogue(&args.definitions_dir);
+    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
     let Some((entry, _)) = catalogue.resolve(&args.name) else {
         anyhow::bail!("no component named {:?} (known: {})", args.name, catalogue.known_names().join(", "));
     };
     let definition = &entry.definition;
-    let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts())
-        .map_err(|problems| anyhow::anyhow!("invalid storage section: {}", joined(&problems)))?;
+    let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts()).map_err(|problems| {
+        anyhow::anyhow!("invalid storage section: {}", crate::components_cmd::joined(&problems))
+    })?;
     if decision.verdict(&definition.name).is_some_and(|v| v.runs()) {
         eprintln!(
             "kvol: component {} is on in the config's storage section: turn it off first ({}), then uninstall",
@@ -341,18 +343,6 @@ fn remove_component_files(state_dir: &Path, name: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn load_catalogue(dir: &Path) -> Catalogue {
-    let (catalogue, problems) = Catalogue::load(dir);
-    for problem in &problems {
-        eprintln!("kvol: component definition left out: {problem}");
-    }
-    catalogue
-}
-
-fn joined(problems: &[kvol_components::ConfigProblem]) -> String {
-    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 #[cfg(test)]

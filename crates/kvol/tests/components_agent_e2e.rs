@@ -323,15 +323,35 @@ fn snapshot_of<'a>(report: &'a StatusReport, name: &str) -> Option<&'a kvol_node
     report.snapshots.iter().find(|s| s.name == name)
 }
 
+/// An agent with `config`, its claim published and "in the snapshot" written in `kept`.
+fn published_with_data(config: &str) -> (Node, PathBuf, PathBuf) {
+    let (node, config) = started_with_config(config);
+    let report = node
+        .wait(LIMIT, published)
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    let dir = publish_dir(&report);
+    std::fs::write(dir.join("kept"), "in the snapshot").unwrap();
+    (node, config, dir)
+}
+
+/// Writes `restored` (a claim restored from a snapshot and its pod `restorer`) and returns the
+/// restored volume's directory once it is published.
+fn restored_dir(node: &Node, restored: &str) -> PathBuf {
+    node.write("restored.yaml", restored);
+    let report = node
+        .wait(LIMIT, |r| r.volumes.iter().any(|v| v.pod == "default/restorer" && v.phase == Phase::Published))
+        .unwrap_or_else(|last| {
+            panic!("the restored claim was never published: {last}\n{}", node.agent_log())
+        });
+    let restored = report.volumes.iter().find(|v| v.pod == "default/restorer").unwrap();
+    restored.target.clone().unwrap().join("mount")
+}
+
 #[test]
 fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
     support::enter_private_mount_namespace();
     // Snapshots off first: a VolumeSnapshot is left alone, and the status says why.
-    let (node, config) = started_with_config("storage:\n  optionalCsiComponents: [none]\n");
-    let report = node
-        .wait(LIMIT, published)
-        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
-    std::fs::write(publish_dir(&report).join("kept"), "in the snapshot").unwrap();
+    let (node, config, data) = published_with_data("storage:\n  optionalCsiComponents: [none]\n");
     node.write("snapshot.yaml", SNAPSHOT);
     node.wait(LIMIT, |r| r.problems.iter().any(|p| p.contains("the snapshot-controller component is off")))
         .unwrap_or_else(|last| panic!("no word on snapshots being off: {last}"));
@@ -346,17 +366,10 @@ fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
     assert_eq!(taken.driver, "hostpath.csi.kvol.io");
     assert_eq!(taken.source_claim, "default/data");
     // Written after the snapshot: the restored volume must not have it.
-    std::fs::write(publish_dir(&report).join("later"), "after the snapshot").unwrap();
+    std::fs::write(data.join("later"), "after the snapshot").unwrap();
 
     // A claim restored from it: its pod sees the data as it was.
-    node.write("restored.yaml", RESTORED);
-    let report = node
-        .wait(LIMIT, |r| r.volumes.iter().any(|v| v.pod == "default/restorer" && v.phase == Phase::Published))
-        .unwrap_or_else(|last| {
-            panic!("the restored claim was never published: {last}\n{}", node.agent_log())
-        });
-    let restored = report.volumes.iter().find(|v| v.pod == "default/restorer").unwrap();
-    let restored_dir = restored.target.clone().unwrap().join("mount");
+    let restored_dir = restored_dir(&node, RESTORED);
     assert_eq!(std::fs::read_to_string(restored_dir.join("kept")).unwrap(), "in the snapshot");
     assert!(!restored_dir.join("later").exists(), "the restore holds what was written after the snapshot");
 
@@ -420,11 +433,7 @@ fn imported(content: &str, handle: &str, snapshot: &str, name: &str) -> String {
 #[test]
 fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
     support::enter_private_mount_namespace();
-    let (node, config) = started_with_config("storage:\n  optionalCsiComponents: [snapshot-controller]\n");
-    let report = node
-        .wait(LIMIT, published)
-        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
-    std::fs::write(publish_dir(&report).join("kept"), "in the snapshot").unwrap();
+    let (node, config, _) = published_with_data("storage:\n  optionalCsiComponents: [snapshot-controller]\n");
 
     // A snapshot taken with a Retain class, its VolumeSnapshot then deleted: the snapshot stays
     // on the driver, as a retained content would.
@@ -477,14 +486,7 @@ fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
     );
 
     // A claim restored from it sees the data as it was.
-    node.write("restored.yaml", &RESTORED.replace("name: before", "name: imported"));
-    let report = node
-        .wait(LIMIT, |r| r.volumes.iter().any(|v| v.pod == "default/restorer" && v.phase == Phase::Published))
-        .unwrap_or_else(|last| {
-            panic!("the restored claim was never published: {last}\n{}", node.agent_log())
-        });
-    let restored = report.volumes.iter().find(|v| v.pod == "default/restorer").unwrap();
-    let restored_dir = restored.target.clone().unwrap().join("mount");
+    let restored_dir = restored_dir(&node, &RESTORED.replace("name: before", "name: imported"));
     assert_eq!(std::fs::read_to_string(restored_dir.join("kept")).unwrap(), "in the snapshot");
 
     // Uninstall names the content among what depends on the driver.
