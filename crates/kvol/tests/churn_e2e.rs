@@ -2,7 +2,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -59,23 +58,12 @@ fn churn_with_kill_9_and_a_misbehaving_driver_leaves_nothing_behind() {
     figures.assert_clean(seed, &node.agent_log());
 }
 
-fn peer(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
-}
-
 /// The upstream hostpath driver (`KVOL_UPSTREAM_HOSTPATH`) registered by the upstream
 /// node-driver-registrar (`KVOL_NODE_DRIVER_REGISTRAR`) with kubelet's flags, a counting proxy
 /// between them and the agent; `KVOL_CHURN_ROUNDS` rounds (default 20), ten kills or more.
 #[test]
 fn churn_with_kill_9_against_the_upstream_hostpath_driver_and_registrar() {
-    let (Some(hostpath), Some(registrar)) =
-        (peer("KVOL_UPSTREAM_HOSTPATH"), peer("KVOL_NODE_DRIVER_REGISTRAR"))
-    else {
-        eprintln!(
-            "skipped: KVOL_UPSTREAM_HOSTPATH (hostpathplugin) and KVOL_NODE_DRIVER_REGISTRAR (node-driver-registrar) must both name binaries"
-        );
-        return;
-    };
+    let Some((hostpath, registrar)) = support::upstream_hostpath_and_registrar() else { return };
     enter_private_mount_namespace();
     let seed = seed();
     eprintln!("churn seed {seed} (KVOL_CHURN_SEED={seed} repeats the schedule; timing varies)");

@@ -334,6 +334,20 @@ fn published_with_data(config: &str) -> (Node, PathBuf, PathBuf) {
     (node, config, dir)
 }
 
+/// With the bundled driver turned off, `kvol components uninstall hostpath` refuses and names
+/// `holder`; the driver is then turned on again.
+fn assert_uninstall_refused_naming(node: &Node, config: &Path, holder: &str) {
+    rename_save(config, "storage:\n  driver: none\n  optionalCsiComponents: [snapshot-controller]\n");
+    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
+    let state_dir = node.root.display().to_string();
+    let out = kvol(&["components", "uninstall", "hostpath", "--state-dir", &state_dir], config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(holder), "{stderr}");
+    rename_save(config, "storage:\n  optionalCsiComponents: [snapshot-controller]\n");
+    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+}
+
 /// Writes `restored` (a claim restored from a snapshot and its pod `restorer`) and returns the
 /// restored volume's directory once it is published.
 fn restored_dir(node: &Node, restored: &str) -> PathBuf {
@@ -379,15 +393,7 @@ fn a_snapshot_manifest_makes_a_real_snapshot_that_a_new_claim_restores_from() {
         std::fs::read_dir(&snapshots_dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
     };
     assert_eq!(held().len(), 1, "the driver holds the snapshot: {:?}", held());
-    rename_save(&config, "storage:\n  driver: none\n  optionalCsiComponents: [snapshot-controller]\n");
-    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
-    let state_dir = node.root.display().to_string();
-    let out = kvol(&["components", "uninstall", "hostpath", "--state-dir", &state_dir], &config);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("VolumeSnapshot default/before"), "{stderr}");
-    rename_save(&config, "storage:\n  optionalCsiComponents: [snapshot-controller]\n");
-    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+    assert_uninstall_refused_naming(&node, &config, "VolumeSnapshot default/before");
 
     // The VolumeSnapshot deleted: its snapshot is deleted on the driver and forgotten.
     node.remove("snapshot.yaml");
@@ -490,15 +496,7 @@ fn a_pre_provisioned_content_brings_in_a_snapshot_the_driver_already_has() {
     assert_eq!(std::fs::read_to_string(restored_dir.join("kept")).unwrap(), "in the snapshot");
 
     // Uninstall names the content among what depends on the driver.
-    rename_save(&config, "storage:\n  driver: none\n  optionalCsiComponents: [snapshot-controller]\n");
-    node.wait(LIMIT, |r| r.components.is_empty()).unwrap_or_else(|last| panic!("not stopped: {last}"));
-    let state_dir = node.root.display().to_string();
-    let out = kvol(&["components", "uninstall", "hostpath", "--state-dir", &state_dir], &config);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("VolumeSnapshotContent imported"), "{stderr}");
-    rename_save(&config, "storage:\n  optionalCsiComponents: [snapshot-controller]\n");
-    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
+    assert_uninstall_refused_naming(&node, &config, "VolumeSnapshotContent imported");
 
     // Its VolumeSnapshot deleted, the content's Delete policy deletes the snapshot on the driver.
     node.remove("restored.yaml");
@@ -644,15 +642,7 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
 /// claim on it, restarts the driver when it is killed, and reports both processes.
 #[test]
 fn an_upstream_driver_with_its_registrar_is_a_component_like_any_other() {
-    let peer = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let (Some(driver), Some(registrar)) =
-        (peer("KVOL_UPSTREAM_HOSTPATH"), peer("KVOL_NODE_DRIVER_REGISTRAR"))
-    else {
-        eprintln!(
-            "skipped: KVOL_UPSTREAM_HOSTPATH (hostpathplugin) and KVOL_NODE_DRIVER_REGISTRAR (node-driver-registrar) must both name binaries"
-        );
-        return;
-    };
+    let Some((driver, registrar)) = support::upstream_hostpath_and_registrar() else { return };
     support::enter_private_mount_namespace();
     let mut node = Node::new();
     let definitions = node.root.join("components.d");

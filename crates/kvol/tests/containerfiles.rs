@@ -25,7 +25,10 @@ fn kvols_image_builds_with_the_workspaces_rust_from_paths_that_exist() {
     let cargo = read("Cargo.toml");
     let wanted = cargo.lines().find_map(|l| l.strip_prefix("rust-version = ")).expect("rust-version");
     let pinned = arg(&containerfile, "RUST_VERSION").expect("ARG RUST_VERSION");
-    assert!(version(&pinned) >= version(wanted), "the image pins Rust {pinned}, the workspace needs {wanted}");
+    assert!(
+        version(&pinned) >= version(wanted),
+        "the image pins Rust {pinned}, the workspace needs {wanted}"
+    );
     for line in containerfile.lines().filter(|l| l.starts_with("COPY ") && !l.contains("--from")) {
         let words: Vec<&str> = line.split_whitespace().collect();
         for source in &words[1..words.len() - 1] {

@@ -228,3 +228,16 @@ impl Drop for Node {
         }
     }
 }
+
+/// The upstream peers `KVOL_UPSTREAM_HOSTPATH` (hostpathplugin) and `KVOL_NODE_DRIVER_REGISTRAR`
+/// (node-driver-registrar); `None`, with the reason printed, unless both name binaries.
+pub fn upstream_hostpath_and_registrar() -> Option<(PathBuf, PathBuf)> {
+    let peer = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let both = peer("KVOL_UPSTREAM_HOSTPATH").zip(peer("KVOL_NODE_DRIVER_REGISTRAR"));
+    if both.is_none() {
+        eprintln!(
+            "skipped: KVOL_UPSTREAM_HOSTPATH (hostpathplugin) and KVOL_NODE_DRIVER_REGISTRAR (node-driver-registrar) must both name binaries"
+        );
+    }
+    both
+}
