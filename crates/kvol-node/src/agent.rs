@@ -1044,10 +1044,17 @@ fn start_provisioning(
         tokio::spawn(async move {
             let claim = request.claim_key.clone();
             let channel = channels.get(&endpoint);
-            let outcome = async { provision_one(&request, channel?).await }.await.and_then(|pv| {
-                crate::provision::save(&dir, &claim, &pv)?;
-                Ok(pv)
-            });
+            let outcome = match async { provision_one(&request, channel?).await }.await {
+                // The record's fsync runs on a blocking thread: on a runtime thread it would
+                // stall every other task (a burst of claims queued their fsyncs one by one).
+                Ok(pv) => {
+                    let (dir, claim) = (dir.clone(), claim.clone());
+                    tokio::task::spawn_blocking(move || crate::provision::save(&dir, &claim, &pv).map(|()| pv))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("cannot save the provisioned record: {e}")))
+                }
+                Err(e) => Err(e),
+            };
             match outcome {
                 Ok(pv) => {
                     tracing::info!(claim = %claim, driver = %request.driver, volume = ?pv.metadata.name, "claim provisioned");

@@ -442,6 +442,9 @@ struct Parsed {
 pub struct ParseCache {
     files: BTreeMap<PathBuf, Parsed>,
     memory: Option<Arc<dyn ManifestMemory>>,
+    /// What a load found to remember, written at its end in one go (one durable write for a
+    /// hundred new files rather than one each).
+    to_remember: Vec<(String, Option<String>)>,
 }
 
 /// Where each manifest file's last clean text is kept across restarts (the agent's journal).
@@ -450,6 +453,13 @@ pub trait ManifestMemory: Send + Sync + fmt::Debug {
     fn recall(&self) -> BTreeMap<String, String>;
     /// Remembers `text` as file `name`'s last clean read; `None`: the file is gone.
     fn remember(&self, name: &str, text: Option<&str>);
+    /// Remembers several files at once, as [`ManifestMemory::remember`] each would (a store
+    /// makes them durable together).
+    fn remember_all(&self, files: &[(String, Option<String>)]) {
+        for (name, text) in files {
+            self.remember(name, text.as_deref());
+        }
+    }
 }
 
 impl ParseCache {
@@ -470,12 +480,22 @@ impl ParseCache {
                 files.insert(path, parsed);
             }
         }
-        ParseCache { files, memory: Some(memory) }
+        ParseCache { files, memory: Some(memory), to_remember: Vec::new() }
     }
 
-    fn remember(&self, path: &Path, text: Option<&str>) {
-        if let (Some(memory), Some(name)) = (&self.memory, path.file_name().and_then(|n| n.to_str())) {
-            memory.remember(name, text);
+    /// Notes `text` as the file's last clean read, remembered when the load ends.
+    fn remember(&mut self, path: &Path, text: Option<&str>) {
+        if let (Some(_), Some(name)) = (&self.memory, path.file_name().and_then(|n| n.to_str())) {
+            self.to_remember.push((name.to_string(), text.map(str::to_string)));
+        }
+    }
+
+    /// Remembers what the load noted, in one go.
+    fn remember_noted(&mut self) {
+        if let Some(memory) = &self.memory
+            && !self.to_remember.is_empty()
+        {
+            memory.remember_all(&std::mem::take(&mut self.to_remember));
         }
     }
 }
@@ -584,6 +604,7 @@ pub fn load_dir_cached(dir: &Path, cache: &mut ParseCache) -> ObjectSet {
             }),
         }
     }
+    cache.remember_noted();
     builder.finish()
 }
 

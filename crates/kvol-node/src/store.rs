@@ -494,22 +494,37 @@ impl Store {
     /// Records `text` as manifest file `name`'s last clean read (`None`: the file is gone);
     /// unchanged text is not written again.
     pub fn remember_manifest(&self, name: &str, text: Option<&str>) -> Result<(), StoreError> {
-        {
+        self.remember_manifests(&[(name, text)])
+    }
+
+    /// [`Store::remember_manifest`] for several files, in one durable write transaction (none
+    /// when nothing changed).
+    pub fn remember_manifests(&self, files: &[(&str, Option<&str>)]) -> Result<(), StoreError> {
+        let changed: Vec<&(&str, Option<&str>)> = {
             let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
             let table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
-            let current = table.get(name).map_err(|e| self.db_error(e))?;
-            if current.as_ref().map(|g| g.value()) == text {
-                return Ok(());
+            let mut changed = Vec::new();
+            for file in files {
+                let current = table.get(file.0).map_err(|e| self.db_error(e))?;
+                if current.as_ref().map(|g| g.value()) != file.1 {
+                    changed.push(file);
+                }
             }
+            changed
+        };
+        if changed.is_empty() {
+            return Ok(());
         }
         let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
         {
             let mut table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
-            match text {
-                Some(text) => table.insert(name, text).map(|_| ()),
-                None => table.remove(name).map(|_| ()),
+            for (name, text) in changed {
+                match text {
+                    Some(text) => table.insert(*name, *text).map(|_| ()),
+                    None => table.remove(*name).map(|_| ()),
+                }
+                .map_err(|e| self.db_error(e))?;
             }
-            .map_err(|e| self.db_error(e))?;
         }
         txn.commit().map_err(|e| self.db_error(e))
     }
@@ -687,6 +702,14 @@ impl crate::source::ManifestMemory for Store {
     fn remember(&self, name: &str, text: Option<&str>) {
         if let Err(e) = self.remember_manifest(name, text) {
             tracing::warn!(file = name, error = %e, "cannot remember the manifest's last clean text");
+        }
+    }
+
+    fn remember_all(&self, files: &[(String, Option<String>)]) {
+        let files: Vec<(&str, Option<&str>)> = files.iter().map(|(n, t)| (n.as_str(), t.as_deref())).collect();
+        if let Err(e) = self.remember_manifests(&files) {
+            let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+            tracing::warn!(files = ?names, error = %e, "cannot remember the manifests' last clean text");
         }
     }
 }
