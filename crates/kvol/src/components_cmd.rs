@@ -70,6 +70,8 @@ struct Listed<'a> {
     needs: Vec<&'static str>,
     default: String,
     standalone: &'static str,
+    /// How many objects its cluster bundle has (0: none, it is not deployed into clusters).
+    cluster_objects: usize,
     source: String,
 }
 
@@ -109,6 +111,7 @@ fn listed(entry: &kvol_components::catalogue::Entry) -> Listed<'_> {
             Some(Standalone::InAgent(_)) => "in-agent",
             None => "-",
         },
+        cluster_objects: d.cluster.as_ref().map_or(0, |bundle| bundle.objects.len()),
         source: entry.origin.to_string(),
     }
 }
@@ -120,7 +123,7 @@ fn need_name(need: NodeFeature) -> &'static str {
 }
 
 fn table(rows: &[Listed]) -> String {
-    let lines: Vec<[String; 7]> = rows
+    let lines: Vec<[String; 8]> = rows
         .iter()
         .map(|r| {
             [
@@ -130,12 +133,17 @@ fn table(rows: &[Listed]) -> String {
                 if r.needs.is_empty() { "-".into() } else { r.needs.join(",") },
                 r.default.clone(),
                 r.standalone.to_string(),
+                match r.cluster_objects {
+                    0 => "-".to_string(),
+                    n => format!("{n} objects"),
+                },
                 r.source.clone(),
             ]
         })
         .collect();
-    let header = ["NAME", "ROLE", "CSI DRIVER", "NEEDS", "DEFAULT", "STANDALONE", "SOURCE"].map(String::from);
-    let mut widths = [0usize; 7];
+    let header =
+        ["NAME", "ROLE", "CSI DRIVER", "NEEDS", "DEFAULT", "STANDALONE", "CLUSTER", "SOURCE"].map(String::from);
+    let mut widths = [0usize; 8];
     for line in std::iter::once(&header).chain(&lines) {
         for (w, cell) in widths.iter_mut().zip(line) {
             *w = (*w).max(cell.len());

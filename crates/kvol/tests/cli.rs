@@ -306,6 +306,9 @@ fn components_list_shows_user_definitions_and_plan_checks_the_storage_section() 
     let names: Vec<&str> = listed.iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["hostpath", "lvm", "nfs", "snapshot-controller"]);
     assert_eq!(listed[2]["source"], defs.join("nfs.yaml").to_str().unwrap());
+    let bundles: Vec<u64> = listed.iter().map(|c| c["cluster_objects"].as_u64().unwrap()).collect();
+    assert!(bundles[0] > 0 && bundles[1] > 0, "the built-in drivers have cluster bundles: {bundles:?}");
+    assert_eq!(bundles[2..], [0, 0], "nfs and snapshot-controller have none");
     let err = text(&out.stderr);
     assert!(err.contains("bad.yaml: component \"Bad\": name: \"Bad\" is not a DNS-1123 label"), "{err}");
 
