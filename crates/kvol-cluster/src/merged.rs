@@ -95,7 +95,7 @@ mod tests {
     fn set(pods: &[(&str, &str)], problem: Option<&str>) -> ObjectSet {
         let mut set = ObjectSet::default();
         for (name, uid) in pods {
-            set.pods.insert(format!("default/{name}"), pod(name, uid));
+            set.pods.insert(format!("default/{name}"), pod(name, uid).into());
         }
         set.problems.extend(problem.map(|p| SourceProblem {
             origin: p.into(),

@@ -239,14 +239,19 @@ impl State {
         for pod in pods {
             let ns = pod.metadata.namespace.as_deref().unwrap_or(kvol_node::source::DEFAULT_NAMESPACE);
             let name = pod.metadata.name.as_deref().unwrap_or_default();
-            set.pods.insert(format!("{ns}/{name}"), Pod::clone(pod));
+            set.pods.insert(format!("{ns}/{name}"), Arc::clone(pod));
         }
         for driver in self.drivers.state() {
             set.csi_drivers
                 .insert(driver.metadata.name.clone().unwrap_or_default(), CSIDriver::clone(&driver));
         }
         set.claims = self.cache.claims.clone();
-        set.persistent_volumes = self.cache.persistent_volumes.clone();
+        set.persistent_volumes = self
+            .cache
+            .persistent_volumes
+            .iter()
+            .map(|(name, pv)| (name.clone(), Arc::new(pv.clone())))
+            .collect();
         set.storage_classes = self.cache.storage_classes.clone();
         set.secrets = self.cache.secrets.clone();
         set

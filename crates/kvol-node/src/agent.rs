@@ -461,7 +461,7 @@ async fn run(
 /// The volumes the agent provisioned, by claim key; `version` counts changes, so a pass can
 /// tell whether its view of the objects is still current.
 struct Provisioned {
-    records: BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolume>,
+    records: BTreeMap<String, Arc<k8s_openapi::api::core::v1::PersistentVolume>>,
     version: u64,
 }
 
@@ -1049,9 +1049,11 @@ fn start_provisioning(
                 // stall every other task (a burst of claims queued their fsyncs one by one).
                 Ok(pv) => {
                     let (dir, claim) = (dir.clone(), claim.clone());
-                    tokio::task::spawn_blocking(move || crate::provision::save(&dir, &claim, &pv).map(|()| pv))
-                        .await
-                        .unwrap_or_else(|e| Err(format!("cannot save the provisioned record: {e}")))
+                    tokio::task::spawn_blocking(move || {
+                        crate::provision::save(&dir, &claim, &pv).map(|()| pv)
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(format!("cannot save the provisioned record: {e}")))
                 }
                 Err(e) => Err(e),
             };
@@ -1060,7 +1062,7 @@ fn start_provisioning(
                     tracing::info!(claim = %claim, driver = %request.driver, volume = ?pv.metadata.name, "claim provisioned");
                     {
                         let mut provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
-                        provisioned.records.insert(claim.clone(), pv);
+                        provisioned.records.insert(claim.clone(), Arc::new(pv));
                         provisioned.version += 1;
                     }
                     calls.succeeded(&claim);

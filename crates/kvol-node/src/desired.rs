@@ -263,7 +263,7 @@ fn bound_volume(
         VolumeMode::of_claim(claim)?,
     )?;
     let options = pv_spec.and_then(|s| s.mount_options.clone()).unwrap_or_default();
-    Ok((VolumeSpec::persistent(pv.clone()), options))
+    Ok((VolumeSpec::persistent(std::sync::Arc::clone(pv)), options))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -35,10 +36,12 @@ impl fmt::Display for SourceProblem {
 /// shows Secrets' keys, never their values.
 #[derive(Clone, Default, PartialEq)]
 pub struct ObjectSet {
-    /// Pods by `namespace/name`.
-    pub pods: BTreeMap<String, Pod>,
-    /// PersistentVolumes by name.
-    pub persistent_volumes: BTreeMap<String, PersistentVolume>,
+    /// Pods by `namespace/name`; shared (with the manifests' parse cache, with the sets made
+    /// from this one), as a pod weighs kilobytes.
+    pub pods: BTreeMap<String, Arc<Pod>>,
+    /// PersistentVolumes by name; shared (with the provisioned records, with the specs of the
+    /// volumes they serve).
+    pub persistent_volumes: BTreeMap<String, Arc<PersistentVolume>>,
     /// PersistentVolumeClaims by `namespace/name`.
     pub claims: BTreeMap<String, PersistentVolumeClaim>,
     /// StorageClasses by name.

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -35,7 +36,7 @@ pub struct ProvisionRequest {
 pub fn claims_to_provision(
     objects: &ObjectSet,
     node_name: &str,
-    provisioned: &BTreeMap<String, PersistentVolume>,
+    provisioned: &BTreeMap<String, Arc<PersistentVolume>>,
     snapshots: &BTreeMap<String, crate::snapshots::SnapshotRecord>,
     drivers: &[String],
     gates: &FeatureGates,
@@ -271,7 +272,7 @@ pub fn bound_pv(request: &ProvisionRequest, volume: &csi::Volume) -> Result<Pers
 }
 
 /// Adds the provisioned PVs to `objects` and binds their claims to them. Pure.
-pub fn overlay(objects: &mut ObjectSet, provisioned: &BTreeMap<String, PersistentVolume>) {
+pub fn overlay(objects: &mut ObjectSet, provisioned: &BTreeMap<String, Arc<PersistentVolume>>) {
     for (claim_key, pv) in provisioned {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         if let Some(claim) = objects.claims.get_mut(claim_key) {
@@ -280,7 +281,7 @@ pub fn overlay(objects: &mut ObjectSet, provisioned: &BTreeMap<String, Persisten
                 spec.volume_name = Some(pv_name.clone());
             }
         }
-        objects.persistent_volumes.entry(pv_name).or_insert_with(|| pv.clone());
+        objects.persistent_volumes.entry(pv_name).or_insert_with(|| Arc::clone(pv));
     }
 }
 
@@ -289,7 +290,7 @@ fn record_path(dir: &Path, claim_key: &str) -> PathBuf {
 }
 
 /// The provisioned PVs recorded in `dir`, by claim key; unreadable records are reported.
-pub fn load(dir: &Path) -> (BTreeMap<String, PersistentVolume>, Vec<String>) {
+pub fn load(dir: &Path) -> (BTreeMap<String, Arc<PersistentVolume>>, Vec<String>) {
     load_records(dir, "provisioned volume record")
 }
 
@@ -361,7 +362,7 @@ pub struct ReclaimRequest {
 /// be (Released). Pure.
 pub fn volumes_to_reclaim(
     objects: &ObjectSet,
-    provisioned: &BTreeMap<String, PersistentVolume>,
+    provisioned: &BTreeMap<String, Arc<PersistentVolume>>,
     in_use: &[&str],
 ) -> Vec<ReclaimRequest> {
     provisioned
@@ -497,7 +498,7 @@ mod tests {
             let o = objects(*bound, provisioner);
             let mut provisioned = BTreeMap::new();
             if *done {
-                provisioned.insert("shop/data".to_string(), PersistentVolume::default());
+                provisioned.insert("shop/data".to_string(), Arc::new(PersistentVolume::default()));
             }
             let got = claims_to_provision(&o, node, &provisioned, &BTreeMap::new(), &drivers, &gates);
             assert_eq!(got.first().map(|r| r.driver.as_str()), *want, "row {i}");
@@ -537,7 +538,7 @@ mod tests {
         assert_eq!((claim_ref.namespace.as_deref(), claim_ref.name.as_deref()), (Some("shop"), Some("data")));
 
         let mut o = o;
-        let provisioned = BTreeMap::from([("shop/data".to_string(), pv.clone())]);
+        let provisioned = BTreeMap::from([("shop/data".to_string(), Arc::new(pv.clone()))]);
         overlay(&mut o, &provisioned);
         let pv_name = pv.metadata.name.clone().unwrap();
         assert_eq!(
@@ -568,14 +569,14 @@ mod tests {
         save(dir.path(), "shop/data", &pv).unwrap();
         std::fs::write(dir.path().join("bad~x.json"), "{").unwrap();
         let (loaded, problems) = load(dir.path());
-        assert_eq!(loaded.get("shop/data"), Some(&pv));
+        assert_eq!(loaded.get("shop/data").map(|pv| &**pv), Some(&pv));
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("bad~x.json"), "{problems:?}");
     }
 
     #[test]
     fn deleted_claims_volumes_are_reclaimed_unless_kept_or_in_use() {
-        let pv = |name: &str, policy: Option<&str>, handle: &str| -> PersistentVolume {
+        let pv = |name: &str, policy: Option<&str>, handle: &str| -> Arc<PersistentVolume> {
             serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
                 "persistentVolumeReclaimPolicy": policy,
                 "csi": {"driver": "d.example", "volumeHandle": handle}}}))

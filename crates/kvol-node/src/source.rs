@@ -37,8 +37,9 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// An object read from a manifest. Its debug output shows a Secret's keys, never its values.
 #[derive(Clone, PartialEq)]
 pub enum Object {
-    Pod(Box<Pod>),
-    PersistentVolume(Box<PersistentVolume>),
+    // Shared with the object sets made from them, not copied: a pod or a PV weighs kilobytes.
+    Pod(Arc<Pod>),
+    PersistentVolume(Arc<PersistentVolume>),
     PersistentVolumeClaim(Box<PersistentVolumeClaim>),
     StorageClass(Box<StorageClass>),
     CsiDriver(Box<CSIDriver>),
@@ -304,7 +305,7 @@ fn validate(object: &Object) -> Result<(), String> {
 /// Fills in what the API server would: the default namespace, a pod's uid, a Secret's data.
 fn complete(object: &mut Object) {
     let meta = match object {
-        Object::Pod(o) => &mut o.metadata,
+        Object::Pod(o) => &mut Arc::make_mut(o).metadata,
         Object::PersistentVolumeClaim(o) => &mut o.metadata,
         Object::Secret(o) => &mut o.metadata,
         Object::VolumeSnapshot(o) => &mut o.metadata,
@@ -321,7 +322,8 @@ fn complete(object: &mut Object) {
         Object::Pod(pod) if pod.metadata.uid.as_deref().unwrap_or_default().is_empty() => {
             let namespace = pod.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
             let name = pod.metadata.name.as_deref().unwrap_or_default();
-            pod.metadata.uid = Some(static_pod_uid(namespace, name));
+            let uid = static_pod_uid(namespace, name);
+            Arc::make_mut(pod).metadata.uid = Some(uid);
         }
         Object::Secret(secret) => {
             if let Some(strings) = secret.string_data.take() {
@@ -374,8 +376,8 @@ impl SetBuilder {
                 });
             }
             match object {
-                Object::Pod(o) => drop(self.set.pods.insert(key, *o)),
-                Object::PersistentVolume(o) => drop(self.set.persistent_volumes.insert(key, *o)),
+                Object::Pod(o) => drop(self.set.pods.insert(key, o)),
+                Object::PersistentVolume(o) => drop(self.set.persistent_volumes.insert(key, o)),
                 Object::PersistentVolumeClaim(o) => drop(self.set.claims.insert(key, *o)),
                 Object::StorageClass(o) => drop(self.set.storage_classes.insert(key, *o)),
                 Object::CsiDriver(o) => drop(self.set.csi_drivers.insert(key, *o)),

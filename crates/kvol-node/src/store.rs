@@ -706,7 +706,8 @@ impl crate::source::ManifestMemory for Store {
     }
 
     fn remember_all(&self, files: &[(String, Option<String>)]) {
-        let files: Vec<(&str, Option<&str>)> = files.iter().map(|(n, t)| (n.as_str(), t.as_deref())).collect();
+        let files: Vec<(&str, Option<&str>)> =
+            files.iter().map(|(n, t)| (n.as_str(), t.as_deref())).collect();
         if let Err(e) = self.remember_manifests(&files) {
             let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
             tracing::warn!(files = ?names, error = %e, "cannot remember the manifests' last clean text");

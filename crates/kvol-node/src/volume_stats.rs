@@ -41,7 +41,7 @@ pub struct ClaimedVolume {
 /// generic ephemeral volume's `<pod>-<volume>` claim), one per claim (the first by pod uid);
 /// a record whose outcome is uncertain, or whose pod is gone or has another uid, is left out.
 pub fn claimed_volumes(
-    pods: &BTreeMap<String, Pod>,
+    pods: &BTreeMap<String, std::sync::Arc<Pod>>,
     published: &BTreeMap<PodVolumeKey, PublishedVolume>,
 ) -> Vec<ClaimedVolume> {
     let mut seen = BTreeMap::new();
@@ -60,7 +60,7 @@ pub fn claimed_volumes(
 }
 
 /// The claim a published volume's pod names for it, if any.
-fn claim_of(pods: &BTreeMap<String, Pod>, volume: &PublishedVolume) -> Option<ClaimRef> {
+fn claim_of(pods: &BTreeMap<String, std::sync::Arc<Pod>>, volume: &PublishedVolume) -> Option<ClaimRef> {
     let pod = pods.get(&format!("{}/{}", volume.pod.namespace, volume.pod.name))?;
     if pod.metadata.uid.as_deref() != Some(volume.pod.uid.as_str()) {
         return None;
@@ -277,7 +277,7 @@ mod tests {
             ("a pod gone", vec![], vec![published("a", "u1", "data", false)], vec![]),
         ];
         for (name, pods, records, want) in rows {
-            let pods: BTreeMap<_, _> = pods.into_iter().collect();
+            let pods: BTreeMap<_, _> = pods.into_iter().map(|(k, p)| (k, std::sync::Arc::new(p))).collect();
             let records: BTreeMap<_, _> = records.into_iter().collect();
             let want: Vec<(String, String)> =
                 want.iter().map(|(c, k)| (c.to_string(), k.to_string())).collect();

@@ -16,7 +16,7 @@ fn pod(text: &str) -> Pod {
     let (objects, problems) = parse_manifests("test", text);
     assert!(problems.is_empty(), "{problems:?}");
     match objects.into_iter().next() {
-        Some(Object::Pod(pod)) => *pod,
+        Some(Object::Pod(pod)) => Pod::clone(&pod),
         other => panic!("not a pod: {other:?}"),
     }
 }
@@ -56,7 +56,7 @@ fn objects_sent_through_a_channel_source_are_mounted_and_torn_down() {
         host.display()
     ));
     let mut objects = ObjectSet::default();
-    objects.pods.insert("shop/web".into(), web);
+    objects.pods.insert("shop/web".into(), web.into());
     let source = ChannelSource::new(objects);
 
     // A current-thread runtime: every task runs on this thread, in its mount namespace.

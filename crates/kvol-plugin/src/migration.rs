@@ -148,7 +148,7 @@ pub fn translate_spec(spec: &VolumeSpec) -> Result<VolumeSpec> {
         }
     };
     Ok(VolumeSpec {
-        source: SpecSource::Persistent(Box::new(pv)),
+        source: SpecSource::Persistent(std::sync::Arc::new(pv)),
         read_only: spec.read_only,
         migrated: Some(Migrated { from, inline_origin }),
     })
@@ -176,7 +176,7 @@ pub fn turn_back(spec: &VolumeSpec) -> Result<VolumeSpec> {
     let in_tree = kvol_translate::translate_csi_pv_to_in_tree(pv)
         .map_err(|source| PluginError::Translate { spec: spec.to_string(), source })?;
     Ok(VolumeSpec {
-        source: SpecSource::Persistent(Box::new(in_tree)),
+        source: SpecSource::Persistent(std::sync::Arc::new(in_tree)),
         read_only: spec.read_only,
         migrated: None,
     })

@@ -1,6 +1,7 @@
 //! A volume spec as the plugin host sees it: a persistent volume or a pod's inline volume, with its migration marker.
 
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use kvol_api::MigratablePlugin;
@@ -13,8 +14,10 @@ use crate::error::PluginError;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum SpecSource {
-    /// A persistent volume (a pod's claim, already resolved to its volume).
-    Persistent(Box<PersistentVolume>),
+    /// A persistent volume (a pod's claim, already resolved to its volume). Shared, not
+    /// copied: the desired state, the resolutions, the published and staged records and the
+    /// object set all hold the same volume, and a PV weighs kilobytes.
+    Persistent(Arc<PersistentVolume>),
     /// A volume written inline in a pod.
     Inline {
         volume: Box<Volume>,
@@ -81,8 +84,8 @@ impl fmt::Display for SourceKey<'_> {
 
 impl VolumeSpec {
     /// A spec for a persistent volume.
-    pub fn persistent(pv: PersistentVolume) -> VolumeSpec {
-        VolumeSpec { source: SpecSource::Persistent(Box::new(pv)), read_only: false, migrated: None }
+    pub fn persistent(pv: impl Into<Arc<PersistentVolume>>) -> VolumeSpec {
+        VolumeSpec { source: SpecSource::Persistent(pv.into()), read_only: false, migrated: None }
     }
 
     /// A spec for a pod's inline volume.

@@ -752,7 +752,7 @@ pub fn inline_in_tree(name: &str, plugin: MigratablePlugin) -> VolumeSpec {
 /// dev-dependency). Panics on JSON that is not a persistent volume.
 #[cfg(test)]
 pub fn pv_from_json(value: serde_json::Value) -> VolumeSpec {
-    VolumeSpec::persistent(serde_json::from_value(value).expect("a persistent volume"))
+    VolumeSpec::persistent(serde_json::from_value::<PersistentVolume>(value).expect("a persistent volume"))
 }
 
 #[cfg(test)]

@@ -299,8 +299,12 @@ fn standalone_holders(
 ) -> Vec<Holder> {
     let objects = kvol_node::source::load_dir(manifests);
     let (provisioned, _) = kvol_node::provision::load(&state_dir.join("provisioned"));
-    let mut volumes: Vec<_> = objects.persistent_volumes.values().cloned().collect();
-    volumes.extend(provisioned.into_values());
+    let mut volumes: Vec<_> = objects
+        .persistent_volumes
+        .values()
+        .map(|pv| k8s_openapi::api::core::v1::PersistentVolume::clone(pv))
+        .collect();
+    volumes.extend(provisioned.values().map(|pv| k8s_openapi::api::core::v1::PersistentVolume::clone(pv)));
     let claims: Vec<_> = objects.claims.values().cloned().collect();
     let classes: Vec<_> = objects.storage_classes.values().cloned().collect();
     let (taken, _) = kvol_node::snapshots::load(&state_dir.join("snapshots"));

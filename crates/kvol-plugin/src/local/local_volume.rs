@@ -414,7 +414,7 @@ mod tests {
 
     fn block(mut spec: VolumeSpec) -> VolumeSpec {
         if let crate::spec::SpecSource::Persistent(pv) = &mut spec.source {
-            pv.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+            std::sync::Arc::make_mut(pv).spec.as_mut().unwrap().volume_mode = Some("Block".into());
         }
         spec
     }
