@@ -141,8 +141,8 @@ fn table(rows: &[Listed]) -> String {
             ]
         })
         .collect();
-    let header =
-        ["NAME", "ROLE", "CSI DRIVER", "NEEDS", "DEFAULT", "STANDALONE", "CLUSTER", "SOURCE"].map(String::from);
+    let header = ["NAME", "ROLE", "CSI DRIVER", "NEEDS", "DEFAULT", "STANDALONE", "CLUSTER", "SOURCE"]
+        .map(String::from);
     let mut widths = [0usize; 8];
     for line in std::iter::once(&header).chain(&lines) {
         for (w, cell) in widths.iter_mut().zip(line) {
