@@ -155,6 +155,17 @@ fn rename_save(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// An agent whose config turns the bundled driver on, its claim published through it; the
+/// node, the config file, the report and the driver's pid.
+fn serving_with_hostpath() -> (Node, PathBuf, StatusReport, u32) {
+    let (node, config) = started_with_config("storage:\n  driver: hostpath\n");
+    let report = node
+        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
+        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
+    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    (node, config, report, pid)
+}
+
 fn config_problem(report: &StatusReport) -> Option<&String> {
     report.problems.iter().find(|p| p.starts_with("config change not applied"))
 }
@@ -162,11 +173,7 @@ fn config_problem(report: &StatusReport) -> Option<&String> {
 #[test]
 fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
     support::enter_private_mount_namespace();
-    let (node, config) = started_with_config("storage:\n  driver: hostpath\n");
-    let report = node
-        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
-        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
-    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    let (node, config, report, pid) = serving_with_hostpath();
     std::fs::write(publish_dir(&report).join("kept"), "before the reload").unwrap();
 
     // Turned off by a rename-save: the driver stops, its data stays.
@@ -220,11 +227,7 @@ fn kvol(args: &[&str], config: &Path) -> std::process::Output {
 #[test]
 fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depends_on_it() {
     support::enter_private_mount_namespace();
-    let (node, config) = started_with_config("storage:\n  driver: hostpath\n");
-    let report = node
-        .wait(LIMIT, |r| published(r) && hostpath(r).is_some_and(|c| c.state.pid.is_some()))
-        .unwrap_or_else(|last| panic!("never published: {last}\n{}", node.agent_log()));
-    let pid = hostpath(&report).unwrap().state.pid.unwrap();
+    let (node, config, _, pid) = serving_with_hostpath();
     let state_dir = node.root.display().to_string();
 
     // The footprint: the driver's process with its memory and CPU, and the volume it serves.

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvol_csi::proto::csi::{self, identity_client::IdentityClient, node_client::NodeClient};
+use kvol_csi::proto::csi::{
+    self, controller_client::ControllerClient, identity_client::IdentityClient, node_client::NodeClient,
+};
 use lvm_support::*;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -79,15 +81,7 @@ async fn volumes_on_real_lvm_are_idempotent_sized_expanded_and_deleted() {
         ctl.get_capacity(csi::GetCapacityRequest::default()).await.unwrap().into_inner().available_capacity;
     assert_eq!(free, free_before - 12 * MIB);
 
-    let grown = ctl
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: made.volume_id.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 30 * MIB, limit_bytes: 0 }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = expand(&mut ctl, &made.volume_id, 30 * MIB).await;
     assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (32 * MIB, true));
     assert_eq!(env.owned(&driver_name)[0].size, 32 << 20);
 
@@ -277,6 +271,20 @@ impl Steps {
     }
 }
 
+/// ControllerExpandVolume of `id` to `bytes`, which must succeed.
+async fn expand(
+    ctl: &mut ControllerClient<Channel>,
+    id: &str,
+    bytes: i64,
+) -> csi::ControllerExpandVolumeResponse {
+    let request = csi::ControllerExpandVolumeRequest {
+        volume_id: id.to_string(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+        ..Default::default()
+    };
+    ctl.controller_expand_volume(request).await.unwrap().into_inner()
+}
+
 async fn stage(node: &mut NodeClient<Channel>, id: &str, staging: &Path, cap: csi::VolumeCapability) {
     node.node_stage_volume(csi::NodeStageVolumeRequest {
         volume_id: id.into(),
@@ -384,15 +392,7 @@ async fn with_device_mapper_a_volume_is_formatted_written_expanded_snapshotted_r
         .into_inner();
     let before = statvfs_total(&target);
     assert_eq!(stats.usage[0].total as u64, before);
-    let grown = ctl
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 128 * MIB, limit_bytes: 0 }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = expand(&mut ctl, &id, 128 * MIB).await;
     assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (128 * MIB, true));
     if has_sys_resource() {
         let expand = csi::NodeExpandVolumeRequest {
@@ -656,15 +656,7 @@ async fn without_device_mapper_the_node_service_works_on_stand_in_devices() {
     stage(&mut node, xfs, &staging, fs_cap("xfs")).await;
     publish(&mut node, xfs, &staging, &target, fs_cap("xfs")).await;
     let before = statvfs_total(&target);
-    let grown = ctl
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: xfs.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 640 * MIB, limit_bytes: 0 }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = expand(&mut ctl, xfs, 640 * MIB).await;
     assert_eq!((grown.capacity_bytes, grown.node_expansion_required), (640 * MIB, true));
     xfs_device.grow(640 * MIB);
     let expand = csi::NodeExpandVolumeRequest {
