@@ -515,6 +515,9 @@ fn prepare(
     Ok(driver)
 }
 
+/// How long a driver directory's checks (stat, canonicalize, ownership) may take.
+const PREPARE_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Probes driver directory `dir_name`: checks, then `init`. Returns the outcome and when `init` started.
 async fn probe(
     ctx: Arc<Context>,
@@ -523,7 +526,10 @@ async fn probe(
 ) -> (Outcome, Option<Instant>) {
     let prepared = {
         let (ctx, dir_name) = (Arc::clone(&ctx), dir_name.clone());
-        tokio::task::spawn_blocking(move || prepare(&ctx, &dir_name, watcher.as_ref())).await
+        let dir = ctx.dir.join(&dir_name);
+        kvol_plugin::blocking::shared()
+            .run(&dir, PREPARE_DEADLINE, move || prepare(&ctx, &dir_name, watcher.as_ref()))
+            .await
     };
     let driver = match prepared {
         Ok(Ok(driver)) => driver,

@@ -491,6 +491,10 @@ struct Provisioning {
 /// same key is tried again.
 const RETRY_PAUSE: Duration = Duration::from_secs(5);
 
+/// How long a provisioned record's write and fsync may take before the provisioning counts as
+/// failed (and is tried again after the pause, unless the write is still stuck).
+const RECORD_WRITE_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Controller calls by key (a claim, a VolumeSnapshot): empty while one runs, else its last
 /// error, kept through [`RETRY_PAUSE`]. At most one call per key runs, and none starts during
 /// a failure's pause.
@@ -1048,12 +1052,13 @@ fn start_provisioning(
                 // The record's fsync runs on a blocking thread: on a runtime thread it would
                 // stall every other task (a burst of claims queued their fsyncs one by one).
                 Ok(pv) => {
-                    let (dir, claim) = (dir.clone(), claim.clone());
-                    tokio::task::spawn_blocking(move || {
-                        crate::provision::save(&dir, &claim, &pv).map(|()| pv)
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(format!("cannot save the provisioned record: {e}")))
+                    let record = crate::provision::record_path(&dir, &claim);
+                    let saved = kvol_plugin::blocking::shared()
+                        .run(&record.clone(), RECORD_WRITE_DEADLINE, move || {
+                            crate::provision::save_record(&record, &pv).map(|()| pv)
+                        })
+                        .await;
+                    saved.unwrap_or_else(|e| Err(format!("cannot save the provisioned record: {e}")))
                 }
                 Err(e) => Err(e),
             };

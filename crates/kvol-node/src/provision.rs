@@ -285,7 +285,7 @@ pub fn overlay(objects: &mut ObjectSet, provisioned: &BTreeMap<String, Arc<Persi
     }
 }
 
-fn record_path(dir: &Path, claim_key: &str) -> PathBuf {
+pub(crate) fn record_path(dir: &Path, claim_key: &str) -> PathBuf {
     dir.join(format!("{}.json", claim_key.replace('/', "~")))
 }
 

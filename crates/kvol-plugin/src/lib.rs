@@ -3,6 +3,7 @@
 pub mod atomic_file;
 pub mod beneath;
 pub mod block;
+pub mod blocking;
 pub mod catalog;
 pub mod error;
 pub mod host;

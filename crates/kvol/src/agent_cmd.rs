@@ -166,10 +166,9 @@ pub fn run(
         }
         config.allowed_host_paths = Some(prefixes.clone());
     }
-    // Blocking threads (provisioned records' fsyncs, volume measurements, Flexvolume probes)
-    // end soon after a burst: each one keeps an allocator heap and a stack. Their number stays
-    // tokio's (512): a measurement of a dead mount can hold one for good, and a small cap would
-    // let a few dead mounts starve the provisioned records' writes.
+    // Blocking calls (provisioned records' fsyncs, volume measurements, Flexvolume probes) go
+    // through `kvol_plugin::blocking`, a few at a time; their threads end soon after a burst.
+    // tokio's own cap stays (512): a call stuck on a dead mount keeps its thread for good.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_keep_alive(Duration::from_secs(1))
