@@ -214,12 +214,34 @@ fn main() {
         verdict(idle * 1.048_576 <= 15.0),
         verdict(with_volumes * 1.048_576 <= 25.0)
     );
+    println!("  {}", code_layout());
     println!(
         "  the bundled driver (pid {driver_process}): idle {driver_idle:.1} MiB, with {published_now} volumes {driver_with_volumes:.1} MiB, peak {driver_peak:.1} MiB; agent and driver together {:.1} / {:.1} MiB",
         idle + driver_idle,
         with_volumes + driver_with_volumes
     );
     drop(agent);
+}
+
+/// How much of `link/hot-text.txt` (the functions placed together at link time) this binary
+/// still has: a stale list shows here as a lower share, and as more resident code.
+fn code_layout() -> String {
+    let list = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/link/hot-text.txt"))
+        .unwrap_or_default();
+    let listed: std::collections::HashSet<&str> = list.lines().collect();
+    let symbols = match Command::new("nm").args(["--defined-only", env!("CARGO_BIN_EXE_kvol")]).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+        _ => return "code layout: not checked (nm did not run)".into(),
+    };
+    let present = symbols
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|name| listed.contains(name))
+        .count();
+    format!(
+        "code layout: {present} of the {} functions in link/hot-text.txt are in this binary (fewer: regenerate it, see link/README.md)",
+        listed.len()
+    )
 }
 
 fn ms(d: Duration) -> f64 {
