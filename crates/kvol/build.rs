@@ -10,9 +10,13 @@
 fn main() {
     println!("cargo::rerun-if-changed=link/hot-text.txt");
     println!("cargo::rerun-if-env-changed=KVOL_NO_TEXT_ORDER");
-    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
-    if !release || !linux {
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let release = var("PROFILE") == "release";
+    // x86_64-unknown-linux-gnu links with lld by default (Rust 1.90, the workspace's
+    // rust-version); elsewhere the linker may be GNU ld, which has no ordering file.
+    let lld_target = var("TARGET") == "x86_64-unknown-linux-gnu";
+    let other_linker = var("CARGO_ENCODED_RUSTFLAGS").contains("link");
+    if !release || !lld_target || other_linker {
         return;
     }
     println!("cargo::rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");

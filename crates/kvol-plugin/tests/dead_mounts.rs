@@ -1,4 +1,4 @@
-//! Mounts whose filesystem does not answer, on real FUSE mounts (`bindfs`): a daemon that died (`ENOTCONN`) and a daemon that is stopped (every `stat` hangs). Teardown must finish, not wedge.
+//! Mounts whose filesystem does not answer, on real FUSE mounts (`bindfs`): a daemon that died (`ENOTCONN`) and a daemon that is stopped (every `stat` hangs). Teardown must finish, not wedge; measuring must not pile up threads.
 //!
 //! Needs root and `bindfs` (Debian's `bindfs` package; `.ci/run` installs it); without
 //! `bindfs` the tests say so and pass.
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, Volume};
 use kvol_plugin::local::HostPathPlugin;
 use kvol_plugin::mount::{Mounter, PROBE_DEADLINE, SystemMounter};
-use kvol_plugin::plugin::{PodInfo, PublishRequest, UnpublishRequest, VolumeMounter};
+use kvol_plugin::plugin::{PodInfo, PublishRequest, UnpublishRequest, VolumeMounter, measure_published};
 use kvol_plugin::{NodeInfo, NodePaths, PluginHost, VolumeSpec};
 use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;
@@ -190,6 +190,40 @@ async fn a_fuse_mount_whose_daemon_is_stopped_is_torn_down_without_hanging() {
     assert!(fs::read_dir(volume.fuse.parent().unwrap()).is_ok(), "the host side is untouched");
     eprintln!("stopped fuse mount: probe answered in {probed:?}, teardown took {took:?}");
     volume.signal("CONT");
+}
+
+#[tokio::test]
+async fn measuring_a_stopped_fuse_mount_pins_one_call_and_is_not_started_again() {
+    if bindfs_missing() {
+        return;
+    }
+    enter_private_mount_namespace();
+    let volume = FuseVolume::publish().await;
+    let lane = kvol_plugin::blocking::shared();
+    assert!(measure_published(&volume.target).await.is_ok(), "a live mount is measured");
+    volume.signal("STOP");
+    // The stats collector waits a bounded time; giving up counts as the call's deadline.
+    let first = tokio::time::timeout(Duration::from_millis(500), measure_published(&volume.target)).await;
+    assert!(first.is_err(), "statvfs of a mount whose fuse daemon is stopped should hang");
+    assert_eq!(lane.stuck_calls(&volume.target), 1);
+    // Each later period asks again: answered at once, with no second thread pinned.
+    for _ in 0..3 {
+        let started = Instant::now();
+        let again = measure_published(&volume.target).await.expect_err("a stuck mount is not measured");
+        assert!(started.elapsed() < Duration::from_secs(1), "answered after {:?}", started.elapsed());
+        let message = again.to_string();
+        assert!(message.contains("has not returned") && message.contains("fuse"), "{message}");
+        assert_eq!(lane.stuck_calls(&volume.target), 1, "no second call on the dead mount");
+    }
+    volume.signal("CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lane.stuck_calls(&volume.target) > 0 {
+        assert!(Instant::now() < deadline, "the stuck statvfs did not return after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(measure_published(&volume.target).await.is_ok(), "measured again once it answers");
+    volume.unpublish().await;
+    volume.assert_torn_down();
 }
 
 #[test]

@@ -228,7 +228,7 @@ fn main() {
 fn code_layout() -> String {
     let list = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/link/hot-text.txt"))
         .unwrap_or_default();
-    let listed: std::collections::HashSet<&str> = list.lines().collect();
+    let listed: std::collections::HashSet<&str> = list.lines().filter(|l| !l.starts_with('#')).collect();
     let symbols = match Command::new("nm").args(["--defined-only", env!("CARGO_BIN_EXE_kvol")]).output() {
         Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
         _ => return "code layout: not checked (nm did not run)".into(),

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Writes link/hot-text.txt: the functions a release kvol runs as an agent with its bundled driver
 # (start, 100 claims and pods published, an emptyDir, an ephemeral CSI and a Flexvolume volume, one metrics scrape, all pods deleted, shutdown), as valgrind's callgrind saw them.
-# Needs root (mounts, in a private mount namespace), valgrind, nm, curl.
+# Needs root (mounts, in a private mount namespace), valgrind, nm, readelf, curl.
 # Usage: crates/kvol/link/collect-hot-text.sh [path to a release kvol]   (about four minutes)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,5 +61,11 @@ WORKLOAD
 
 nm --defined-only "$bin" | awk '$2 ~ /^[tTwW]$/ {print $3}' | sort -u >"$work/symbols"
 cat "$work"/out/cg.* | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | sort -u >"$work/ran"
-comm -12 "$work/symbols" "$work/ran" >"$here/hot-text.txt"
-echo "$(wc -l <"$here/hot-text.txt") functions of $(wc -l <"$work/symbols") written to $here/hot-text.txt"
+# Every symbol's hash depends on the compiler that built it: the list says which one (lld reads
+# `#` as a comment), and kvol's image is pinned to it (tests/containerfiles.rs).
+made_by=$(readelf -p .comment "$bin" | grep -o 'rustc version [0-9.]*')
+{
+  echo "# $made_by: the functions a release kvol ran (link/README.md)"
+  comm -12 "$work/symbols" "$work/ran"
+} >"$here/hot-text.txt"
+echo "$(grep -vc "^#" "$here/hot-text.txt") functions of $(wc -l <"$work/symbols") written to $here/hot-text.txt"
