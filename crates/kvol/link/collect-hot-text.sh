@@ -1,6 +1,7 @@
 #!/bin/bash
 # Writes link/hot-text.txt: the functions a release kvol runs as an agent with its bundled driver
-# (start, 100 claims and pods published, an emptyDir, an ephemeral CSI and a Flexvolume volume, one metrics scrape, all pods deleted, shutdown), as valgrind's callgrind saw them.
+# (start, the README's example node, 100 claims and pods published, a metrics scrape, those pods
+# deleted, shutdown), as valgrind's callgrind saw them.
 # Needs root (mounts, in a private mount namespace), valgrind, nm, readelf, curl.
 # Usage: crates/kvol/link/collect-hot-text.sh [path to a release kvol]   (about four minutes)
 set -euo pipefail
@@ -11,50 +12,31 @@ trap 'rm -rf "$work"' EXIT
 root=$work/root
 mkdir -p "$root/manifests" "$work/out"
 
-unshare -m --propagation private bash -s "$bin" "$root" "$work/out" <<'WORKLOAD'
+unshare -m --propagation private bash -s "$bin" "$root" "$work/out" "$here/../../../examples/agent" <<'WORKLOAD'
 set -u
-bin=$1 root=$2 out=$3
+bin=$1 root=$2 out=$3 examples=$4
 valgrind --tool=callgrind --trace-children=yes --demangle=no --callgrind-out-file="$out/cg.%p" \
   "$bin" agent --root "$root" --node-name hot --metrics-address 127.0.0.1:19809 >"$out/agent.log" 2>&1 &
 agent=$!
 published() { grep -o '"phase": *"published"' "$root/status.json" 2>/dev/null | wc -l; }
-wait_for() {
-  for _ in $(seq 1 1500); do [ "$(published)" -eq "$1" ] && return 0; sleep 0.2; done
-  echo "gave up waiting for $1 published volumes ($(published) are); the agent's log:" >&2
+# wait_until ge|le N: until the number of published volumes is >= or <= N.
+wait_until() {
+  for _ in $(seq 1 1500); do [ "$(published)" -"$1" "$2" ] && return 0; sleep 0.2; done
+  echo "gave up waiting for published -$1 $2 ($(published) are); the agent's log:" >&2
   tail -20 "$out/agent.log" >&2
 }
 sleep 15
-cat >"$root/manifests/00.yaml" <<'YAML'
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: fast}
-provisioner: hostpath.csi.kvol.io
----
-apiVersion: storage.k8s.io/v1
-kind: CSIDriver
-metadata: {name: hostpath.csi.kvol.io}
-spec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Persistent, Ephemeral]}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: scratch, namespace: default}
-spec:
-  containers: [{name: app, image: busybox}]
-  volumes:
-  - {name: tmp, emptyDir: {}}
-  - name: eph
-    csi: {driver: hostpath.csi.kvol.io}
-  - name: flex
-    flexVolume: {driver: "kvol/tmpfs"}
-YAML
+# The README's example node (emptyDir, hostPath, Flexvolume, CSI persistent and ephemeral, a
+# migrated in-tree volume whose driver is absent): 6 volumes published.
+cp "$examples"/*.yaml "$root/manifests/"
 for i in $(seq 1 100); do
-  printf 'apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: c%s, namespace: default}\nspec: {storageClassName: fast, accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Mi}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p%s, namespace: default}\nspec:\n  containers: [{name: app, image: busybox}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: c%s}}]\n' "$i" "$i" "$i" >"$root/manifests/.p$i"
+  printf 'apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: c%s, namespace: default}\nspec: {storageClassName: kvol-hostpath, accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Mi}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p%s, namespace: default}\nspec:\n  containers: [{name: app, image: busybox}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: c%s}}]\n' "$i" "$i" "$i" >"$root/manifests/.p$i"
   mv "$root/manifests/.p$i" "$root/manifests/p$i.yaml"
 done
-wait_for 103
+wait_until ge 106
 curl -s http://127.0.0.1:19809/metrics >/dev/null || echo "no metrics answer" >&2
 rm -f "$root"/manifests/p*.yaml
-wait_for 3
+wait_until le 6
 kill "$agent"; wait "$agent"
 umount -R "$root/kubelet" 2>/dev/null || true
 WORKLOAD
