@@ -545,7 +545,7 @@ impl CsiPlugin {
             if !e.is_retriable() {
                 self.clean_up_after_failure(&target, dir);
             }
-            return Err(e.into());
+            return Err(with_ephemeral_hint(e, mode, &policy).into());
         }
         if let Some(group) = req.pod.fs_group
             && volume_mount_group.is_none()
@@ -1289,12 +1289,58 @@ fn already_gone(result: crate::error::Result<()>, driver: &str) -> crate::error:
     }
 }
 
+/// A driver that answers NOT_FOUND for an ephemeral inline volume was most likely never told it
+/// is one: like kubelet, kvol sends `csi.storage.k8s.io/ephemeral` only with the pod information
+/// a CSIDriver asks for by `podInfoOnMount`. The error says so, since the driver cannot.
+fn with_ephemeral_hint(error: CsiError, mode: LifecycleMode, policy: &DriverPolicy) -> CsiError {
+    match error {
+        CsiError::Rpc { driver, rpc, code: tonic::Code::NotFound, message, retriable }
+            if mode == LifecycleMode::Ephemeral && !policy.pod_info_on_mount =>
+        {
+            let message = format!(
+                "{message} (an ephemeral inline volume: the CSIDriver {driver} does not set podInfoOnMount, so the driver was not told that the volume is ephemeral)"
+            );
+            CsiError::Rpc { driver, rpc, code: tonic::Code::NotFound, message, retriable }
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
     use k8s_openapi::ByteString;
+
+    #[test]
+    fn a_not_found_ephemeral_publish_says_when_the_driver_was_not_told() {
+        use tonic::Code;
+        let rpc_error = |code| CsiError::Rpc {
+            driver: "d".into(),
+            rpc: "NodePublishVolume",
+            code,
+            message: "volume csi-1 does not exist".into(),
+            retriable: false,
+        };
+        // (mode, podInfoOnMount, code, hinted)
+        let rows = [
+            (LifecycleMode::Ephemeral, false, Code::NotFound, true),
+            (LifecycleMode::Ephemeral, true, Code::NotFound, false),
+            (LifecycleMode::Persistent, false, Code::NotFound, false),
+            (LifecycleMode::Ephemeral, false, Code::Internal, false),
+        ];
+        for (mode, pod_info_on_mount, code, hinted) in rows {
+            let policy = DriverPolicy { pod_info_on_mount, ..DriverPolicy::from_object(None) };
+            let message = with_ephemeral_hint(rpc_error(code), mode, &policy).to_string();
+            assert!(message.contains("volume csi-1 does not exist"), "{message}");
+            assert_eq!(
+                message.contains("does not set podInfoOnMount"),
+                hinted,
+                "{mode:?} {pod_info_on_mount} {code:?}: {message}"
+            );
+        }
+    }
 
     #[test]
     fn volume_usage_reads_as_kubelet_reads_it() {
