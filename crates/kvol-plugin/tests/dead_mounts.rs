@@ -33,6 +33,16 @@ fn bindfs_missing() -> bool {
     missing
 }
 
+/// The start of each FUSE test: a published FUSE volume in a private mount namespace, or `None`
+/// (with the reason printed) without bindfs.
+async fn published_fuse_volume() -> Option<FuseVolume> {
+    if bindfs_missing() {
+        return None;
+    }
+    enter_private_mount_namespace();
+    Some(FuseVolume::publish().await)
+}
+
 /// A FUSE mount of `source` at `at` served by a foreground bindfs, and a hostPath volume of it
 /// published under a node root.
 struct FuseVolume {
@@ -137,11 +147,7 @@ impl Drop for FuseVolume {
 
 #[tokio::test]
 async fn a_fuse_mount_whose_daemon_died_is_unmounted_and_removed() {
-    if bindfs_missing() {
-        return;
-    }
-    enter_private_mount_namespace();
-    let volume = FuseVolume::publish().await;
+    let Some(volume) = published_fuse_volume().await else { return };
     volume.signal("KILL");
     let deadline = Instant::now() + Duration::from_secs(10);
     let dead = loop {
@@ -160,11 +166,7 @@ async fn a_fuse_mount_whose_daemon_died_is_unmounted_and_removed() {
 
 #[tokio::test]
 async fn a_fuse_mount_whose_daemon_is_stopped_is_torn_down_without_hanging() {
-    if bindfs_missing() {
-        return;
-    }
-    enter_private_mount_namespace();
-    let volume = FuseVolume::publish().await;
+    let Some(volume) = published_fuse_volume().await else { return };
     volume.signal("STOP");
     // The hazard is real: an ordinary stat of the mount hangs with the daemon.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -194,11 +196,7 @@ async fn a_fuse_mount_whose_daemon_is_stopped_is_torn_down_without_hanging() {
 
 #[tokio::test]
 async fn measuring_a_stopped_fuse_mount_pins_one_call_and_is_not_started_again() {
-    if bindfs_missing() {
-        return;
-    }
-    enter_private_mount_namespace();
-    let volume = FuseVolume::publish().await;
+    let Some(volume) = published_fuse_volume().await else { return };
     let lane = kvol_plugin::blocking::shared();
     assert!(measure_published(&volume.target).await.is_ok(), "a live mount is measured");
     volume.signal("STOP");
