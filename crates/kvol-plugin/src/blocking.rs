@@ -84,9 +84,9 @@ impl BlockingCalls {
         let mut handle = {
             let (lane, state, path) = (Arc::clone(&self.inner), Arc::clone(&call_state), path.to_path_buf());
             tokio::task::spawn_blocking(move || {
-                let out = call();
-                lane.finished(&path, &state);
-                out
+                // Dropped when `call` returns or panics: either way it is no longer stuck.
+                let _finished = Finished { lane, path, state };
+                call()
             })
         };
         let joined = match tokio::time::timeout(deadline, &mut handle).await {
@@ -144,6 +144,19 @@ impl Lane {
             state.abandoned.store(true, Ordering::Relaxed);
             *stuck.entry(path.to_path_buf()).or_insert(0) += 1;
         }
+    }
+}
+
+/// The blocking thread's end of a call, run on return and on panic alike.
+struct Finished {
+    lane: Arc<Lane>,
+    path: PathBuf,
+    state: Arc<CallState>,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.lane.finished(&self.path, &self.state);
     }
 }
 
@@ -262,6 +275,27 @@ mod tests {
             assert_eq!(done.unwrap(), Ok(()));
         }
         assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_stuck_call_that_panics_frees_its_path() {
+        let calls = BlockingCalls::new(1);
+        let (release, wait) = mpsc::channel::<()>();
+        let dead = Path::new("/dead");
+        let call = move || -> u8 {
+            let _ = wait.recv();
+            panic!("the stuck call failed")
+        };
+        assert!(calls.run(dead, Duration::from_millis(10), call).await.is_err());
+        assert_eq!(calls.stuck_calls(dead), 1);
+        drop(release);
+        for _ in 0..200 {
+            if calls.stuck_calls(dead) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(calls.stuck_calls(dead), 0, "a stuck call that panics must not stay stuck");
     }
 
     #[tokio::test]
