@@ -278,6 +278,15 @@ fn suggest(name: &str) -> Option<String> {
     Gate::all().map(Gate::name).find(|known| known.eq_ignore_ascii_case(name))
 }
 
+/// The provisioner that should act for a StorageClass: the CSI driver when the class's in-tree
+/// provisioner is migrated, else the class's own (upstream's PV controller).
+pub fn provisioner_for<'p>(gates: &FeatureGates, provisioner: &'p str) -> &'p str {
+    match crate::MigratablePlugin::from_in_tree_name(provisioner) {
+        Some(plugin) if gates.is_migrated(plugin) => plugin.csi_driver(),
+        _ => provisioner,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

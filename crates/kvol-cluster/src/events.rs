@@ -1,4 +1,4 @@
-//! The pods' volume Events in the API: [`EventWriter`] turns the agent's failing pod volumes into core/v1 Events through the [`NodeEvents`] seam, one Event per failure with its count bumped on each retry ([`kvol_node::pod_events::EventBook`]).
+//! The pods' volume Events in the API: [`EventWriter`] turns the agent's failing pod volumes into core/v1 Events through the [`NodeEvents`] seam, one Event per failure with its count bumped on each retry ([`kvol_node::report::pod_events::EventBook`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kvol_node::pod_events::{EventBook, EventChange, PodEvent, PodEventSink, VolumeFailure};
+use kvol_node::report::pod_events::{EventBook, EventChange, PodEvent, PodEventSink, VolumeFailure};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 

@@ -1,6 +1,6 @@
 //! Cluster mode: the Kubernetes API server as the agent's object source.
 //!
-//! [`source::ApiSource`] is an [`kvol_node::source::ObjectSource`] fed by the API: the pods
+//! [`source::ApiSource`] is an [`kvol_node::sources::ObjectSource`] fed by the API: the pods
 //! bound to this node (one watch, field selector `spec.nodeName`), every CSIDriver (few; one
 //! watch), and only the claims, PersistentVolumes, StorageClasses and Secrets those pods
 //! reference ([`refs`], read by name), so a node's load on the API grows with its own pods, not

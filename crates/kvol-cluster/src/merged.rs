@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kvol_node::model::ObjectSet;
-use kvol_node::source::ObjectSource;
+use kvol_node::sources::ObjectSource;
 use tokio::sync::watch;
 
 /// `primary`'s objects, with `secondary`'s added where `primary` has no object of that kind and
@@ -83,7 +83,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
     use kvol_node::model::SourceProblem;
-    use kvol_node::source::ChannelSource;
+    use kvol_node::sources::ChannelSource;
 
     fn pod(name: &str, uid: &str) -> Pod {
         serde_json::from_value(

@@ -10,7 +10,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kvol_api::backoff::Backoff;
 use kvol_csi_rules::csinode::{ANN_NODE_ID, set_node_owner};
-use kvol_node::node_storage::{NodeStorage, NodeStorageSink};
+use kvol_node::report::node_storage::{NodeStorage, NodeStorageSink};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 

@@ -14,7 +14,7 @@ pub struct Refs {
 }
 
 fn namespace_of(pod: &Pod) -> &str {
-    pod.metadata.namespace.as_deref().unwrap_or(kvol_node::source::DEFAULT_NAMESPACE)
+    pod.metadata.namespace.as_deref().unwrap_or(kvol_node::sources::DEFAULT_NAMESPACE)
 }
 
 /// What the pods reference directly: claims, and the Secrets of secret, Flexvolume and CSI
@@ -79,7 +79,7 @@ pub fn add_volume_refs<'a>(refs: &mut Refs, volumes: impl IntoIterator<Item = &'
             secrets.extend(flex.secret_ref.iter());
         }
         for secret in secrets {
-            let ns = secret.namespace.as_deref().unwrap_or(kvol_node::source::DEFAULT_NAMESPACE);
+            let ns = secret.namespace.as_deref().unwrap_or(kvol_node::sources::DEFAULT_NAMESPACE);
             if let Some(name) = secret.name.as_deref().filter(|n| !n.is_empty()) {
                 refs.secrets.insert(format!("{ns}/{name}"));
             }
@@ -89,7 +89,7 @@ pub fn add_volume_refs<'a>(refs: &mut Refs, volumes: impl IntoIterator<Item = &'
 
 /// Splits a `namespace/name` key.
 pub fn split_key(key: &str) -> (&str, &str) {
-    key.split_once('/').unwrap_or((kvol_node::source::DEFAULT_NAMESPACE, key))
+    key.split_once('/').unwrap_or((kvol_node::sources::DEFAULT_NAMESPACE, key))
 }
 
 #[cfg(test)]

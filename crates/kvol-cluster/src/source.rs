@@ -16,7 +16,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use kvol_node::model::ObjectSet;
-use kvol_node::source::ObjectSource;
+use kvol_node::sources::ObjectSource;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
@@ -237,7 +237,7 @@ impl State {
     fn object_set(&self, pods: &[Arc<Pod>]) -> ObjectSet {
         let mut set = ObjectSet::default();
         for pod in pods {
-            let ns = pod.metadata.namespace.as_deref().unwrap_or(kvol_node::source::DEFAULT_NAMESPACE);
+            let ns = pod.metadata.namespace.as_deref().unwrap_or(kvol_node::sources::DEFAULT_NAMESPACE);
             let name = pod.metadata.name.as_deref().unwrap_or_default();
             set.pods.insert(format!("{ns}/{name}"), Arc::clone(pod));
         }

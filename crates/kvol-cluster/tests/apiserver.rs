@@ -11,8 +11,8 @@ use kube::{Api, Client};
 use kvol_cluster::node_objects::{ApiNodeObjects, NodeWriter};
 use kvol_cluster::source::ApiSource;
 use kvol_node::model::ObjectSet;
-use kvol_node::node_storage::{NodeStorage, NodeStorageSink};
-use kvol_node::source::ObjectSource;
+use kvol_node::report::node_storage::{NodeStorage, NodeStorageSink};
+use kvol_node::sources::ObjectSource;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -262,7 +262,7 @@ async fn a_volumeattachment_marked_attached_by_the_controller_ends_the_nodes_wai
 async fn a_failing_pod_volume_is_one_event_on_the_pod_with_kubelets_reason_and_a_growing_count() {
     use k8s_openapi::api::core::v1::Event;
     use kvol_cluster::events::{ApiNodeEvents, EventWriter};
-    use kvol_node::pod_events::{PodEventSink, VolumeFailure};
+    use kvol_node::report::pod_events::{PodEventSink, VolumeFailure};
     let Some((apiserver, etcd)) = support::binaries() else { return };
     let server = ApiServer::start(&apiserver, &etcd);
     let client = server.client().await;

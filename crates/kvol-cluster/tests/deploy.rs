@@ -8,7 +8,7 @@ use serde_json::Value;
 fn documents() -> Vec<Value> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/cluster/kvol.yaml");
     let text = std::fs::read_to_string(path).expect("deploy/cluster/kvol.yaml");
-    kvol_node::source::parse_values(&text).expect("valid yaml")
+    kvol_node::sources::parse_values(&text).expect("valid yaml")
 }
 
 fn one<T: serde::de::DeserializeOwned>(kind: &str) -> T {

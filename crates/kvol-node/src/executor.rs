@@ -12,12 +12,12 @@ use kvol_plugin::plugin::{PublishRequest, UnpublishRequest};
 use kvol_plugin::{PluginHost, PluginRef, PluginRegistry, VolumeSpec};
 use tokio::sync::Notify;
 
-use crate::metrics::Metrics;
+use crate::actual::store::{ActualChange, GroupCommit, Store};
 use crate::model::{
     ActualState, AttachedVolume, Claim, Operation, PodVolumeKey, PublishedVolume, StagedVolume,
     plugin_volume_name,
 };
-use crate::store::{ActualChange, GroupCommit, Store};
+use crate::report::metrics::Metrics;
 
 /// How failed operations are retried: 500 ms doubling to 2m2s, as kubelet.
 pub const BACKOFF: kvol_api::Backoff = kvol_api::Backoff::OPERATIONS;
@@ -172,6 +172,13 @@ impl Executor {
         (Arc::clone(&state.actual), state.actual_version)
     }
 
+    /// The unique names of the volumes the node has: attached, staged or published.
+    pub fn volumes_in_use(&self) -> Vec<String> {
+        let (actual, _) = self.actual();
+        let attached_or_staged = actual.attached.keys().chain(actual.staged.keys()).cloned();
+        attached_or_staged.chain(actual.published.values().map(|p| p.unique_name.clone())).collect()
+    }
+
     /// Whether no operation is running.
     pub fn is_idle(&self) -> bool {
         self.lock().running.is_empty()
@@ -210,7 +217,7 @@ impl Executor {
             Err(e) => Err((format!("cannot journal {}: {e}", op.name()), ActualChange::Nothing)),
         };
         let ok = outcome.is_ok();
-        let label = crate::metrics::spec_plugin_label(op.plugin(), spec_of(&op));
+        let label = crate::report::metrics::spec_plugin_label(op.plugin(), spec_of(&op));
         self.metrics.observe_operation(op.name(), &label, ok, migrated, started.elapsed());
         {
             let mut state = self.lock();

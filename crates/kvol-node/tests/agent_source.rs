@@ -4,10 +4,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use kvol_node::AgentConfig;
 use kvol_node::ObjectSet;
-use kvol_node::agent::{AgentConfig, run_agent_with_source};
-use kvol_node::source::{ChannelSource, Object, parse_manifests};
-use kvol_node::status::{Phase, StatusReport, read_status};
+use kvol_node::agent::run_agent_with_source;
+use kvol_node::report::status::{Phase, StatusReport, read_status};
+use kvol_node::sources::{ChannelSource, Object, parse_manifests};
 use kvol_plugin::{Mounter, SystemMounter};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;

@@ -7,7 +7,7 @@ use kvol_api::FeatureGates;
 use kvol_csi::client::RpcObserver;
 use kvol_csi::{CsiRegistrationHandler, MemoryObjects, RegistrationHandler, Timeouts};
 use kvol_hostpath::{HostpathConfig, HostpathDriver};
-use kvol_node::metrics::{Metrics, serve_metrics};
+use kvol_node::report::metrics::{Metrics, serve_metrics};
 use kvol_plugin::{NodeInfo, NodePaths, PluginHost, PluginRegistry, RecordingMounter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

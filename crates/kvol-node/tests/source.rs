@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvol_node::ObjectSet;
-use kvol_node::source::{ManifestsSource, Quiet, static_pod_uid};
+use kvol_node::sources::{ManifestsSource, Quiet, static_pod_uid};
 use tokio::sync::watch;
 
 /// How long a change may take to arrive before a test fails.
@@ -202,20 +202,20 @@ fn the_parse_cache_reuses_unchanged_files_and_sees_changed_ones() {
         |label: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p, labels: {{v: {label}}}}}\n");
     std::fs::write(dir.path().join("a.yaml"), pod("one")).unwrap();
     std::fs::write(dir.path().join("b.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: q}\n").unwrap();
-    let mut cache = kvol_node::source::ParseCache::default();
-    let first = kvol_node::source::load_dir_cached(dir.path(), &mut cache);
-    assert_eq!(first, kvol_node::source::load_dir(dir.path()), "cached and uncached loads agree");
+    let mut cache = kvol_node::sources::ParseCache::default();
+    let first = kvol_node::sources::load_dir_cached(dir.path(), &mut cache);
+    assert_eq!(first, kvol_node::sources::load_dir(dir.path()), "cached and uncached loads agree");
     std::thread::sleep(std::time::Duration::from_millis(20));
     // Rewritten via rename (a new inode), same length: the cache must not serve the old parse.
     let tmp = dir.path().join(".a.yaml.tmp");
     std::fs::write(&tmp, pod("two")).unwrap();
     std::fs::rename(&tmp, dir.path().join("a.yaml")).unwrap();
     std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
-    let second = kvol_node::source::load_dir_cached(dir.path(), &mut cache);
+    let second = kvol_node::sources::load_dir_cached(dir.path(), &mut cache);
     let labels = second.pods["default/p"].metadata.labels.clone().unwrap();
     assert_eq!(labels["v"], "two");
     assert!(!second.pods.contains_key("default/q"), "a removed file's objects are gone");
-    assert_eq!(second, kvol_node::source::load_dir(dir.path()));
+    assert_eq!(second, kvol_node::sources::load_dir(dir.path()));
 }
 
 /// An edit that breaks a manifest (bad YAML, a bad document) loses none of its objects: the
@@ -232,12 +232,12 @@ fn a_broken_edit_keeps_the_last_good_objects_of_the_file() {
     let image = |set: &kvol_node::ObjectSet| {
         set.pods.get("default/web").map(|p| p.spec.as_ref().unwrap().containers[0].image.clone().unwrap())
     };
-    let mut cache = kvol_node::source::ParseCache::default();
+    let mut cache = kvol_node::sources::ParseCache::default();
     let mut load = |text: &str| {
         std::fs::write(&path, text).unwrap();
         // A new modification time or size for each step, so the cache reads the file again.
         std::thread::sleep(std::time::Duration::from_millis(15));
-        kvol_node::source::load_dir_cached(dir.path(), &mut cache)
+        kvol_node::sources::load_dir_cached(dir.path(), &mut cache)
     };
     let first = load(&good("one"));
     assert_eq!(image(&first).as_deref(), Some("one"));
@@ -259,7 +259,7 @@ fn a_broken_edit_keeps_the_last_good_objects_of_the_file() {
     // A file that never read cleanly has no last good objects: only what parses counts.
     let fresh = dir.path().join("new.yaml");
     std::fs::write(&fresh, "kind: [\n").unwrap();
-    let set = kvol_node::source::load_dir_cached(dir.path(), &mut cache);
+    let set = kvol_node::sources::load_dir_cached(dir.path(), &mut cache);
     assert!(set.problems.iter().any(|p| p.to_string().contains("new.yaml")));
     assert!(!set.problems.iter().any(|p| p.to_string().contains("keeping")), "{:?}", set.problems);
 }
@@ -268,7 +268,7 @@ fn a_broken_edit_keeps_the_last_good_objects_of_the_file() {
 #[derive(Debug, Default)]
 struct MapMemory(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
 
-impl kvol_node::source::ManifestMemory for MapMemory {
+impl kvol_node::sources::ManifestMemory for MapMemory {
     fn recall(&self) -> std::collections::BTreeMap<String, String> {
         self.0.lock().unwrap().clone()
     }
@@ -286,7 +286,7 @@ impl kvol_node::source::ManifestMemory for MapMemory {
 /// objects; a removed file is forgotten.
 #[test]
 fn a_file_broken_before_a_restart_keeps_the_objects_it_last_read_cleanly() {
-    use kvol_node::source::{ManifestMemory, ParseCache, load_dir_cached};
+    use kvol_node::sources::{ManifestMemory, ParseCache, load_dir_cached};
     let dir = tempfile::tempdir().unwrap();
     let memory = std::sync::Arc::new(MapMemory::default());
     let good = "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  volumes: [{name: m, emptyDir: {medium: Memory}}]\n";

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kvol_node::rebuild::{PodVolumeDir, clear_orphan, observe, rebuild};
-use kvol_node::store::{
+use kvol_node::actual::observe::{PodVolumeDir, observe};
+use kvol_node::actual::rebuild::{clear_orphan, rebuild};
+use kvol_node::actual::store::{
     ActualChange, GroupCommit, JournalDone, JournalEntry, JournalWrite, Loaded, Store, StoreError,
 };
 use kvol_node::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};

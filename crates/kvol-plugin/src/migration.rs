@@ -262,14 +262,7 @@ fn gate_to_enable(gates: &FeatureGates, plugin: MigratablePlugin) -> String {
         .join(" and ")
 }
 
-/// The provisioner that should act for a StorageClass: the CSI driver when the class's in-tree
-/// provisioner is migrated, else the class's own (upstream's PV controller).
-pub fn provisioner_for<'p>(gates: &FeatureGates, provisioner: &'p str) -> &'p str {
-    match MigratablePlugin::from_in_tree_name(provisioner) {
-        Some(plugin) if gates.is_migrated(plugin) => plugin.csi_driver(),
-        _ => provisioner,
-    }
-}
+pub use kvol_api::gates::provisioner_for;
 
 /// Which object's annotations [`sync_migrated_to`] keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

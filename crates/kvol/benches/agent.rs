@@ -14,7 +14,7 @@ use kvol_csi::proto::csi::{
     CreateVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
     NodeUnstageVolumeRequest, VolumeCapability,
 };
-use kvol_node::status::{Phase, read_status};
+use kvol_node::report::status::{Phase, read_status};
 use std::os::fd::AsFd;
 
 use nix::mount::MsFlags;
@@ -78,7 +78,7 @@ impl StatusWatch {
 
 /// The pid of the bundled driver's process, as the agent's status reports it.
 fn driver_pid(root: &Path) -> u32 {
-    let report = kvol_node::status::read_status(root).expect("the agent's status");
+    let report = kvol_node::report::status::read_status(root).expect("the agent's status");
     let component = report.components.iter().find(|c| c.name == "hostpath").expect("the hostpath component");
     component.state.pid.expect("the bundled driver runs")
 }

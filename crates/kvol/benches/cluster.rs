@@ -20,7 +20,7 @@ use kube::api::PostParams;
 use kvol_csi::proto::csi::node_client::NodeClient;
 use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
 use kvol_csi::proto::csi::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability};
-use kvol_node::status::{Phase, read_status};
+use kvol_node::report::status::{Phase, read_status};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 use serde_json::json;

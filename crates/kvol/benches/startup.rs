@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvol_node::status::{Phase, read_status};
+use kvol_node::report::status::{Phase, read_status};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 

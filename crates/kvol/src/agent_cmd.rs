@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kvol_api::{FeatureGates, StorageSection};
 use kvol_components::{Catalogue, NodeFacts};
-use kvol_node::agent::{AgentConfig, run_agent, run_agent_with_source};
-use kvol_node::components::{ComponentPaths, ComponentsSetup};
-use kvol_node::source::{ManifestsSource, ObjectSource};
-use kvol_node::status::{Phase, read_status, render_table};
+use kvol_components_runtime::components::{ComponentPaths, ComponentsSetup};
+use kvol_node::AgentConfig;
+use kvol_node::agent::{run_agent, run_agent_with_source};
+use kvol_node::report::status::{Phase, read_status, render_table};
+use kvol_node::sources::{ManifestsSource, ObjectSource};
 
 /// Arguments of `kvol agent`.
 #[derive(Debug, clap::Args)]
@@ -24,7 +25,7 @@ pub struct AgentArgs {
     #[arg(long, default_value = kvol_flex::install::DEFAULT_PLUGIN_DIR)]
     pub volume_plugin_dir: PathBuf,
     /// kvol's own files: journal (`state.redb`), `status.json`, the bundled driver's volumes.
-    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    #[arg(long, default_value = crate::components_common::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// One scratch root for everything (demos, tests): the same as `--state-dir <root>
     /// --root-dir <root>/kubelet --volume-plugin-dir <root>/flexvolume`.
@@ -57,7 +58,7 @@ pub struct AgentArgs {
     #[arg(long, alias = "no-bundled-driver")]
     pub no_components: bool,
     /// Directory of user component definitions (*.yaml) beside the built-in ones.
-    #[arg(long, default_value = crate::components_cmd::DEFAULT_DEFINITIONS_DIR)]
+    #[arg(long, default_value = crate::components_common::DEFAULT_DEFINITIONS_DIR)]
     pub component_definitions_dir: PathBuf,
     /// Do not install the example Flexvolume drivers.
     #[arg(long)]
@@ -89,9 +90,6 @@ pub struct AgentArgs {
     pub settle_timeout_seconds: u64,
 }
 
-/// kvol's state directory unless told otherwise (`--state-dir`).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/kvol";
-
 /// The agent's directories from the flags: `--root` alone, or the kubelet-style three.
 pub fn base_config(args: &AgentArgs, node_name: String) -> AgentConfig {
     match &args.root {
@@ -116,7 +114,8 @@ fn components_setup(
     for problem in &problems {
         tracing::warn!(%problem, "component definition left out");
     }
-    let facts = if args.root.is_some() { NodeFacts::default() } else { crate::components_cmd::node_facts() };
+    let facts =
+        if args.root.is_some() { NodeFacts::default() } else { crate::components_common::node_facts() };
     let kvol_binary = std::env::current_exe().context("cannot tell where the kvol binary is")?;
     let config_dir = config_file
         .and_then(Path::parent)

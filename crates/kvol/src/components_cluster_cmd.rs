@@ -7,7 +7,7 @@ use anyhow::Context;
 use kvol_api::StorageSection;
 use kvol_components::{Catalogue, bundle, decide_for_cluster};
 
-use crate::components_cmd::DEFAULT_DEFINITIONS_DIR;
+use crate::components_common::DEFAULT_DEFINITIONS_DIR;
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
@@ -27,7 +27,7 @@ pub struct ApplyArgs {
 /// Runs `kvol components apply`: exit 0 when everything was applied and pruned, 1 when
 /// something failed (each named), 2 for an invalid storage section.
 pub fn run_apply(args: &ApplyArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
-    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
+    let catalogue = crate::components_common::load_catalogue(&args.definitions_dir);
     let decision = match decide_for_cluster(storage, &catalogue) {
         Ok(decision) => decision,
         Err(problems) => {
@@ -77,7 +77,7 @@ pub fn run_apply(args: &ApplyArgs, storage: &StorageSection) -> anyhow::Result<E
 /// orphaned instead); then its deployed objects are deleted, workloads first, a definition
 /// another component's bundle shares kept.
 pub fn run_uninstall(
-    args: &crate::components_node_cmd::UninstallArgs,
+    args: &crate::components_common::UninstallArgs,
     kubeconfig: &std::path::Path,
     storage: &StorageSection,
 ) -> anyhow::Result<ExitCode> {
@@ -103,7 +103,7 @@ pub fn run_uninstall(
         let client = kvol_cluster::client::client(Some(kubeconfig)).await?;
         let found = kvol_cluster::bundles::holders(&client, &definition).await.map_err(anyhow::Error::msg)?;
         if let Some(refused) =
-            crate::components_node_cmd::refuse_orphaning(&definition.name, &found, args.force)
+            crate::components_common::refuse_orphaning(&definition.name, &found, args.force)
         {
             return Ok(refused);
         }
@@ -142,14 +142,14 @@ struct ClusterStatusRow {
 /// `kvol components status --kubeconfig FILE`: per component, what the config decides for a
 /// cluster, its deployed objects, its workloads' readiness and requests, its driver's volumes.
 pub fn run_status(
-    args: &crate::components_node_cmd::StatusArgs,
+    args: &crate::components_common::StatusArgs,
     kubeconfig: &std::path::Path,
     storage: &StorageSection,
 ) -> anyhow::Result<ExitCode> {
     use kvol_components::cluster_footprint::footprint;
-    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
+    let catalogue = crate::components_common::load_catalogue(&args.definitions_dir);
     let decision = decide_for_cluster(storage, &catalogue).map_err(|problems| {
-        anyhow::anyhow!("invalid storage section: {}", crate::components_cmd::joined(&problems))
+        anyhow::anyhow!("invalid storage section: {}", crate::components_common::joined(&problems))
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -181,8 +181,8 @@ pub fn run_status(
         })
         .collect();
     match args.output {
-        crate::components_cmd::Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-        crate::components_cmd::Format::Table => {
+        crate::components_common::Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        crate::components_common::Format::Table => {
             for row in &rows {
                 println!("{}: {}", row.footprint.component, row.decision);
                 print!("{}", row.footprint);

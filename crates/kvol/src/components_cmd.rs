@@ -2,18 +2,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use kvol_api::StorageSection;
 use kvol_components::definition::Standalone;
-use kvol_components::{Catalogue, NodeFacts, NodeFeature, Role, decide};
+use kvol_components::{Catalogue, NodeFeature, Role, decide};
 use serde::Serialize;
 
-/// Where a user drops component definitions.
-pub const DEFAULT_DEFINITIONS_DIR: &str = "/etc/kvol/components";
-
-/// How long `vgs` may take to say whether the node has a volume group.
-const VGS_DEADLINE: Duration = Duration::from_secs(10);
+use crate::components_common::{
+    DEFAULT_DEFINITIONS_DIR, Format, facts_with_volume_group, load_catalogue, node_facts,
+};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ComponentsCommand {
@@ -24,10 +21,10 @@ pub enum ComponentsCommand {
     Plan(PlanArgs),
     /// Each component on this node: what the config decides, its process (pid, starts,
     /// health, memory, CPU time) and the pod volumes of its driver published now.
-    Status(crate::components_node_cmd::StatusArgs),
+    Status(crate::components_common::StatusArgs),
     /// Remove a component that is turned off: refused while any volume, claim or snapshot
     /// still depends on it (each listed), then its data directory, log and pid file go.
-    Uninstall(crate::components_node_cmd::UninstallArgs),
+    Uninstall(crate::components_common::UninstallArgs),
     /// Deploy into a cluster: each component the config turns on is applied from its
     /// definition's cluster bundle (server-side apply, field manager kvol, labelled with the
     /// component), what its bundle no longer has is pruned, components turned off are left
@@ -53,12 +50,6 @@ pub struct PlanArgs {
     /// Whether the node has an LVM volume group; by default `vgs` is asked.
     #[arg(long, value_name = "BOOL")]
     pub volume_group: Option<bool>,
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Format {
-    Table,
-    Json,
 }
 
 #[derive(Serialize)]
@@ -180,36 +171,4 @@ pub fn run_plan(args: &PlanArgs, storage: &StorageSection) -> anyhow::Result<Exi
             Ok(ExitCode::from(2))
         }
     }
-}
-
-/// What the node has that components may need, found out by asking it (`vgs`).
-pub fn node_facts() -> NodeFacts {
-    facts_with_volume_group(volume_group_present())
-}
-
-fn facts_with_volume_group(present: bool) -> NodeFacts {
-    NodeFacts { features: if present { [NodeFeature::LvmVolumeGroup].into() } else { Default::default() } }
-}
-
-/// Whether `vgs` lists at least one volume group; no lvm2 tools, an error or no answer within
-/// the deadline all count as none.
-fn volume_group_present() -> bool {
-    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-        return false;
-    };
-    runtime.block_on(kvol_lvm::command::volume_groups(VGS_DEADLINE)).is_ok_and(|groups| !groups.is_empty())
-}
-
-/// The built-in definitions and the directory's; each file left out is said on stderr.
-pub(crate) fn load_catalogue(dir: &std::path::Path) -> Catalogue {
-    let (catalogue, problems) = Catalogue::load(dir);
-    for problem in &problems {
-        eprintln!("kvol: component definition left out: {problem}");
-    }
-    catalogue
-}
-
-/// Config problems on one line.
-pub(crate) fn joined(problems: &[kvol_components::ConfigProblem]) -> String {
-    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }

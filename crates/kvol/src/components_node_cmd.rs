@@ -1,56 +1,17 @@
 //! `kvol components status` and `kvol components uninstall` on a standalone node: what each component is doing and costs, and removing one without orphaning data.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use kvol_api::StorageSection;
 use kvol_components::uninstall::{Holder, Inventory, SnapshotObject, holders};
 use kvol_components::{Catalogue, Decision, decide};
-use kvol_node::components::ComponentStatus;
-use kvol_node::status::{Phase, StatusReport, read_status};
+use kvol_components_runtime::components::ComponentStatus;
+use kvol_node::report::status::{Phase, StatusReport, read_status};
 use serde::Serialize;
 
-use crate::components_cmd::{DEFAULT_DEFINITIONS_DIR, Format};
-
-#[derive(Debug, clap::Args)]
-pub struct StatusArgs {
-    /// The agent's state directory (its `--state-dir`, or its `--root`).
-    #[arg(long, default_value = crate::agent_cmd::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
-    /// Directory of user component definitions (*.yaml).
-    #[arg(long, default_value = DEFAULT_DEFINITIONS_DIR)]
-    pub definitions_dir: PathBuf,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
-    pub output: Format,
-    /// Report on this cluster instead of this node: each component's deployed objects, its
-    /// workloads' readiness and resource requests, and its driver's volumes.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct UninstallArgs {
-    /// The component to remove.
-    pub name: String,
-    /// The agent's state directory (its `--state-dir`, or its `--root`).
-    #[arg(long, default_value = crate::agent_cmd::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
-    /// The agent's manifests directory; defaults to `<state-dir>/manifests`.
-    #[arg(long)]
-    pub manifests: Option<PathBuf>,
-    /// Directory of user component definitions (*.yaml).
-    #[arg(long, default_value = DEFAULT_DEFINITIONS_DIR)]
-    pub definitions_dir: PathBuf,
-    /// Remove it even though objects still depend on it; each one is named as orphaned.
-    #[arg(long)]
-    pub force: bool,
-    /// Uninstall from this cluster instead of this node: the holders are read from the API and
-    /// the component's deployed objects deleted, workloads first, definitions last.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-}
+use crate::components_common::{Format, StatusArgs, UninstallArgs, refuse_orphaning};
 
 /// One component as `kvol components status` shows it.
 #[derive(Debug, Serialize)]
@@ -75,13 +36,11 @@ struct Row {
 
 /// Runs `kvol components status`.
 pub fn run_status(args: &StatusArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
-    if let Some(kubeconfig) = &args.kubeconfig {
-        return crate::components_cluster_cmd::run_status(args, kubeconfig, storage);
-    }
-    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
-    let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts()).map_err(|problems| {
-        anyhow::anyhow!("invalid storage section: {}", crate::components_cmd::joined(&problems))
-    })?;
+    let catalogue = crate::components_common::load_catalogue(&args.definitions_dir);
+    let decision =
+        decide(storage, &catalogue, &crate::components_common::node_facts()).map_err(|problems| {
+            anyhow::anyhow!("invalid storage section: {}", crate::components_common::joined(&problems))
+        })?;
     let report = read_status(&args.state_dir).ok();
     let rows = status_rows(&catalogue, &decision, report.as_ref(), &ProcFs);
     match args.output {
@@ -221,17 +180,15 @@ fn table(rows: &[Row]) -> String {
 
 /// Runs `kvol components uninstall NAME`.
 pub fn run_uninstall(args: &UninstallArgs, storage: &StorageSection) -> anyhow::Result<ExitCode> {
-    if let Some(kubeconfig) = &args.kubeconfig {
-        return crate::components_cluster_cmd::run_uninstall(args, kubeconfig, storage);
-    }
-    let catalogue = crate::components_cmd::load_catalogue(&args.definitions_dir);
+    let catalogue = crate::components_common::load_catalogue(&args.definitions_dir);
     let Some((entry, _)) = catalogue.resolve(&args.name) else {
         anyhow::bail!("no component named {:?} (known: {})", args.name, catalogue.known_names().join(", "));
     };
     let definition = &entry.definition;
-    let decision = decide(storage, &catalogue, &crate::components_cmd::node_facts()).map_err(|problems| {
-        anyhow::anyhow!("invalid storage section: {}", crate::components_cmd::joined(&problems))
-    })?;
+    let decision =
+        decide(storage, &catalogue, &crate::components_common::node_facts()).map_err(|problems| {
+            anyhow::anyhow!("invalid storage section: {}", crate::components_common::joined(&problems))
+        })?;
     if decision.verdict(&definition.name).is_some_and(|v| v.runs()) {
         eprintln!(
             "kvol: component {} is on in the config's storage section: turn it off first ({}), then uninstall",
@@ -257,23 +214,6 @@ pub fn run_uninstall(args: &UninstallArgs, storage: &StorageSection) -> anyhow::
     Ok(ExitCode::SUCCESS)
 }
 
-/// Says what uninstalling `component` would orphan: a refusal listing each holder (the exit
-/// code to return), or with `force` each one named as orphaned and `None`.
-pub(crate) fn refuse_orphaning(component: &str, found: &[Holder], force: bool) -> Option<ExitCode> {
-    if !found.is_empty() && !force {
-        eprintln!("kvol: component {component} still holds data; uninstalling would orphan:");
-        for holder in found {
-            eprintln!("  {holder}");
-        }
-        eprintln!("delete these first, or pass --force to orphan them");
-        return Some(ExitCode::FAILURE);
-    }
-    for holder in found {
-        println!("orphaned: {holder}");
-    }
-    None
-}
-
 fn how_to_turn_off(role: kvol_components::Role) -> &'static str {
     match role {
         kvol_components::Role::Driver => "storage.driver: none, or another driver",
@@ -297,8 +237,8 @@ fn standalone_holders(
     manifests: &Path,
     state_dir: &Path,
 ) -> Vec<Holder> {
-    let objects = kvol_node::source::load_dir(manifests);
-    let (provisioned, _) = kvol_node::provision::load(&state_dir.join("provisioned"));
+    let objects = kvol_node::sources::load_dir(manifests);
+    let (provisioned, _) = kvol_claims::records::load_provisioned(&state_dir.join("provisioned"));
     let mut volumes: Vec<_> = objects
         .persistent_volumes
         .values()
@@ -307,7 +247,7 @@ fn standalone_holders(
     volumes.extend(provisioned.values().map(|pv| k8s_openapi::api::core::v1::PersistentVolume::clone(pv)));
     let claims: Vec<_> = objects.claims.values().cloned().collect();
     let classes: Vec<_> = objects.storage_classes.values().cloned().collect();
-    let (taken, _) = kvol_node::snapshots::load(&state_dir.join("snapshots"));
+    let (taken, _) = kvol_claims::records::load_snapshots(&state_dir.join("snapshots"));
     let mut snapshots: Vec<SnapshotObject> = taken
         .into_iter()
         .map(|(key, record)| SnapshotObject {

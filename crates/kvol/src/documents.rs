@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kvol_node::source::parse_values;
+use kvol_node::sources::parse_values;
 use serde_json::Value;
 
 /// An object kvol can translate, as read from a document.

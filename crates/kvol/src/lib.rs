@@ -3,6 +3,7 @@
 pub mod agent_cmd;
 pub mod components_cluster_cmd;
 pub mod components_cmd;
+pub mod components_common;
 pub mod components_node_cmd;
 pub mod csi_driver_cmd;
 pub mod documents;
@@ -232,12 +233,14 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
             components_cmd::run_plan(args, &config.storage)
         }
-        Command::Components(components_cmd::ComponentsCommand::Status(args)) => {
-            components_node_cmd::run_status(args, &config.storage)
-        }
-        Command::Components(components_cmd::ComponentsCommand::Uninstall(args)) => {
-            components_node_cmd::run_uninstall(args, &config.storage)
-        }
+        Command::Components(components_cmd::ComponentsCommand::Status(args)) => match &args.kubeconfig {
+            Some(kubeconfig) => components_cluster_cmd::run_status(args, kubeconfig, &config.storage),
+            None => components_node_cmd::run_status(args, &config.storage),
+        },
+        Command::Components(components_cmd::ComponentsCommand::Uninstall(args)) => match &args.kubeconfig {
+            Some(kubeconfig) => components_cluster_cmd::run_uninstall(args, kubeconfig, &config.storage),
+            None => components_node_cmd::run_uninstall(args, &config.storage),
+        },
         Command::Components(components_cmd::ComponentsCommand::Apply(args)) => {
             components_cluster_cmd::run_apply(args, &config.storage)
         }

@@ -20,6 +20,6 @@ fn main() -> std::process::ExitCode {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     // A component the agent supervises ends with the agent (a no-op for anyone else).
-    kvol_node::supervisor::follow_parent();
+    kvol_components_runtime::supervisor::follow_parent();
     kvol::run(cli)
 }

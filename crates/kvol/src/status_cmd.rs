@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvol_node::status::{read_status, render_table};
+use kvol_node::report::status::{read_status, render_table};
 
 /// Output format of `kvol status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -17,7 +17,7 @@ pub enum StatusFormat {
 pub struct StatusArgs {
     /// The agent's state directory (its `--state-dir`, or its `--root`); the status is
     /// `<state-dir>/status.json`.
-    #[arg(long, visible_alias = "root", default_value = crate::agent_cmd::DEFAULT_STATE_DIR)]
+    #[arg(long, visible_alias = "root", default_value = crate::components_common::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]

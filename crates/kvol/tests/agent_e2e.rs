@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvol_node::status::{Phase, StatusReport, VolumeStatus, read_status};
+use kvol_node::report::status::{Phase, StatusReport, VolumeStatus, read_status};
 use kvol_plugin::{MountPoint, Mounter, SystemMounter};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;

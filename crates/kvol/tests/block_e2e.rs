@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kvol_node::status::{Phase, StatusReport};
+use kvol_node::report::status::{Phase, StatusReport};
 use support::{Node, enter_private_mount_namespace};
 
 const MIB: usize = 1 << 20;

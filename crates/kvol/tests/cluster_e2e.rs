@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use kvol_node::status::{Phase, StatusReport, read_status};
+use kvol_node::report::status::{Phase, StatusReport, read_status};
 use kvol_plugin::{Mounter, SystemMounter};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;

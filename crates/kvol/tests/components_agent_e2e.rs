@@ -6,8 +6,8 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvol_node::components::ComponentStatus;
-use kvol_node::status::{Phase, StatusReport};
+use kvol_components_runtime::components::ComponentStatus;
+use kvol_node::report::status::{Phase, StatusReport};
 use support::Node;
 
 const STORAGE: &str = "\
@@ -322,7 +322,10 @@ spec:
   volumes: [{name: data, persistentVolumeClaim: {claimName: restored}}]
 ";
 
-fn snapshot_of<'a>(report: &'a StatusReport, name: &str) -> Option<&'a kvol_node::status::SnapshotStatus> {
+fn snapshot_of<'a>(
+    report: &'a StatusReport,
+    name: &str,
+) -> Option<&'a kvol_node::report::status::SnapshotStatus> {
     report.snapshots.iter().find(|s| s.name == name)
 }
 

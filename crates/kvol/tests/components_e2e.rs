@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvol_api::Backoff;
-use kvol_node::supervisor::{ProcessSpec, ProcessState, Supervised, SupervisorSettings};
+use kvol_components_runtime::supervisor::{ProcessSpec, ProcessState, Supervised, SupervisorSettings};
 
 fn quick() -> SupervisorSettings {
     SupervisorSettings {

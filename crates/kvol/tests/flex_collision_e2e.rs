@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvol_node::status::Phase;
+use kvol_node::report::status::Phase;
 use support::{Node, enter_private_mount_namespace};
 
 /// An attachable driver that logs each call to `calls.log` beside itself and stages a tmpfs
@@ -62,7 +62,7 @@ fn two_drivers_one_name(node: &mut Node, drivers: [&str; 2], write_marker: bool)
     node.start();
     node.write("a.yaml", &pod("a", drivers[0]));
     node.write("b.yaml", &pod("b", drivers[1]));
-    let published = |r: &kvol_node::status::StatusReport| {
+    let published = |r: &kvol_node::report::status::StatusReport| {
         r.volumes.len() == 2 && r.volumes.iter().all(|v| v.phase == Phase::Published)
     };
     let report = node
@@ -146,7 +146,7 @@ fn upstream_e2e_flexvolume_drivers_never_share_a_volume_of_the_same_name() {
     // argument, but kubelet (and kvol, as kubelet) passes only the mount path, so the driver
     // answers Failure and the volume stays staged. kvol keeps it staged and mounted (nothing is
     // lost), retries with backoff, and says which driver refused and why.
-    let refused = |r: &kvol_node::status::StatusReport| {
+    let refused = |r: &kvol_node::report::status::StatusReport| {
         r.node_volumes.len() == 2
             && r.node_volumes.iter().all(|v| {
                 v.last_error.as_deref().is_some_and(|e| {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kvol_node::status::{Phase, StatusReport};
+use kvol_node::report::status::{Phase, StatusReport};
 use kvol_plugin::{Mounter, SystemMounter};
 use support::{Daemon, enter_private_mount_namespace, wait_for_path};
 
@@ -72,7 +72,7 @@ impl KubeletNode {
         let start = std::time::Instant::now();
         loop {
             agent.assert_running();
-            if let Ok(report) = kvol_node::status::read_status(&self.state_dir())
+            if let Ok(report) = kvol_node::report::status::read_status(&self.state_dir())
                 && report
                     .volumes
                     .iter()
@@ -418,7 +418,7 @@ fn the_agents_metrics_are_kubelets_line_by_line() {
     assert_eq!(measured.len(), 2, "{measured:?}");
 
     // What the pod writes shows in the next measuring.
-    let report = kvol_node::status::read_status(&node.state_dir()).unwrap();
+    let report = kvol_node::report::status::read_status(&node.state_dir()).unwrap();
     let data = report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap();
     std::fs::write(data.join("mount/blob"), vec![7u8; 1 << 20]).unwrap();
     let used = claim_series("kubelet_volume_stats_used_bytes", "data");

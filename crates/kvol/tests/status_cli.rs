@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kvol_node::status::{NodeVolumeStatus, Phase, StatusReport, VolumeStatus, status_path, write_status};
+use kvol_node::report::status::{
+    NodeVolumeStatus, Phase, StatusReport, VolumeStatus, status_path, write_status,
+};
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);

@@ -7,7 +7,7 @@ pub mod empty_dir;
 pub mod host_path;
 pub mod local_volume;
 pub mod node_affinity;
-pub mod quantity;
+pub use kvol_api::quantity;
 
 pub use empty_dir::EmptyDirPlugin;
 pub use host_path::HostPathPlugin;

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvol_hostpath::state::State;
-use kvol_node::status::{Phase, StatusReport};
+use kvol_node::report::status::{Phase, StatusReport};
 use kvol_plugin::MountPoint;
 
 use super::Node;

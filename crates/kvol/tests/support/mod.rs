@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvol_node::status::{StatusReport, read_status};
+use kvol_node::report::status::{StatusReport, read_status};
 use kvol_plugin::{MountPoint, Mounter, SystemMounter};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;

@@ -347,20 +347,20 @@ impl Components {
 /// the reason; the agent then keeps what runs.
 #[derive(Debug)]
 pub struct ConfigWatch {
-    _watched: crate::watched_dir::WatchedDir,
+    _watched: kvol_plugin::watched_dir::WatchedDir,
     /// The latest outcome; `None` until the first change.
     pub changes: tokio::sync::watch::Receiver<Option<Result<StorageSection, String>>>,
 }
 
 impl ConfigWatch {
     /// Watches the directory holding `path` for changes of `path`.
-    pub fn start(path: &Path) -> Result<ConfigWatch, crate::watched_dir::WatchError> {
+    pub fn start(path: &Path) -> Result<ConfigWatch, kvol_plugin::watched_dir::WatchError> {
         let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         let (sender, changes) = tokio::sync::watch::channel(None);
         let file = path.to_path_buf();
         let relevant = move |event: &notify::Event, _: &Path| {
-            crate::watched_dir::may_change_content(event)
+            kvol_plugin::watched_dir::may_change_content(event)
                 && (event.need_rescan()
                     || event.paths.is_empty()
                     || event.paths.iter().any(|p| p.file_name() == Some(name.as_os_str())))
@@ -368,11 +368,11 @@ impl ConfigWatch {
         let read = move || {
             sender.send_replace(Some(read_storage_section(&file)));
         };
-        let watched = crate::watched_dir::WatchedDir::start(
+        let watched = kvol_plugin::watched_dir::WatchedDir::start(
             dir,
             "kvol-config",
             relevant,
-            crate::watched_dir::Quiet::default(),
+            kvol_plugin::watched_dir::Quiet::default(),
             read,
         )?;
         Ok(ConfigWatch { _watched: watched, changes })
@@ -384,13 +384,13 @@ impl ConfigWatch {
 /// content differs (appeared, changed or went) are sent on.
 #[derive(Debug)]
 pub struct ComponentConfigWatch {
-    _watched: crate::watched_dir::WatchedDir,
+    _watched: kvol_plugin::watched_dir::WatchedDir,
     pub changes: tokio::sync::mpsc::UnboundedReceiver<PathBuf>,
 }
 
 impl ComponentConfigWatch {
     /// Watches `dir` (which must exist) for the `*.yaml` files of components.
-    pub fn start(dir: &Path) -> Result<ComponentConfigWatch, crate::watched_dir::WatchError> {
+    pub fn start(dir: &Path) -> Result<ComponentConfigWatch, kvol_plugin::watched_dir::WatchError> {
         let (sender, changes) = tokio::sync::mpsc::unbounded_channel();
         let mut seen: BTreeMap<PathBuf, Option<Vec<u8>>> = yaml_files(dir);
         let watched_dir = dir.to_path_buf();
@@ -404,12 +404,12 @@ impl ComponentConfigWatch {
             }
             seen = now;
         };
-        let relevant = |event: &notify::Event, _: &Path| crate::watched_dir::may_change_content(event);
-        let watched = crate::watched_dir::WatchedDir::start(
+        let relevant = |event: &notify::Event, _: &Path| kvol_plugin::watched_dir::may_change_content(event);
+        let watched = kvol_plugin::watched_dir::WatchedDir::start(
             dir.to_path_buf(),
             "kvol-component-config",
             relevant,
-            crate::watched_dir::Quiet::default(),
+            kvol_plugin::watched_dir::Quiet::default(),
             read,
         )?;
         Ok(ComponentConfigWatch { _watched: watched, changes })

@@ -1,7 +1,7 @@
 //! Crash recovery: the actual state rebuilt from the store's record, the operations a crash interrupted, the mount table and the pod volume directories.
 //!
-//! [`observe`] reads the node (the mount table and a walk of `<root>/pods/*/volumes/*/*`);
-//! [`rebuild`] is pure and decides. "Mounted at or under P" below means some mount point equals
+//! [`crate::actual::observe`] reads the node (the mount table and a walk of
+//! `<root>/pods/*/volumes/*/*`); [`rebuild`] is pure and decides. "Mounted at or under P" below means some mount point equals
 //! P or lies below it, compared by path components (`/a/b-2` is not below `/a/b`). A publish
 //! target counts as mounted when something is mounted below it because CSI publishes at
 //! `<target>/mount`.
@@ -37,48 +37,24 @@
 //! - An **attached** record is kept: attachments are not visible in the mount table.
 //!
 //! Finally, every pod volume directory on disk that neither is nor contains the target of a
-//! published record is an **orphan**: [`crate::reconstruct`] attributes it to its plugin and
+//! published record is an **orphan**: [`crate::actual::reconstruct`] attributes it to its plugin and
 //! records it uncertain, so it is torn down through that plugin; [`clear_orphan`] removes one
 //! that cannot be attributed when it is empty with nothing mounted, and any other is left alone
 //! and reported (kvol does not know what made it).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use kvol_csi::paths::{CSI_PLUGIN_NAME, GLOBAL_MOUNT, VolData, load_vol_data};
-use kvol_plugin::{MountError, Mounter, NodePaths};
+use kvol_plugin::NodePaths;
 
+use crate::actual::observe::{NodeObservation, PodVolumeDir, subdirectories};
+use crate::actual::store::JournalEntry;
 use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
-use crate::store::JournalEntry;
 
 /// The plugin whose published volumes may be plain directories.
 const EMPTY_DIR: &str = "kubernetes.io/empty-dir";
-
-/// A directory `<root>/pods/<uid>/volumes/<plugin dir>/<volume>` found on disk.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PodVolumeDir {
-    pub pod_uid: String,
-    /// The plugin's directory name as on disk (`kubernetes.io~csi`).
-    pub plugin_dir: String,
-    pub volume: String,
-    pub path: PathBuf,
-}
-
-/// What the node shows after a restart.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeObservation {
-    /// Every mount point of the agent's mount namespace.
-    pub mount_points: BTreeSet<PathBuf>,
-    /// Every pod volume directory, in path order.
-    pub pod_volume_dirs: Vec<PodVolumeDir>,
-    /// What the `vol_data.json` of each CSI pod volume directory says (absent: no file).
-    pub vol_data: BTreeMap<PathBuf, crate::reconstruct::VolDataRead>,
-    /// Each CSI staging path (`plugins/kubernetes.io/csi/<driver>/<hash>/globalmount`) whose
-    /// volume directory holds a readable `vol_data.json`.
-    pub csi_staged: Vec<(PathBuf, VolData)>,
-}
 
 /// The rebuilt actual state, each decision about an interrupted operation or a drifted record
 /// in words, and the pod volume directories no record accounts for.
@@ -87,93 +63,6 @@ pub struct Rebuilt {
     pub actual: ActualState,
     pub notes: Vec<String>,
     pub orphans: Vec<PodVolumeDir>,
-}
-
-/// The node could not be observed.
-#[derive(Debug, thiserror::Error)]
-pub enum ObserveError {
-    #[error(transparent)]
-    MountTable(#[from] MountError),
-    #[error("cannot read directory {}: {source}", path.display())]
-    ReadDir {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// Reads the mount table and walks `<root>/pods/*/volumes/*/*`. A missing `pods` or
-/// `volumes` directory (or one removed during the walk) is no error; entries of
-/// `volumes/<plugin dir>/` are listed without being opened, so a hung network mount cannot
-/// stall the walk.
-pub fn observe(paths: &NodePaths, mounter: &dyn Mounter) -> Result<NodeObservation, ObserveError> {
-    let mount_points = mounter.mount_points()?.into_iter().map(|m| m.target).collect();
-    let pod_volume_dirs = pod_volume_dirs(paths)?;
-    let csi_dir = kvol_plugin::host::escape_plugin_name(CSI_PLUGIN_NAME);
-    let vol_data = pod_volume_dirs
-        .iter()
-        .filter(|d| d.plugin_dir == csi_dir)
-        .map(|d| (d.path.clone(), load_vol_data(&d.path).map_err(|e| e.to_string()).transpose()))
-        .collect();
-    let mut csi_staged = Vec::new();
-    for (_, driver_dir) in subdirectories(&paths.plugin_dir(CSI_PLUGIN_NAME))? {
-        for (_, volume_dir) in subdirectories(&driver_dir)? {
-            if let Ok(Some(data)) = load_vol_data(&volume_dir) {
-                csi_staged.push((volume_dir.join(GLOBAL_MOUNT), data));
-            }
-        }
-    }
-    Ok(NodeObservation { mount_points, pod_volume_dirs, vol_data, csi_staged })
-}
-
-/// Every pod volume directory (`<root>/pods/*/volumes/*/*`), in path order, listed without
-/// being opened.
-pub fn pod_volume_dirs(paths: &NodePaths) -> Result<Vec<PodVolumeDir>, ObserveError> {
-    let mut found = Vec::new();
-    for (pod_uid, pod_dir) in subdirectories(&paths.root().join("pods"))? {
-        for (plugin_dir, plugin_path) in subdirectories(&pod_dir.join("volumes"))? {
-            for (volume, path) in entries(&plugin_path)? {
-                found.push(PodVolumeDir {
-                    pod_uid: pod_uid.clone(),
-                    plugin_dir: plugin_dir.clone(),
-                    volume,
-                    path,
-                });
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
-}
-
-/// The entries of `dir` that are directories, by name; none if `dir` does not exist.
-fn subdirectories(dir: &Path) -> Result<Vec<(String, PathBuf)>, ObserveError> {
-    let mut found = Vec::new();
-    for (name, path) in entries(dir)? {
-        // symlink_metadata: never follow a link out of the kubelet tree.
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-            found.push((name, path));
-        }
-    }
-    Ok(found)
-}
-
-/// Every entry of `dir` (names lossily decoded), without opening them; none if `dir` does not
-/// exist.
-fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, ObserveError> {
-    let read_error = |source| ObserveError::ReadDir { path: dir.to_path_buf(), source };
-    let listing = match std::fs::read_dir(dir) {
-        Ok(listing) => listing,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(read_error(e)),
-    };
-    let mut found = Vec::new();
-    for entry in listing {
-        let entry = entry.map_err(read_error)?;
-        found.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
-    }
-    found.sort();
-    Ok(found)
 }
 
 /// Clears away an orphan pod volume directory, as kubelet clears orphaned pod directories: only
@@ -391,6 +280,8 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use kvol_plugin::plugin::PodInfo;
     use kvol_plugin::testing::{csi_pv, inline_empty_dir};

@@ -23,7 +23,7 @@ use kvol_plugin::VolumeSpec;
 use kvol_plugin::plugin::{FsGroupChangePolicy, PodInfo};
 
 use crate::model::{DesiredState, DesiredVolume, ObjectSet, PodVolumeKey};
-use crate::source::{DEFAULT_NAMESPACE, static_pod_uid};
+use crate::sources::{DEFAULT_NAMESPACE, static_pod_uid};
 
 /// Volume sources the container runtime sets up; no storage plugin serves them.
 pub const RUNTIME_SOURCES: &[&str] = &["configMap", "downwardAPI", "gitRepo", "image", "projected", "secret"];
@@ -269,7 +269,7 @@ fn bound_volume(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::SetBuilder;
+    use crate::sources::parse::SetBuilder;
     use serde_json::{Value, json};
 
     /// An object set of the given objects; they must all be valid.

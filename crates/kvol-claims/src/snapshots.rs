@@ -5,13 +5,12 @@
 //! file per VolumeSnapshot, as it keeps provisioned volumes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kvol_api::snapshot::{VolumeSnapshot, VolumeSnapshotClass};
 use serde::{Deserialize, Serialize};
 
-use crate::model::ObjectSet;
+use kvol_api::ObjectSet;
 
 /// What kvol knows of a snapshot it took: the standalone VolumeSnapshotContent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,7 +187,7 @@ fn request_for(key: &str, snapshot: &VolumeSnapshot, objects: &ObjectSet) -> Res
     }
     let name = match snapshot.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
         Some(uid) => format!("snapshot-{uid}"),
-        None => format!("snapshot-{}", &kvol_csi::paths::sha256_hex(key)[..32]),
+        None => format!("snapshot-{}", &kvol_csi_rules::names::sha256_hex(key)[..32]),
     };
     Ok(SnapshotRequest {
         key: key.to_string(),
@@ -252,25 +251,6 @@ pub fn restore_source(
         Some(_) => Err(format!("claim {claim_key}: snapshot {key} is not ready to use yet")),
         None => Err(format!("claim {claim_key}: snapshot {key} has not been taken")),
     }
-}
-
-fn record_path(dir: &Path, key: &str) -> PathBuf {
-    dir.join(format!("{}.json", key.replace('/', "~")))
-}
-
-/// The records in `dir`, by VolumeSnapshot key; unreadable ones are reported.
-pub fn load(dir: &Path) -> (BTreeMap<String, SnapshotRecord>, Vec<String>) {
-    crate::provision::load_records(dir, "snapshot record")
-}
-
-/// Records a snapshot (temporary file, fsync, rename).
-pub fn save(dir: &Path, key: &str, record: &SnapshotRecord) -> Result<(), String> {
-    crate::provision::save_record(&record_path(dir, key), record)
-}
-
-/// Forgets a snapshot's record; one already gone is fine.
-pub fn remove(dir: &Path, key: &str) -> Result<(), String> {
-    crate::provision::remove_record(&record_path(dir, key))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@
 //! [`Store::finish`] after it, with the change to the actual state the operation made (or
 //! [`ActualChange::Nothing`] when it failed). `finish` removes the journal entry and applies the
 //! change in one write transaction, so after a crash at any point the store holds either the
-//! entry (the operation may or may not have happened: [`crate::rebuild`] looks at the node to
+//! entry (the operation may or may not have happened: [`crate::actual::rebuild`] looks at the node to
 //! decide) or the change, never both and never neither. Every commit uses redb's default
 //! durability (`Immediate`: fsynced before `commit` returns). The executor writes through
 //! [`GroupCommit`], which puts the writes of operations that begin or end together into one
@@ -691,7 +691,7 @@ impl fmt::Display for JournalEntry {
     }
 }
 
-impl crate::source::ManifestMemory for Store {
+impl crate::sources::ManifestMemory for Store {
     fn recall(&self) -> std::collections::BTreeMap<String, String> {
         self.manifests().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot read the remembered manifests");

@@ -19,15 +19,13 @@ use kvol_csi::paths::{CSI_PLUGIN_NAME, VolData};
 use kvol_plugin::VolumeSpec;
 use kvol_plugin::plugin::PodInfo;
 
+pub use crate::actual::observe::VolDataRead;
+use crate::actual::observe::{NodeObservation, PodVolumeDir};
 use crate::model::{ActualState, PodVolumeKey, PublishedVolume, StagedVolume, unique_volume_name};
-use crate::rebuild::{NodeObservation, PodVolumeDir};
 
 /// The compiled-in plugins whose pod volume directories kvol knows.
 const COMPILED_IN: [&str; 3] =
     ["kubernetes.io/empty-dir", "kubernetes.io/host-path", "kubernetes.io/local-volume"];
-
-/// What `vol_data.json` of a directory said: absent, unreadable (with why), or its content.
-pub type VolDataRead = Option<Result<VolData, String>>;
 
 /// Answers, for a reconstructed spec of a plugin, whether the plugin attaches or stages it
 /// (its unique name is then node-wide); `None` when the plugin is not registered (yet).

@@ -1,4 +1,4 @@
-//! Dynamic provisioning in standalone mode: a pod's unbound claim whose StorageClass names a registered CSI driver (after the migration mapping) gets a volume created and a PV bound to it.
+//! Which claims to provision and which provisioned volumes to reclaim, in standalone mode; pure.
 //!
 //! Upstream this is the external-provisioner's job beside the control plane; a standalone node
 //! has no control plane, so the agent does the part a single node needs: `CreateVolume` with the
@@ -8,16 +8,14 @@
 //! disappears leaves its volume, so no data is lost by a manifest edit).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kvol_api::FeatureGates;
-use kvol_csi::proto::csi;
 use serde_json::json;
 
-use crate::model::ObjectSet;
+use kvol_api::ObjectSet;
 
 /// A claim to provision: `namespace/name`, its storage class and the CSI driver that serves it.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,7 +63,7 @@ pub fn claims_to_provision(
             continue;
         };
         let Some(class) = objects.storage_classes.get(class_name) else { continue };
-        let driver = kvol_plugin::migration::provisioner_for(gates, &class.provisioner);
+        let driver = kvol_api::gates::provisioner_for(gates, &class.provisioner);
         if !drivers.iter().any(|d| d == driver) {
             continue;
         }
@@ -105,94 +103,10 @@ pub fn requested_bytes(claim: &PersistentVolumeClaim) -> Result<i64, String> {
     else {
         return Ok(0);
     };
-    kvol_plugin::local::quantity::parse_bytes(&quantity.0)
+    kvol_api::quantity::parse_bytes(&quantity.0)
         .map(|b| i64::try_from(b).unwrap_or(i64::MAX))
         .map_err(|e| format!("storage request {:?} is not a valid quantity: {e}", quantity.0))
 }
-
-/// The CSI access mode for the claim's first access mode.
-fn access_mode(claim: &PersistentVolumeClaim) -> csi::volume_capability::access_mode::Mode {
-    use csi::volume_capability::access_mode::Mode;
-    match claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.access_modes.as_ref())
-        .and_then(|m| m.first())
-        .map(String::as_str)
-    {
-        Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly,
-        Some("ReadWriteMany") => Mode::MultiNodeMultiWriter,
-        _ => Mode::SingleNodeWriter,
-    }
-}
-
-/// A claim's volume mode, its key in the error.
-fn claim_mode(claim: &PersistentVolumeClaim) -> Result<kvol_api::VolumeMode, String> {
-    kvol_api::VolumeMode::of_claim(claim).map_err(|e| {
-        let name = claim.metadata.name.as_deref().unwrap_or_default();
-        format!("persistentvolumeclaim {name}: {e}")
-    })
-}
-
-/// The `CreateVolume` request for a claim.
-pub fn create_request(request: &ProvisionRequest) -> Result<csi::CreateVolumeRequest, String> {
-    // A class whose secret parameters cannot make a PV must fail before a volume exists.
-    let all_parameters = request.class.parameters.clone().unwrap_or_default();
-    let pv_name = volume_name(&request.claim_key, &request.claim);
-    for (_, kind) in SECRET_REFS {
-        secret_ref(&all_parameters, kind, &request.claim_key, &pv_name)?;
-    }
-    let fs_type = request.class.parameters.as_ref().and_then(|p| p.get("csi.storage.k8s.io/fstype")).cloned();
-    // A Block claim asks the driver for a raw block volume.
-    let access_type = match claim_mode(&request.claim)? {
-        kvol_api::VolumeMode::Block => {
-            csi::volume_capability::AccessType::Block(csi::volume_capability::BlockVolume {})
-        }
-        kvol_api::VolumeMode::Filesystem => {
-            csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
-                fs_type: fs_type.unwrap_or_default(),
-                mount_flags: request.class.mount_options.clone().unwrap_or_default(),
-                volume_mount_group: String::new(),
-            })
-        }
-    };
-    let capability = csi::VolumeCapability {
-        access_type: Some(access_type),
-        access_mode: Some(csi::volume_capability::AccessMode { mode: access_mode(&request.claim) as i32 }),
-    };
-    let parameters = request
-        .class
-        .parameters
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
-        .collect();
-    Ok(csi::CreateVolumeRequest {
-        name: volume_name(&request.claim_key, &request.claim),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: requested_bytes(&request.claim)?,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![capability],
-        parameters,
-        volume_content_source: request.source_snapshot.as_ref().map(|id| csi::VolumeContentSource {
-            r#type: Some(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource { snapshot_id: id.clone() },
-            )),
-        }),
-        ..csi::CreateVolumeRequest::default()
-    })
-}
-
-/// The PV secret references a class asks for through the external-provisioner's parameters
-/// (`csi.storage.k8s.io/<kind>-secret-name` and `-namespace`): PV field → parameter kind.
-const SECRET_REFS: [(&str, &str); 4] = [
-    ("nodeStageSecretRef", "node-stage"),
-    ("nodePublishSecretRef", "node-publish"),
-    ("controllerExpandSecretRef", "controller-expand"),
-    ("nodeExpandSecretRef", "node-expand"),
-];
 
 /// The secret reference of `kind` from a class's parameters, templates filled in as the
 /// external-provisioner fills them (`${pvc.name}`, `${pvc.namespace}`, `${pv.name}`); none when
@@ -231,46 +145,6 @@ pub fn secret_ref(
     }
 }
 
-/// The PersistentVolume for a created volume, bound to its claim. Pure.
-pub fn bound_pv(request: &ProvisionRequest, volume: &csi::Volume) -> Result<PersistentVolume, String> {
-    let (namespace, name) = request.claim_key.split_once('/').unwrap_or(("default", &request.claim_key));
-    let pv_name = volume_name(&request.claim_key, &request.claim);
-    let parameters = request.class.parameters.clone().unwrap_or_default();
-    let mut csi_source = json!({
-        "driver": request.driver,
-        "volumeHandle": volume.volume_id,
-        "fsType": parameters.get("csi.storage.k8s.io/fstype"),
-        "volumeAttributes": volume.volume_context,
-    });
-    for (field, kind) in SECRET_REFS {
-        if let Some(reference) = secret_ref(&parameters, kind, &request.claim_key, &pv_name)? {
-            csi_source[field] = reference;
-        }
-    }
-    let spec = request.claim.spec.clone().unwrap_or_default();
-    let pv = json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {
-            "name": pv_name,
-            "annotations": {
-                kvol_api::keys::ANN_PROVISIONED_BY: request.driver,
-            }
-        },
-        "spec": {
-            "capacity": {"storage": volume.capacity_bytes.to_string()},
-            "accessModes": spec.access_modes.clone().unwrap_or_else(|| vec!["ReadWriteOnce".to_string()]),
-            "persistentVolumeReclaimPolicy": request.class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
-            "storageClassName": request.class.metadata.name,
-            "mountOptions": request.class.mount_options,
-            "claimRef": {"namespace": namespace, "name": name, "uid": request.claim.metadata.uid},
-            "volumeMode": claim_mode(&request.claim)?.as_str(),
-            "csi": csi_source,
-        }
-    });
-    serde_json::from_value(pv).map_err(|e| format!("cannot build the persistent volume: {e}"))
-}
-
 /// Adds the provisioned PVs to `objects` and binds their claims to them. Pure.
 pub fn overlay(objects: &mut ObjectSet, provisioned: &BTreeMap<String, Arc<PersistentVolume>>) {
     for (claim_key, pv) in provisioned {
@@ -282,67 +156,6 @@ pub fn overlay(objects: &mut ObjectSet, provisioned: &BTreeMap<String, Arc<Persi
             }
         }
         objects.persistent_volumes.entry(pv_name).or_insert_with(|| Arc::clone(pv));
-    }
-}
-
-pub(crate) fn record_path(dir: &Path, claim_key: &str) -> PathBuf {
-    dir.join(format!("{}.json", claim_key.replace('/', "~")))
-}
-
-/// The provisioned PVs recorded in `dir`, by claim key; unreadable records are reported.
-pub fn load(dir: &Path) -> (BTreeMap<String, Arc<PersistentVolume>>, Vec<String>) {
-    load_records(dir, "provisioned volume record")
-}
-
-/// Records a provisioned PV for a claim (temp file, fsync, rename).
-pub fn save(dir: &Path, claim_key: &str, pv: &PersistentVolume) -> Result<(), String> {
-    save_record(&record_path(dir, claim_key), pv)
-}
-
-/// The JSON records in `dir` (`<namespace>~<name>.json`), by `namespace/name`; each one that
-/// cannot be read is a problem naming `what` and its path.
-pub fn load_records<T: serde::de::DeserializeOwned>(
-    dir: &Path,
-    what: &str,
-) -> (BTreeMap<String, T>, Vec<String>) {
-    let mut out = BTreeMap::new();
-    let mut problems = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return (out, problems) };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Some(stem) = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .filter(|_| path.extension().is_some_and(|e| e == "json"))
-        else {
-            continue;
-        };
-        match std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-        {
-            Ok(record) => {
-                out.insert(stem.replacen('~', "/", 1), record);
-            }
-            Err(e) => problems.push(format!("cannot read {what} {}: {e}", path.display())),
-        }
-    }
-    (out, problems)
-}
-
-/// Writes a JSON record at `path` durably: a temporary file, fsync, rename.
-pub fn save_record<T: serde::Serialize>(path: &Path, record: &T) -> Result<(), String> {
-    let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-    kvol_plugin::atomic_file::replace(path, &bytes, kvol_plugin::atomic_file::Durability::Synced)
-        .map_err(|e| e.to_string())
-}
-
-/// Removes a record; one already gone is fine.
-pub fn remove_record(path: &Path) -> Result<(), String> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
     }
 }
 
@@ -388,13 +201,8 @@ pub fn volumes_to_reclaim(
         .collect()
 }
 
-/// Forgets the record of a claim's volume; a record already gone is fine.
-pub fn remove(dir: &Path, claim_key: &str) -> Result<(), String> {
-    remove_record(&record_path(dir, claim_key))
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -456,7 +264,7 @@ mod tests {
         }
     }
 
-    fn objects(claim_bound: bool, class_provisioner: &str) -> ObjectSet {
+    pub(crate) fn objects(claim_bound: bool, class_provisioner: &str) -> ObjectSet {
         let mut o = ObjectSet::default();
         let pod = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "shop"},
@@ -503,75 +311,6 @@ mod tests {
             let got = claims_to_provision(&o, node, &provisioned, &BTreeMap::new(), &drivers, &gates);
             assert_eq!(got.first().map(|r| r.driver.as_str()), *want, "row {i}");
         }
-    }
-
-    #[test]
-    fn the_request_and_the_bound_pv() {
-        let o = objects(false, "hostpath.csi.kvol.io");
-        let drivers = vec!["hostpath.csi.kvol.io".to_string()];
-        let request = claims_to_provision(
-            &o,
-            "n1",
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-            &drivers,
-            &FeatureGates::default(),
-        )
-        .remove(0);
-        let create = create_request(&request).unwrap();
-        assert!(create.name.starts_with("pvc-"), "{}", create.name);
-        assert_eq!(create.capacity_range.unwrap().required_bytes, 1 << 30);
-        assert_eq!(
-            create.parameters,
-            BTreeMap::from([("tier".to_string(), "gold".to_string())]).into_iter().collect()
-        );
-        let volume =
-            csi::Volume { capacity_bytes: 1 << 30, volume_id: "vol-1".into(), ..csi::Volume::default() };
-        let pv = bound_pv(&request, &volume).unwrap();
-        let csi_source = pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
-        assert_eq!(
-            (csi_source.driver.as_str(), csi_source.volume_handle.as_str()),
-            ("hostpath.csi.kvol.io", "vol-1")
-        );
-        assert_eq!(csi_source.fs_type.as_deref(), Some("ext4"));
-        let claim_ref = pv.spec.as_ref().unwrap().claim_ref.as_ref().unwrap();
-        assert_eq!((claim_ref.namespace.as_deref(), claim_ref.name.as_deref()), (Some("shop"), Some("data")));
-
-        let mut o = o;
-        let provisioned = BTreeMap::from([("shop/data".to_string(), Arc::new(pv.clone()))]);
-        overlay(&mut o, &provisioned);
-        let pv_name = pv.metadata.name.clone().unwrap();
-        assert_eq!(
-            o.claims["shop/data"].spec.as_ref().unwrap().volume_name.as_deref(),
-            Some(pv_name.as_str())
-        );
-        assert!(o.persistent_volumes.contains_key(&pv_name));
-        // The volume name is stable for the claim.
-        assert_eq!(volume_name("shop/data", &o.claims["shop/data"]), pv_name);
-        assert_eq!(pv.spec.as_ref().unwrap().volume_mode.as_deref(), Some("Filesystem"));
-
-        // A Block claim asks for block access and gets a Block volume.
-        let mut block = request.clone();
-        block.claim.spec.as_mut().unwrap().volume_mode = Some("Block".into());
-        let create = create_request(&block).unwrap();
-        assert!(matches!(
-            create.volume_capabilities[0].access_type,
-            Some(csi::volume_capability::AccessType::Block(_))
-        ));
-        let pv = bound_pv(&block, &volume).unwrap();
-        assert_eq!(pv.spec.as_ref().unwrap().volume_mode.as_deref(), Some("Block"));
-    }
-
-    #[test]
-    fn records_round_trip_and_bad_ones_are_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let pv: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "pvc-1"}})).unwrap();
-        save(dir.path(), "shop/data", &pv).unwrap();
-        std::fs::write(dir.path().join("bad~x.json"), "{").unwrap();
-        let (loaded, problems) = load(dir.path());
-        assert_eq!(loaded.get("shop/data").map(|pv| &**pv), Some(&pv));
-        assert_eq!(problems.len(), 1);
-        assert!(problems[0].contains("bad~x.json"), "{problems:?}");
     }
 
     #[test]

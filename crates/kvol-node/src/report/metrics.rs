@@ -5,7 +5,7 @@
 //! | `storage_operation_duration_seconds` (histogram) | `migrated`, `operation_name`, `status`, `volume_plugin` | kubelet `pkg/volume/util/metrics.go`; `status` is `success` or `fail-unknown` |
 //! | `csi_operations_seconds` (histogram) | `driver_name`, `grpc_status_code`, `method_name`, `migrated` | the same file, fed by kubelet's gRPC interceptor (`pkg/volume/csi/csi_metrics.go`): the full gRPC method and grpc-go's name of the code |
 //! | `volume_manager_total_volumes` (gauge) | `plugin_name`, `state` (`desired_state_of_world`, `actual_state_of_world`) | kubelet `pkg/kubelet/volumemanager/metrics/metrics.go`: volumes to mount (plugin `N/A` when none resolves) and volumes mounted |
-//! | `kubelet_volume_stats_capacity_bytes`, `_available_bytes`, `_used_bytes`, `_inodes`, `_inodes_free`, `_inodes_used` (gauges) | `namespace`, `persistentvolumeclaim` | kubelet `pkg/kubelet/metrics/collectors/volume_stats.go`: each claim's published volume as last measured ([`crate::volume_stats`]) |
+//! | `kubelet_volume_stats_capacity_bytes`, `_available_bytes`, `_used_bytes`, `_inodes`, `_inodes_free`, `_inodes_used` (gauges) | `namespace`, `persistentvolumeclaim` | kubelet `pkg/kubelet/metrics/collectors/volume_stats.go`: each claim's published volume as last measured ([`crate::report::volume_stats`]) |
 //! | `kubelet_volume_stats_health_status_abnormal` (gauge) | `namespace`, `persistentvolumeclaim` | the same file: 1 when the CSI driver's volume condition says abnormal, 0 when it says healthy; absent when the driver reports no condition |
 //! | `kvol_volumes` (gauge) | `state` (`published`, `pending`, `failing`) | kvol's own |
 //!
@@ -32,8 +32,14 @@ use tonic::Code;
 
 use crate::model::{DesiredState, PodVolumeKey, PublishedVolume};
 use crate::reconciler::Resolutions;
-use crate::volume_stats::ClaimRef;
 use kvol_plugin::plugin::VolumeStats;
+
+/// A claim by namespace and name: the labels of its stats.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+}
 
 /// kubelet's buckets of both operation histograms, in seconds.
 pub const BUCKETS: [f64; 13] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];

@@ -16,15 +16,8 @@ use kvol_plugin::plugin::{StatsRequest, VolumeStats};
 use kvol_plugin::{PluginRegistry, VolumeSpec};
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
 use crate::model::{PodVolumeKey, PublishedVolume};
-
-/// A claim by namespace and name: the labels of its stats.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub name: String,
-}
+use crate::report::metrics::{ClaimRef, Metrics};
 
 /// A published volume that comes from a claim, with what measuring it needs.
 #[derive(Clone, Debug, PartialEq)]

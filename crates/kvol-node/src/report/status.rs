@@ -40,7 +40,7 @@ pub struct StatusReport {
     pub csi_node: Option<CSINode>,
     /// The storage components' processes the agent supervises (standalone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub components: Vec<crate::components::ComponentStatus>,
+    pub components: Vec<kvol_components_runtime::components::ComponentStatus>,
     /// The volume snapshots the agent took (standalone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotStatus>,
@@ -257,7 +257,7 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
 
 /// The CSINode in a line per driver and one for the migrated plugins.
 /// A supervised component process on one line: running or not, starts, health, last exit.
-fn component_line(component: &crate::components::ComponentStatus) -> String {
+fn component_line(component: &kvol_components_runtime::components::ComponentStatus) -> String {
     let state = &component.state;
     let running = state.pid.map_or_else(|| "not running".to_string(), |pid| format!("pid {pid}"));
     let health = match (state.healthy, &state.probe_error) {
@@ -633,8 +633,8 @@ vol-2   acme/disk  failed                                          -            
 
     #[test]
     fn component_processes_are_one_line_each() {
-        use crate::components::ComponentStatus;
-        use crate::supervisor::ProcessState;
+        use kvol_components_runtime::components::ComponentStatus;
+        use kvol_components_runtime::supervisor::ProcessState;
         let rows = [
             (
                 ProcessState {

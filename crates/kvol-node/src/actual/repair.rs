@@ -1,0 +1,111 @@
+//! The node's leftovers put right: at start, what no record accounts for reconstructed as uncertain records; while running, directories of pods gone adopted for teardown and lost mounts published again.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kvol_plugin::{Mounter, NodePaths, PluginRegistry};
+
+use crate::desired::resolve::node_wide;
+use crate::executor::Executor;
+use crate::model::DesiredState;
+
+/// Reconstructs, from the rebuilt state and the node, the records of what no record accounts
+/// for; returns the actual state to start from and the orphans left (with why).
+pub fn reconstruct_at_start(
+    rebuilt: &crate::actual::rebuild::Rebuilt,
+    seen: &crate::actual::observe::NodeObservation,
+    registry: &PluginRegistry,
+) -> (crate::model::ActualState, Vec<(PathBuf, String)>) {
+    let snapshot = registry.snapshot();
+    let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
+    let found = crate::actual::reconstruct::reconstruct(&rebuilt.orphans, seen, &rebuilt.actual, &node_wide);
+    let mut actual = rebuilt.actual.clone();
+    for record in found.published {
+        tracing::info!(volume = %record.key, plugin = %record.plugin, target = %record.target.display(), "reconstructed a published volume no record accounted for: recorded uncertain");
+        actual.published.insert(record.key.clone(), record);
+    }
+    for record in found.staged {
+        tracing::info!(volume = %record.unique_name, staging_path = %record.staging_path.display(), "reconstructed a staged volume no record accounted for: recorded uncertain");
+        actual.staged.insert(record.unique_name.clone(), record);
+    }
+    let mut left = Vec::new();
+    for (orphan, why) in found.unattributed {
+        match crate::actual::rebuild::clear_orphan(&orphan, &seen.mount_points) {
+            None => {
+                tracing::info!(path = %orphan.path.display(), "removed an empty orphan pod volume directory")
+            }
+            Some(reason) => {
+                let reason = format!("{reason} ({why})");
+                tracing::warn!(path = %orphan.path.display(), %reason, "orphan pod volume directory");
+                left.push((orphan.path.clone(), reason));
+            }
+        }
+    }
+    (actual, left)
+}
+
+/// While the agent runs: pod volume directories of pods no longer wanted that no record
+/// accounts for (a driver that finished a publish after the agent gave up on it, a teardown
+/// that left its directory) are adopted as uncertain records, so the reconciler tears them
+/// down through their plugin. Directories of wanted pods are left to the reconciler.
+pub fn adopt_leftovers(
+    paths: &NodePaths,
+    executor: &Arc<Executor>,
+    desired: &DesiredState,
+    registry: &PluginRegistry,
+) -> Vec<crate::actual::observe::PodVolumeDir> {
+    let Ok(dirs) = crate::actual::observe::pod_volume_dirs(paths) else { return Vec::new() };
+    let exec = executor.snapshot();
+    let wanted_pods: std::collections::BTreeSet<&str> =
+        desired.volumes.keys().map(|k| k.pod_uid.as_str()).collect();
+    let snapshot = registry.snapshot();
+    let node_wide = |plugin: &str, spec: &kvol_plugin::VolumeSpec| node_wide(&snapshot, plugin, spec);
+    for dir in &dirs {
+        let recorded = exec.actual.published.values().any(|p| p.target == dir.path);
+        if recorded || wanted_pods.contains(dir.pod_uid.as_str()) {
+            continue;
+        }
+        // Only a CSI volume's directory is read (its mount is one level down); any other may
+        // itself be a mount whose filesystem does not answer.
+        let vol_data = (dir.plugin_dir == "kubernetes.io~csi")
+            .then(|| kvol_csi::paths::load_vol_data(&dir.path).map_err(|e| e.to_string()).transpose())
+            .flatten();
+        match crate::actual::reconstruct::attribute(dir, &vol_data, &node_wide) {
+            Ok(record) => match executor.adopt_published(record) {
+                Ok(true) => {
+                    tracing::info!(path = %dir.path.display(), "adopted a pod volume directory no record accounted for, to tear it down")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(path = %dir.path.display(), error = %e, "cannot adopt a pod volume directory")
+                }
+            },
+            Err(reason) => {
+                tracing::debug!(path = %dir.path.display(), %reason, "pod volume directory left alone")
+            }
+        }
+    }
+    crate::actual::rebuild::clear_empty_pod_dirs(paths, &wanted_pods, &exec.actual);
+    dirs
+}
+
+/// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are
+/// plain directories: their directory must exist.
+pub fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
+    let Ok(mounts) = mounter.mount_points() else { return };
+    let exec = executor.snapshot();
+    for (key, volume) in &exec.actual.published {
+        if exec.running.contains_key(&format!("pod:{key}")) {
+            continue;
+        }
+        let checked = kvol_plugin::block::mount_check_path(&volume.target);
+        let mounted = mounts.iter().any(|m| m.target.starts_with(&checked));
+        let fine = mounted || (volume.plugin == "kubernetes.io/empty-dir" && volume.target.is_dir());
+        if !fine {
+            tracing::warn!(volume = %key, target = %volume.target.display(), "published volume's mount is gone; publishing it again");
+            if let Err(e) = executor.forget_published(key) {
+                tracing::warn!(volume = %key, error = %e, "cannot record the lost mount");
+            }
+        }
+    }
+}
