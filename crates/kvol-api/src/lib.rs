@@ -2,6 +2,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod field;
 pub mod gates;
 pub mod go_duration;
 pub mod keys;

@@ -20,13 +20,13 @@
 //!
 //! Every rejection names the field, the value and the rule.
 
-use std::fmt;
-
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Volume,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub use crate::field::{FieldError, clean_absolute_path};
 
 /// The longest DNS-1123 label.
 pub const LABEL_MAX: usize = 63;
@@ -36,24 +36,6 @@ pub const SUBDOMAIN_MAX: usize = 253;
 pub const CSI_DRIVER_MAX: usize = 63;
 /// The longest `metadata.uid` kvol accepts.
 pub const UID_MAX: usize = 63;
-
-/// One field that breaks a rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldError {
-    /// The field's path in the object, e.g. `spec.volumes[2].name`.
-    pub field: String,
-    pub value: String,
-    /// What the value is not, e.g. `a DNS-1123 label`.
-    pub rule: &'static str,
-    /// Why, e.g. `it contains "/"`.
-    pub reason: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {:?} is not {}: {}", self.field, self.value, self.rule, self.reason)
-    }
-}
 
 /// A rule: what a value must be, and a check giving the reason it is not.
 #[derive(Clone, Copy)]
@@ -183,29 +165,6 @@ pub fn fs_group_change_policy(value: &str) -> Result<(), String> {
         "OnRootMismatch" | "Always" => Ok(()),
         _ => Err("it must be \"OnRootMismatch\" or \"Always\"".to_string()),
     }
-}
-
-/// An absolute path in clean form: `/`, or `/`-separated components none of which is empty,
-/// `.` or `..`; no NUL.
-pub fn clean_absolute_path(value: &str) -> Result<(), String> {
-    if value.contains('\0') {
-        return Err("it contains NUL".to_string());
-    }
-    let Some(rest) = value.strip_prefix('/') else {
-        return Err("it is not absolute".to_string());
-    };
-    if rest.is_empty() {
-        return Ok(());
-    }
-    for part in rest.split('/') {
-        match part {
-            "" => return Err("it has an empty component (\"//\" or a trailing \"/\")".to_string()),
-            "." => return Err("it has a \".\" component".to_string()),
-            ".." => return Err("it has a \"..\" component".to_string()),
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// Collects the field errors of one object.

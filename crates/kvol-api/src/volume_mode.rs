@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
     Container, PersistentVolume, PersistentVolumeClaim, Pod, VolumeDevice, VolumeMount,
 };
 
-use crate::validation::{FieldError, clean_absolute_path};
+use crate::field::{FieldError, clean_absolute_path};
 
 /// A volume's `volumeMode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -21,10 +21,6 @@ use kvol_csi::proto::csi::{self, controller_server::Controller};
 /// Capacities are rounded up to whole mebibytes (when the limit allows).
 pub const CAPACITY_STEP: i64 = 1 << 20;
 
-/// The mode of a new, empty volume's directory: writable by any pod user, as the kubelet
-/// applies no fsGroup to a volume without an fsType unless the CSIDriver's fsGroupPolicy is File.
-pub const VOLUME_DIR_MODE: u32 = 0o777;
-
 /// The controller RPCs this driver always serves.
 pub const CONTROLLER_CAPABILITIES: [Rpc; 7] = [
     Rpc::CreateDeleteVolume,
@@ -608,7 +604,7 @@ impl Hostpath {
             .is_none_or(|t| t.segments.iter().all(|(k, v)| ours.segments.get(k) == Some(v)));
         let available = if here {
             let kind = req.parameters.get(KIND_PARAMETER).map(String::as_str).unwrap_or_default();
-            let filesystem = crate::node::filesystem_available(self.layout.root())?;
+            let filesystem = crate::usage::filesystem_available(self.layout.root())?;
             let cap = self.config.capacity.get(kind).copied();
             available_capacity(filesystem, cap, !self.config.capacity.is_empty(), self.allocated(kind))
         } else {

@@ -8,11 +8,14 @@ use kvol_plugin::mount::{MountPoint, Mounter};
 use tonic::Status;
 
 use crate::HostpathConfig;
-use crate::controller::VOLUME_DIR_MODE;
 use crate::fsutil;
 use crate::state::{Layout, State};
 use kvol_csi::CsiError;
 use kvol_csi::proto::csi;
+
+/// The mode of a new, empty volume's directory: writable by any pod user, as the kubelet
+/// applies no fsGroup to a volume without an fsType unless the CSIDriver's fsGroupPolicy is File.
+pub const VOLUME_DIR_MODE: u32 = 0o777;
 
 /// The driver's state: every RPC that reads or changes volumes holds the lock for its whole
 /// run, mounts included, so RPCs on the node never interleave. The lock is tokio's: an RPC

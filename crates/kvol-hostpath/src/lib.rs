@@ -26,6 +26,7 @@ pub mod node;
 pub mod registrar;
 pub mod server;
 pub mod state;
+pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,8 @@ use csi::node_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::AccessType;
 use kvol_csi::proto::csi::{self, node_server::Node};
 use kvol_hostpath::controller::is_block;
-use kvol_hostpath::node::{block_usage, counters, effective_read_only, remove_target, usage};
+use kvol_hostpath::node::{effective_read_only, remove_target};
+use kvol_hostpath::usage::{block_usage, counters, usage};
 
 /// The node RPCs this driver serves.
 pub const NODE_CAPABILITIES: [Rpc; 3] = [Rpc::StageUnstageVolume, Rpc::ExpandVolume, Rpc::GetVolumeStats];

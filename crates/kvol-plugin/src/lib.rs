@@ -14,6 +14,7 @@ pub mod mount;
 pub mod plugin;
 pub mod registry;
 pub mod spec;
+pub mod stats;
 pub mod testing;
 pub mod watched_dir;
 

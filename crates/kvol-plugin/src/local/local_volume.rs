@@ -190,7 +190,7 @@ impl VolumePlugin for LocalVolumePlugin {
 #[async_trait]
 impl StatsReader for LocalVolumePlugin {
     async fn volume_stats(&self, req: &StatsRequest<'_>) -> Result<VolumeStats> {
-        crate::plugin::measure_published(req.target).await
+        crate::stats::measure_published(req.target).await
     }
 }
 
