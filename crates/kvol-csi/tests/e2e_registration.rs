@@ -53,12 +53,12 @@ struct Node {
     stop_driver: Option<oneshot::Sender<()>>,
     driver_task: Option<tokio::task::JoinHandle<()>>,
     csi_socket: PathBuf,
-    _dir: tempfile::TempDir,
+    _dir: kvol_test_support::ScratchRoot,
 }
 
 impl Node {
     async fn start(driver: &str, csidriver: Option<serde_json::Value>) -> (Node, Duration) {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = kvol_test_support::ScratchRoot::new();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let registration_dir = root.join("plugins_registry");
         let host = PluginHost::new(
@@ -318,9 +318,9 @@ async fn a_migrated_in_tree_pv_is_published_through_the_bundled_driver() {
 
 /// A directory outside the kubelet root (mode 0700, one file) holding `below` as an empty
 /// directory: what stage or publish would create, and teardown remove, if it followed a link.
-fn victim(below: &str) -> (tempfile::TempDir, PathBuf) {
+fn victim(below: &str) -> (kvol_test_support::ScratchRoot, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let outside = tempfile::tempdir().unwrap();
+    let outside = kvol_test_support::ScratchRoot::new();
     let victim = std::fs::canonicalize(outside.path()).unwrap().join("victim");
     std::fs::create_dir_all(victim.join(below)).unwrap();
     std::fs::write(victim.join("keep"), b"precious").unwrap();

@@ -345,7 +345,7 @@ impl Drop for Driver {
 
 /// A node root, the fake driver on its socket, and what the plugin's host reads.
 struct Fixture {
-    _dir: tempfile::TempDir,
+    _dir: kvol_test_support::ScratchRoot,
     root: PathBuf,
     socket: PathBuf,
     fake: Fake,
@@ -402,7 +402,7 @@ impl Setup {
     }
 
     async fn start(self) -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = kvol_test_support::ScratchRoot::new();
         let base = dir.path().canonicalize().unwrap();
         let root = base.join("kubelet");
         fs::create_dir_all(&root).unwrap();

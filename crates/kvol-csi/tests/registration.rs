@@ -236,7 +236,7 @@ fn registered_names(w: &RegistrationWatcher) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_a_plugin_and_tells_it() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
 
@@ -273,7 +273,7 @@ async fn registers_a_plugin_and_tells_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_endpoint_means_the_socket() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let plugin = serve(&tmp.path().join("d.sock"), csi_info("d.example.com", "", &["v1.2.0"]), false);
@@ -284,7 +284,7 @@ async fn an_empty_endpoint_means_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sockets_in_directories_made_after_start() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     // A socket bound right after its directory (and its parent) was made: the watch on the new
@@ -324,7 +324,7 @@ async fn sockets_in_directories_made_after_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_socket_is_deregistered() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let plugin = serve(
@@ -347,7 +347,7 @@ async fn a_removed_socket_is_deregistered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_socket_is_registered_again() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let socket = tmp.path().join("again.sock");
@@ -384,7 +384,7 @@ async fn a_recreated_socket_is_registered_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsupported_versions_are_refused_and_the_plugin_told_why() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let plugin = serve(&tmp.path().join("old.sock"), csi_info("old.example.com", "", &["0.3.0"]), false);
@@ -406,7 +406,7 @@ async fn unsupported_versions_are_refused_and_the_plugin_told_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_known_name_needs_a_higher_version() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let first = serve(&tmp.path().join("a.sock"), csi_info("same.example.com", "", &["1.0.0"]), false);
@@ -434,7 +434,7 @@ async fn a_known_name_needs_a_higher_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_plugin_types_are_refused() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let info =
@@ -451,7 +451,7 @@ async fn other_plugin_types_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_plugin_is_retried_with_backoff_and_delays_nobody() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let get_info_timeout = Duration::from_millis(1000);
     let backoff = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) };
@@ -497,7 +497,7 @@ async fn a_silent_plugin_is_retried_with_backoff_and_delays_nobody() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_that_are_not_sockets_are_ignored() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     std::fs::write(tmp.path().join("file.sock"), b"not a socket").unwrap();
@@ -515,7 +515,7 @@ async fn files_that_are_not_sockets_are_ignored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dot_names_are_ignored() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let hidden =
@@ -537,7 +537,7 @@ async fn dot_names_are_ignored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sockets_present_before_start_are_found() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     // The directory does not exist yet: the watcher makes it, 0755.
     let dir = tmp.path().join("kubelet/plugins_registry");
     let handler = Recorder::new();
@@ -559,7 +559,7 @@ async fn sockets_present_before_start_are_found() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_register_is_retried() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     handler.failing_registers.store(1, Ordering::SeqCst);
     let watcher = start(tmp.path(), &handler);
@@ -580,7 +580,7 @@ async fn a_failed_register_is_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_removed_during_register_is_deregistered_after_it() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Arc::new(Recorder { gate: Some(Semaphore::new(0)), ..Recorder::default() });
     let watcher = start(tmp.path(), &handler);
     let plugin = serve(&tmp.path().join("brief.sock"), csi_info("brief.example.com", "", &["1.0.0"]), false);
@@ -608,7 +608,7 @@ async fn a_socket_removed_during_register_is_deregistered_after_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_deregisters_nothing_and_lets_go() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let handler = Recorder::new();
     let watcher = start(tmp.path(), &handler);
     let progress = watcher.progress();

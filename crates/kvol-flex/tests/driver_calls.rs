@@ -63,7 +63,7 @@ fn read_pid(path: &Path) -> i32 {
 
 #[tokio::test]
 async fn every_command_reaches_the_driver_with_its_arguments_verbatim() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let record = dir.path().join("argv");
     let body = format!(
         "{{ echo \"$#\"; printf '%s\\n' \"$@\"; }} > '{}'\necho '{{\"status\":\"Success\"}}'",
@@ -92,7 +92,7 @@ async fn every_command_reaches_the_driver_with_its_arguments_verbatim() {
 
 #[tokio::test]
 async fn a_hanging_driver_is_killed_with_its_whole_process_group() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let pids = dir.path().join("pids");
     let body = format!("sleep 1000 &\necho \"$$ $!\" > '{}'\nsleep 1000", pids.display());
     let d = FlexDriver { limits: limits(500, 1 << 20), ..driver(script(dir.path(), "lvm", &body)) };
@@ -120,7 +120,7 @@ async fn a_hanging_driver_is_killed_with_its_whole_process_group() {
 
 #[tokio::test]
 async fn waitforattach_has_its_own_deadline() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let body = "sleep 1\necho '{\"status\":\"Success\",\"device\":\"/dev/sdz\"}'";
     let d = FlexDriver {
         limits: CallLimits {
@@ -138,7 +138,7 @@ async fn waitforattach_has_its_own_deadline() {
 
 #[tokio::test]
 async fn a_dropped_call_kills_the_driver_group_too() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let pids = dir.path().join("pids");
     let body = format!("sleep 1000 &\necho \"$$ $!\" > '{}'\nsleep 1000", pids.display());
     let d = driver(script(dir.path(), "lvm", &body));
@@ -154,7 +154,7 @@ async fn a_dropped_call_kills_the_driver_group_too() {
 
 #[tokio::test]
 async fn a_stuck_driver_does_not_delay_another_call() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let stuck =
         FlexDriver { limits: limits(3_000, 1 << 20), ..driver(script(dir.path(), "stuck", "sleep 1000")) };
     let fast = driver(script(dir.path(), "fast", "echo '{\"status\":\"Success\"}'"));
@@ -175,7 +175,7 @@ async fn a_stuck_driver_does_not_delay_another_call() {
 
 #[tokio::test]
 async fn garbage_output_is_refused_with_its_beginning() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let d = driver(script(dir.path(), "lvm", "echo 'this is not json'"));
     let err = d.call(Command::Mount, &args(&["/t", "{}"])).await.unwrap_err();
     match &err {
@@ -194,7 +194,7 @@ async fn garbage_output_is_refused_with_its_beginning() {
 
 #[tokio::test]
 async fn a_flooding_driver_is_stopped_at_the_cap() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     // `yes` never stops on its own: only the cap ends this call.
     let d = FlexDriver {
         limits: limits(20_000, 64 * 1024),
@@ -213,7 +213,7 @@ async fn a_flooding_driver_is_stopped_at_the_cap() {
 
 #[tokio::test]
 async fn the_cap_is_exact() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     // 20 bytes, no newline.
     let path = script(dir.path(), "lvm", "printf '%s' '{\"status\":\"Success\"}'");
     let at_cap = FlexDriver { limits: limits(20_000, 20), ..driver(path.clone()) };
@@ -225,7 +225,7 @@ async fn the_cap_is_exact() {
 
 #[tokio::test]
 async fn output_larger_than_a_pipe_buffer_is_read_while_the_driver_writes() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let body = concat!(
         "printf '{\"status\":\"Failure\",\"message\":\"'\n",
         "head -c 300000 /dev/zero | tr '\\0' m\n",
@@ -240,7 +240,7 @@ async fn output_larger_than_a_pipe_buffer_is_read_while_the_driver_writes() {
 
 #[tokio::test]
 async fn a_success_body_with_a_failed_exit_is_a_driver_bug() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let d = driver(script(dir.path(), "lvm", "echo '{\"status\":\"Success\"}'\nexit 3"));
     let err = d.call(Command::Unmount, &args(&["/t"])).await.unwrap_err();
     assert!(matches!(&err, FlexError::SuccessWithFailedExit { command: "unmount", .. }), "{err:?}");
@@ -252,7 +252,7 @@ async fn a_success_body_with_a_failed_exit_is_a_driver_bug() {
 
 #[tokio::test]
 async fn failures_carry_upstreams_message_whatever_the_exit() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let reply = "echo '{\"status\":\"Failure\",\"message\":\"volume busy\"}'";
     for (name, exit) in [("zero", ""), ("one", "\nexit 1")] {
         let d = driver(script(dir.path(), name, &format!("{reply}{exit}")));
@@ -267,7 +267,7 @@ async fn failures_carry_upstreams_message_whatever_the_exit() {
 
 #[tokio::test]
 async fn not_supported_is_its_own_error() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     for (name, exit) in [("zero", ""), ("one", "\nexit 1")] {
         let d = driver(script(dir.path(), name, &format!("echo '{{\"status\":\"Not supported\"}}'{exit}")));
         let err = d.call(Command::Attach, &args(&["{}", "node-a"])).await.unwrap_err();
@@ -278,7 +278,7 @@ async fn not_supported_is_its_own_error() {
 
 #[tokio::test]
 async fn keys_are_matched_case_insensitively() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let body = concat!(
         r#"echo '{"STATUS":"Success","Device":"/dev/sdq","ATTACHED":true,"#,
         r#""capabilities":{"Attach":false,"requiresfsresize":false}}'"#
@@ -295,7 +295,7 @@ async fn keys_are_matched_case_insensitively() {
 
 #[tokio::test]
 async fn stdout_and_stderr_are_one_output_in_write_order() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     // The reply is only valid JSON when both streams are read, in the order written.
     let body = "printf '{\"status\":' \nprintf '\"Failure\",' >&2\nprintf '\"message\":\"from both\"}'";
     let d = driver(script(dir.path(), "lvm", body));
@@ -315,7 +315,7 @@ async fn stdout_and_stderr_are_one_output_in_write_order() {
 
 #[tokio::test]
 async fn a_background_process_holding_the_output_neither_blocks_nor_dies() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let pid_file = dir.path().join("daemon");
     let body = format!("sleep 1000 &\necho $! > '{}'\necho '{{\"status\":\"Success\"}}'", pid_file.display());
     let d = driver(script(dir.path(), "lvm", &body));
@@ -330,7 +330,7 @@ async fn a_background_process_holding_the_output_neither_blocks_nor_dies() {
 
 #[tokio::test]
 async fn drivers_that_cannot_start_are_spawn_errors() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let missing = driver(dir.path().join("missing"));
     let err = missing.call(Command::Init, &[]).await.unwrap_err();
     match &err {
@@ -354,7 +354,7 @@ async fn drivers_that_cannot_start_are_spawn_errors() {
 
 #[tokio::test]
 async fn a_driver_killed_by_a_signal_fails_with_its_output_judged() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let d = driver(script(dir.path(), "lvm", "echo '{\"status\":\"Success\"}'\nkill -9 $$"));
     let err = d.call(Command::Mount, &args(&["/t", "{}"])).await.unwrap_err();
     match &err {
@@ -368,7 +368,7 @@ const SAYS_B: &str = "echo '{\"status\":\"Success\",\"message\":\"swapped B\"}'"
 
 #[tokio::test]
 async fn a_file_swapped_in_after_the_check_never_runs() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let exe = script(dir.path(), "lvm", SAYS_A);
     let uid = nix::unistd::geteuid().as_raw();
     let checked = kvol_flex::trust::open_executable(&exe, uid).unwrap();
@@ -387,7 +387,7 @@ async fn a_file_swapped_in_after_the_check_never_runs() {
 
 #[tokio::test]
 async fn a_swapped_in_file_that_fails_the_checks_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let exe = script(dir.path(), "lvm", SAYS_A);
     let d = driver(exe.clone());
     assert_eq!(d.call(Command::Init, &[]).await.unwrap().message, "checked A");
@@ -405,7 +405,7 @@ async fn a_swapped_in_file_that_fails_the_checks_is_refused() {
 
 #[test]
 fn a_world_writable_plugin_directory_refuses_its_drivers() {
-    let plugins = tempfile::tempdir().unwrap();
+    let plugins = kvol_test_support::ScratchRoot::new();
     let driver_dir = plugins.path().join("acme~lvm");
     fs::create_dir(&driver_dir).unwrap();
     script(&driver_dir, "lvm", SAYS_A);

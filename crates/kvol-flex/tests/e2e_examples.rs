@@ -50,12 +50,12 @@ struct Node {
     host: PluginHost,
     registry: Arc<PluginRegistry>,
     prober: Option<FlexProber>,
-    _root: tempfile::TempDir,
+    _root: kvol_test_support::ScratchRoot,
 }
 
 impl Node {
     async fn start() -> Node {
-        let root = tempfile::tempdir().unwrap();
+        let root = kvol_test_support::ScratchRoot::new();
         let base = std::fs::canonicalize(root.path()).unwrap();
         let plugins = base.join("exec");
         std::fs::create_dir(&plugins).unwrap();

@@ -183,8 +183,8 @@ fn mounts_at(path: &Path) -> Vec<MountEntry> {
 }
 
 /// A temporary directory with its symlinks resolved, so that paths compare equal to mountinfo.
-fn temp_root() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn temp_root() -> (kvol_test_support::ScratchRoot, PathBuf) {
+    let dir = kvol_test_support::ScratchRoot::new();
     let root = dir.path().canonicalize().expect("canonicalize tempdir");
     (dir, root)
 }

@@ -9,13 +9,13 @@ use kvol_flex::install::{DEFAULT_PLUGIN_DIR, InstallOutcome, install};
 use kvol_flex::{FlexError, Installed};
 
 struct Setup {
-    _tmp: tempfile::TempDir,
+    _tmp: kvol_test_support::ScratchRoot,
     plugin_dir: PathBuf,
     sources: PathBuf,
 }
 
 fn setup() -> Setup {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let plugin_dir = tmp.path().join("exec");
     let sources = tmp.path().join("src");
     std::fs::create_dir(&plugin_dir).unwrap();

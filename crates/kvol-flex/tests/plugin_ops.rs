@@ -26,7 +26,7 @@ const DRIVER: &str = "acme/lvm";
 
 /// A node root, a recording driver installed as `acme~lvm/lvm`, and a recording mounter.
 struct Fixture {
-    _dir: tempfile::TempDir,
+    _dir: kvol_test_support::ScratchRoot,
     root: PathBuf,
     state: PathBuf,
     driver_dir: PathBuf,
@@ -36,7 +36,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = kvol_test_support::ScratchRoot::new();
         // Canonical, so the mount table's paths and ours agree.
         let base = dir.path().canonicalize().unwrap();
         let root = base.join("kubelet");

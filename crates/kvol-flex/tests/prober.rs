@@ -28,7 +28,7 @@ fn host() -> PluginHost {
 
 /// A plugin dir and a work dir (sources, init counters) in one tempdir, and a prober on it.
 struct Env {
-    _tmp: tempfile::TempDir,
+    _tmp: kvol_test_support::ScratchRoot,
     plugin_dir: PathBuf,
     work: PathBuf,
     registry: Arc<PluginRegistry>,
@@ -51,7 +51,7 @@ impl Env {
 
     /// Starts a prober whose driver calls time out after `timeout`.
     fn start_with(timeout: Duration) -> Env {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = kvol_test_support::ScratchRoot::new();
         let plugin_dir = tmp.path().join("exec");
         let work = tmp.path().join("work");
         std::fs::create_dir(&work).unwrap();
@@ -462,7 +462,7 @@ async fn a_hanging_init_does_not_hold_up_other_drivers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_finds_what_is_installed_and_probe_all_once_lists_it() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let plugin_dir = tmp.path().join("exec");
     std::fs::create_dir(&plugin_dir).unwrap();
     let env_like = |dir_name: &str, body: &str| {

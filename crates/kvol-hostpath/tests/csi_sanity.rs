@@ -38,7 +38,7 @@ async fn run_sanity(
     nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (this test needs root)");
     nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .expect("make every mount private");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(dir.path()).unwrap();
     let config = configure(HostpathConfig {
         state_dir: root.join("state"),

@@ -45,13 +45,13 @@ fn enter_private_mount_namespace() {
 /// never reach through a mount.
 struct Sandbox {
     root: PathBuf,
-    _dir: tempfile::TempDir,
+    _dir: kvol_test_support::ScratchRoot,
 }
 
 impl Sandbox {
     fn new() -> Sandbox {
         enter_private_mount_namespace();
-        let dir = tempfile::tempdir().expect("temporary root");
+        let dir = kvol_test_support::ScratchRoot::new();
         let root = fs::canonicalize(dir.path()).expect("canonical root");
         Sandbox { root, _dir: dir }
     }

@@ -80,7 +80,7 @@ async fn format_mount_write_grow(fs: &str, tools: &[&str]) {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
     let private = nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE;
     nix::mount::mount(None::<&str>, "/", None::<&str>, private, None::<&str>).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(dir.path()).unwrap();
     let dev = LoopDevice::create(&root.join("disk.img"), 320).expect("a loop device");
     let staging = root.join("staging");

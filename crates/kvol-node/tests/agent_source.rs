@@ -44,7 +44,7 @@ fn objects_sent_through_a_channel_source_are_mounted_and_torn_down() {
     nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (this test needs root)");
     nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .expect("make every mount private");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(dir.path()).unwrap();
     let mut config = AgentConfig::embedded(&root, "node-a");
     config.example_flex_drivers = false;

@@ -167,7 +167,7 @@ async fn other_paths_are_not_found_and_shutdown_stops_the_server() {
 
 #[tokio::test]
 async fn calls_of_a_driver_the_handler_registers_reach_the_metrics() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(dir.path()).unwrap();
     let driver = "hostpath.csi.kvol.io";
     let config = HostpathConfig {

@@ -84,7 +84,7 @@ fn the_store_is_shareable_between_threads() {
 
 #[test]
 fn open_creates_the_file_and_its_directory_and_starts_empty() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("state/kvol/agent.redb");
     let store = Store::open(&path).unwrap();
     assert!(path.is_file(), "the store file exists");
@@ -94,7 +94,7 @@ fn open_creates_the_file_and_its_directory_and_starts_empty() {
 
 #[test]
 fn a_store_open_elsewhere_is_in_use_and_opens_once_released() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("agent.redb");
     let first = Store::open(&path).unwrap();
     let error = Store::open(&path).unwrap_err();
@@ -107,7 +107,7 @@ fn a_store_open_elsewhere_is_in_use_and_opens_once_released() {
 
 #[test]
 fn every_change_round_trips_through_begin_and_finish() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let store = Store::open(&dir.path().join("agent.redb")).unwrap();
     let p1 = published("p1", "v1");
     // (the operation, the change its finish applies, the actual state after it)
@@ -175,7 +175,7 @@ fn every_change_round_trips_through_begin_and_finish() {
 
 #[test]
 fn a_reopened_store_shows_the_same_state_and_the_unfinished_entries() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("agent.redb");
     let unpublish = Operation::Unpublish { volume: published("p1", "v3") };
     // Each session drops the store with operations under way: a crash mid-operation.
@@ -209,7 +209,7 @@ fn a_reopened_store_shows_the_same_state_and_the_unfinished_entries() {
 
 #[test]
 fn unfinished_entries_come_back_in_the_order_they_began() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("agent.redb");
     let ops: Vec<Operation> = (0..12).map(|i| attach(&format!("v{i}"))).collect();
     let ids: Vec<u64> = {
@@ -234,7 +234,7 @@ fn unfinished_entries_come_back_in_the_order_they_began() {
 
 #[test]
 fn finish_removes_the_entry_and_applies_the_change_together() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let store = Arc::new(Store::open(&dir.path().join("agent.redb")).unwrap());
 
     // An unknown id is refused and changes nothing.
@@ -302,7 +302,7 @@ fn finish_removes_the_entry_and_applies_the_change_together() {
 
 #[test]
 fn replace_actual_replaces_everything_and_empties_the_journal() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("agent.redb");
     let store = Store::open(&path).unwrap();
     let id = store.begin(&attach("old")).unwrap();
@@ -341,7 +341,7 @@ fn open_error(path: &Path) -> String {
 
 #[test]
 fn a_corrupt_or_foreign_file_is_refused_and_left_alone() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     // (file name, contents)
     let not_redb: [(&str, Vec<u8>); 3] = [
         ("text.redb", b"{\"attached\": {}}\n".to_vec()),
@@ -387,7 +387,7 @@ fn a_corrupt_or_foreign_file_is_refused_and_left_alone() {
 
 #[test]
 fn a_damaged_store_is_refused_at_open() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     type Damage = fn(&mut Vec<u8>);
     // (damage, what it does to the file's bytes)
     let damages: [(&str, Damage); 4] = [
@@ -416,7 +416,7 @@ fn a_damaged_store_is_refused_at_open() {
 
 #[test]
 fn an_unreadable_record_is_an_error_naming_the_store_table_and_key() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("agent.redb");
     let store = Store::open(&path).unwrap();
     let id = store.begin(&attach("v1")).unwrap();
@@ -472,7 +472,7 @@ fn an_unreadable_record_is_an_error_naming_the_store_table_and_key() {
 
 #[test]
 fn begin_and_finish_timing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let store = Store::open(&dir.path().join("agent.redb")).unwrap();
     let iterations = 200;
     let volume = published("p1", "v1");
@@ -496,7 +496,7 @@ fn begin_and_finish_timing() {
 
 #[test]
 fn a_group_of_writes_is_answered_in_order_and_a_bad_write_costs_the_others_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let store = Store::open(&dir.path().join("agent.redb")).unwrap();
     let first = store.begin(&attach("a")).unwrap();
     let good = [
@@ -528,7 +528,7 @@ fn a_group_of_writes_is_answered_in_order_and_a_bad_write_costs_the_others_nothi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_made_at_once_through_the_group_commit_are_all_durable() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("agent.redb");
     let store = Arc::new(Store::open(&path).unwrap());
     let journal = GroupCommit::start(Arc::clone(&store));
@@ -583,7 +583,7 @@ fn observe_sees_the_real_mount_table_and_pod_volume_directories() {
     nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .expect("make every mount private");
 
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let root = fs::canonicalize(tmp.path()).unwrap();
     let _guard = UnmountBelow(root.clone());
     let paths = NodePaths::new(root.join("kubelet"));
@@ -675,7 +675,7 @@ fn only_empty_unmounted_orphans_are_cleared() {
     nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (this test needs root)");
     nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .expect("make every mount private");
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = kvol_test_support::ScratchRoot::new();
     let root = fs::canonicalize(tmp.path()).unwrap();
     let _guard = UnmountBelow(root.clone());
     let paths = NodePaths::new(root.join("kubelet"));
@@ -751,7 +751,7 @@ fn write_v1_store(path: &Path, actual: &ActualState, journal: &[(u64, Operation)
 
 #[test]
 fn a_schema_1_store_is_converted_to_unique_names_with_their_plugin_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("state.redb");
     // A CSI volume attached, staged and published (node-wide), a flex volume published
     // without staging, an emptyDir (per pod), and an attach of a CSI volume under way.
@@ -803,7 +803,7 @@ fn a_schema_1_store_is_converted_to_unique_names_with_their_plugin_once() {
 
 #[test]
 fn manifests_last_read_cleanly_are_remembered_and_forgotten() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("state.redb");
     let store = Store::open(&path).unwrap();
     assert!(store.manifests().unwrap().is_empty());
@@ -821,7 +821,7 @@ fn manifests_last_read_cleanly_are_remembered_and_forgotten() {
 
 #[test]
 fn a_store_half_created_by_a_killed_agent_does_not_stop_the_next_start() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let path = dir.path().join("state.redb");
     // What a kill while creating leaves: a partial file beside the store, never the store.
     fs::write(dir.path().join("state.redb.new"), b"half a database").unwrap();

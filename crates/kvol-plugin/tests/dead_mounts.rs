@@ -51,12 +51,12 @@ struct FuseVolume {
     fuse: PathBuf,
     target: PathBuf,
     plugin: HostPathPlugin,
-    _root: tempfile::TempDir,
+    _root: kvol_test_support::ScratchRoot,
 }
 
 impl FuseVolume {
     async fn publish() -> FuseVolume {
-        let root = tempfile::tempdir().unwrap();
+        let root = kvol_test_support::ScratchRoot::new();
         let base = fs::canonicalize(root.path()).unwrap();
         let (source, fuse) = (base.join("source"), base.join("fuse"));
         fs::create_dir_all(&source).unwrap();
@@ -228,7 +228,7 @@ async fn measuring_a_stopped_fuse_mount_pins_one_call_and_is_not_started_again()
 #[test]
 fn a_busy_mount_that_answers_is_not_detached() {
     enter_private_mount_namespace();
-    let root = tempfile::tempdir().unwrap();
+    let root = kvol_test_support::ScratchRoot::new();
     let target = fs::canonicalize(root.path()).unwrap().join("busy");
     fs::create_dir(&target).unwrap();
     SystemMounter.mount("kvol-test", &target, "tmpfs", false, &[]).unwrap();

@@ -47,7 +47,7 @@ fn set_umask(mask: u32) {
 struct Sandbox {
     host: PluginHost,
     /// Kept for its deletion on drop, after [`Sandbox::drop`] detached what was left mounted.
-    _root: tempfile::TempDir,
+    _root: kvol_test_support::ScratchRoot,
 }
 
 impl Sandbox {
@@ -56,7 +56,7 @@ impl Sandbox {
     }
 
     fn on_node(node: NodeInfo) -> Sandbox {
-        let root = tempfile::tempdir().expect("temporary root");
+        let root = kvol_test_support::ScratchRoot::new();
         let paths = NodePaths::new(fs::canonicalize(root.path()).expect("canonical root"));
         Sandbox { host: PluginHost::new(paths, node, Arc::new(SystemMounter)), _root: root }
     }
@@ -187,8 +187,8 @@ async fn empty_dir_on_disk_is_world_writable_whatever_the_umask() {
 }
 
 /// A directory outside the root with a mode and a file that must survive.
-fn victim() -> (tempfile::TempDir, PathBuf) {
-    let outside = tempfile::tempdir().unwrap();
+fn victim() -> (kvol_test_support::ScratchRoot, PathBuf) {
+    let outside = kvol_test_support::ScratchRoot::new();
     let victim = fs::canonicalize(outside.path()).unwrap().join("victim");
     fs::create_dir(&victim).unwrap();
     fs::write(victim.join("keep"), b"precious").unwrap();
@@ -318,7 +318,7 @@ async fn empty_dir_teardown_refuses_while_a_foreign_mount_lies_below() {
 
 /// A victim directory holding an empty `data` directory, the name a plugin's teardown would
 /// remove if it followed a link into the victim.
-fn victim_with_empty(name: &str) -> (tempfile::TempDir, PathBuf) {
+fn victim_with_empty(name: &str) -> (kvol_test_support::ScratchRoot, PathBuf) {
     let (outside, victim) = victim();
     fs::create_dir(victim.join(name)).unwrap();
     (outside, victim)
@@ -619,7 +619,7 @@ async fn local_block_volume_on_a_loop_device_is_staged_and_bound_but_never_forma
         eprintln!("skipped: {why}");
         return;
     }
-    let backing_dir = tempfile::tempdir().unwrap();
+    let backing_dir = kvol_test_support::ScratchRoot::new();
     let backing = backing_dir.path().join("disk.img");
     fs::File::create(&backing).unwrap().set_len(16 << 20).unwrap();
     let device = LoopDevice::attach(&backing);
@@ -763,7 +763,7 @@ fn mount_point_checks_agree_with_the_mount_table() {
 async fn host_paths_outside_the_allowed_prefixes_are_refused() {
     enter_private_mount_namespace();
     let sandbox = Sandbox::new();
-    let outside = tempfile::tempdir().unwrap();
+    let outside = kvol_test_support::ScratchRoot::new();
     let base = fs::canonicalize(outside.path()).unwrap();
     let (allowed, sibling) = (base.join("srv"), base.join("srv2"));
     fs::create_dir_all(allowed.join("data")).unwrap();

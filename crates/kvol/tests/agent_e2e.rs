@@ -58,12 +58,12 @@ struct Node {
     log_level: &'static str,
     /// Serve metrics here (`None`: `--no-metrics`).
     metrics: Option<std::net::SocketAddr>,
-    _dir: tempfile::TempDir,
+    _dir: kvol_test_support::ScratchRoot,
 }
 
 impl Node {
     fn new() -> Node {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = kvol_test_support::ScratchRoot::new();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let manifests = root.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();

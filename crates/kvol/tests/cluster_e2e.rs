@@ -189,7 +189,7 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
         )
         .await;
     });
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
     let log = dir.path().join("agent.log");
     let mut agent = Process {
@@ -504,7 +504,7 @@ fn component_bundles_are_applied_pruned_and_left_alone_when_off() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let server = support::ApiServer::start(&apiserver, &etcd);
     let client = runtime.block_on(server.client());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let definitions = dir.path().join("components");
     std::fs::create_dir_all(&definitions).unwrap();
     let definition = |with_settings: bool| {
@@ -684,7 +684,7 @@ fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let server = support::ApiServer::start(&apiserver, &etcd);
     let client = runtime.block_on(server.client());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let config = dir.path().join("kvol.yaml");
     let apply = |storage: &str, image: Option<&str>| {
         std::fs::write(&config, storage).unwrap();

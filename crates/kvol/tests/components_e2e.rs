@@ -65,7 +65,7 @@ fn bundled_driver(dir: &Path) -> ProcessSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bundled_driver_as_a_component_is_probed_restarted_after_kill_9_and_stopped() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let supervised = Supervised::start(bundled_driver(dir.path()), quick());
     let first = until(&supervised, "healthy", |s| s.healthy == Some(true)).await;
     let pid = first.pid.unwrap();
@@ -91,7 +91,7 @@ async fn the_bundled_driver_as_a_component_is_probed_restarted_after_kill_9_and_
 /// through the pid file and stops it before starting its own on the same socket and state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_an_earlier_supervisor_left_running_is_stopped_first() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let spec = bundled_driver(dir.path());
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let (program, args) = spec.command.split_first().unwrap();
@@ -132,7 +132,7 @@ async fn a_driver_an_earlier_supervisor_left_running_is_stopped_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_never_answers_probe_is_killed_and_restarted() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let spec = ProcessSpec {
         name: "mute".into(),
         command: ["sleep", "600"].map(String::from).to_vec(),
@@ -152,7 +152,7 @@ async fn a_process_that_never_answers_probe_is_killed_and_restarted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_that_keeps_failing_is_restarted_with_growing_pauses_and_says_why() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = kvol_test_support::ScratchRoot::new();
     let spec = ProcessSpec {
         name: "failing".into(),
         command: ["sh", "-c", "echo cannot find my config >&2; exit 3"].map(String::from).to_vec(),

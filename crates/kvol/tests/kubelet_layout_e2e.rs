@@ -18,12 +18,12 @@ const OTHER: &str = "registrar.csi.kvol.test";
 /// A scratch `/` with kubelet's and kvol's default directories below it.
 struct KubeletNode {
     top: PathBuf,
-    _dir: tempfile::TempDir,
+    _dir: kvol_test_support::ScratchRoot,
 }
 
 impl KubeletNode {
     fn new() -> KubeletNode {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = kvol_test_support::ScratchRoot::new();
         let top = std::fs::canonicalize(dir.path()).unwrap();
         std::fs::create_dir_all(top.join("manifests")).unwrap();
         KubeletNode { top, _dir: dir }

@@ -31,7 +31,7 @@ async fn csi_sanity_passes_on_a_loop_device_volume_group() {
     };
     let Some(env) = skip_reason() else { return };
     enter_private_mount_namespace();
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(scratch.path()).unwrap();
     let pid = std::process::id();
     let vg = LoopVg::create(&env, &root, &format!("kvolsan{pid}"), 4096).expect("a loop-device volume group");

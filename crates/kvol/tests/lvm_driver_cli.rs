@@ -19,7 +19,7 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn check_lists_every_problem_on_its_own_line_and_exits_1() {
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let path = scratch.path().join("lvmd.yaml");
     let bad = "device-classes:\n  - name: a\n  - name: a\n    volume-group: vg\n    type: thin\n";
     std::fs::write(&path, bad).unwrap();
@@ -53,7 +53,7 @@ fn check_lists_every_problem_on_its_own_line_and_exits_1() {
 
 #[test]
 fn the_driver_refuses_to_start_on_an_invalid_users_file_listing_every_problem() {
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let path = scratch.path().join("lvmd.yaml");
     let bad = "device-classes:\n  - name: a\n  - name: a\n    volume-group: vg\n";
     std::fs::write(&path, bad).unwrap();
@@ -135,7 +135,7 @@ fn prepare_generates_from_a_real_volume_group_and_never_replaces_a_users_file() 
         eprintln!("skipping: {why}");
         return;
     }
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let vg_name = format!("kvolcli{}", std::process::id());
     let vg = match LoopVg::create(scratch.path(), &vg_name) {
         Ok(vg) => vg,

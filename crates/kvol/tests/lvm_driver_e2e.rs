@@ -22,7 +22,7 @@ use tonic::transport::Channel;
 #[tokio::test(flavor = "current_thread")]
 async fn volumes_on_real_lvm_are_idempotent_sized_expanded_and_deleted() {
     let Some(env) = skip_reason() else { return };
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let vg_name = format!("kvolctl{}", std::process::id());
     let vg = LoopVg::create(&env, scratch.path(), &vg_name, 128).expect("a loop-device volume group");
     let driver_name = format!("ctl{}.lvm.csi.kvol.io", std::process::id());
@@ -112,7 +112,7 @@ async fn volumes_on_real_lvm_are_idempotent_sized_expanded_and_deleted() {
 #[tokio::test(flavor = "current_thread")]
 async fn lvmd_yaml_reloads_at_once_but_never_orphans_volumes() {
     let Some(env) = skip_reason() else { return };
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let pid = std::process::id();
     let vga = LoopVg::create(&env, scratch.path(), &format!("kvolrla{pid}"), 64).expect("volume group a");
     let vgb = LoopVg::create(&env, scratch.path(), &format!("kvolrlb{pid}"), 64).expect("volume group b");
@@ -218,7 +218,7 @@ fn hanging_lvcreate(dir: &Path, when: &str) -> PathBuf {
 #[tokio::test(flavor = "current_thread")]
 async fn kill_9_mid_create_leaves_one_lv_after_the_retry_and_none_after_delete() {
     let Some(env) = skip_reason() else { return };
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let pid = std::process::id();
     let vg = LoopVg::create(&env, scratch.path(), &format!("kvolcr{pid}"), 64).expect("a volume group");
     let config = scratch.path().join("lvmd.yaml");
@@ -346,7 +346,7 @@ async fn with_device_mapper_a_volume_is_formatted_written_expanded_snapshotted_r
     }
     enter_private_mount_namespace();
     let mut steps = Steps(Instant::now());
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(scratch.path()).unwrap();
     let pid = std::process::id();
     let vg = LoopVg::create(&env, &root, &format!("kvollife{pid}"), 512).expect("a volume group");
@@ -578,7 +578,7 @@ async fn without_device_mapper_the_node_service_works_on_stand_in_devices() {
     }
     enter_private_mount_namespace();
     let mut steps = Steps(Instant::now());
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = kvol_test_support::ScratchRoot::new();
     let root = std::fs::canonicalize(scratch.path()).unwrap();
     let pid = std::process::id();
     let vg = LoopVg::create(&env, &root, &format!("kvolnode{pid}"), 1024).expect("a volume group");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// A running etcd + kube-apiserver; both are killed on drop.
 pub struct ApiServer {
-    pub dir: tempfile::TempDir,
+    pub dir: kvol_test_support::ScratchRoot,
     pub kubeconfig: PathBuf,
     pub port: u16,
     etcd: Child,
@@ -44,7 +44,7 @@ fn run(cmd: &mut Command) {
 impl ApiServer {
     /// Starts etcd and the API server (RBAC, a static admin token) and waits until it is ready.
     pub fn start(apiserver: &Path, etcd: &Path) -> ApiServer {
-        let dir = tempfile::tempdir().expect("a temp dir");
+        let dir = kvol_test_support::ScratchRoot::new();
         let d = dir.path();
         let (client, peer, port) = (free_port(), free_port(), free_port());
         let etcd_url = format!("http://127.0.0.1:{client}");

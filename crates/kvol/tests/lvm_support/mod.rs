@@ -20,7 +20,7 @@ pub fn text(b: &[u8]) -> String {
 
 /// Where lvm runs: with activation off (a private lvm.conf) when the kernel has no device-mapper.
 pub struct LvmEnv {
-    pub system_dir: Option<tempfile::TempDir>,
+    pub system_dir: Option<kvol_test_support::ScratchRoot>,
 }
 
 impl LvmEnv {
@@ -39,7 +39,7 @@ impl LvmEnv {
             return Ok(LvmEnv { system_dir: None });
         }
         eprintln!("note: the kernel has no device-mapper; lvm runs with activation disabled");
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let dir = kvol_test_support::ScratchRoot::new();
         std::fs::write(dir.path().join("lvm.conf"), "global { activation = 0 }\n")
             .map_err(|e| e.to_string())?;
         Ok(LvmEnv { system_dir: Some(dir) })

@@ -71,12 +71,13 @@ pub struct Node {
     pub agent_args: Vec<String>,
     child: Option<Child>,
     pub starts: usize,
-    _dir: tempfile::TempDir,
+    /// Dropped after the agent is killed: see `Drop for Node`.
+    _dir: kvol_test_support::ScratchRoot,
 }
 
 impl Node {
     pub fn new() -> Node {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = kvol_test_support::ScratchRoot::new();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let manifests = root.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
@@ -221,11 +222,8 @@ impl Drop for Node {
         if std::thread::panicking() {
             self.keep_logs();
         }
-        let mut left = self.mounts();
-        left.sort_by_key(|m| std::cmp::Reverse(m.target.components().count()));
-        for m in left {
-            let _ = nix::mount::umount2(&m.target, nix::mount::MntFlags::MNT_DETACH);
-        }
+        // The scratch root, dropped next, stops what the agent left running (the components
+        // that outlive a killed agent), unmounts what is below the root and removes it.
     }
 }
 
