@@ -28,3 +28,10 @@ pub const ANN_MIGRATED_PLUGINS: &str = "storage.alpha.kubernetes.io/migrated-plu
 pub const PARAM_FSTYPE: &str = "fstype";
 /// StorageClass parameter naming the filesystem type, CSI spelling.
 pub const PARAM_CSI_FSTYPE: &str = "csi.storage.k8s.io/fstype";
+
+/// The Node annotation by which a node's volume manager hands attach and detach to the
+/// attach/detach controller (kubelet sets it to `"true"` when it registers with
+/// `--enable-controller-attach-detach`, the default); the controller ignores the volumes of a
+/// node without it.
+pub const ANN_CONTROLLER_MANAGED_ATTACH_DETACH: &str =
+    "volumes.kubernetes.io/controller-managed-attach-detach";

@@ -30,4 +30,13 @@ impl AttachmentSource for ApiAttachments {
         let api: Api<VolumeAttachment> = Api::all(self.client.clone());
         api.get_opt(name).await.map_err(|e| format!("cannot read volumeattachment {name}: {e}"))
     }
+
+    async fn node_managed_by_controller(&self, node: &str) -> Result<Option<bool>, String> {
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let found = api.get_opt(node).await.map_err(|e| format!("cannot read node {node}: {e}"))?;
+        Ok(found.map(|n| {
+            let annotations = n.metadata.annotations.unwrap_or_default();
+            annotations.get(kvol_api::keys::ANN_CONTROLLER_MANAGED_ATTACH_DETACH).is_some_and(|v| v == "true")
+        }))
+    }
 }

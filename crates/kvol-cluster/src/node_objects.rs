@@ -1,6 +1,6 @@
 //! The node's storage objects in the API: its CSINode (owned by the Node), the node-ID annotation, the topology labels and `status.volumesInUse`, applied server-side as field manager `kvol` so no other writer's fields are touched.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -9,6 +9,7 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kvol_api::backoff::Backoff;
+use kvol_api::keys::ANN_CONTROLLER_MANAGED_ATTACH_DETACH;
 use kvol_csi_rules::csinode::{ANN_NODE_ID, set_node_owner};
 use kvol_node::report::node_storage::{NodeStorage, NodeStorageSink};
 use serde_json::{Value, json};
@@ -45,12 +46,14 @@ pub fn csinode_body(csinode: &CSINode, node: &str, node_uid: &str) -> Value {
     body
 }
 
-/// kvol's fields of the Node: the node-ID annotation and the drivers' topology labels; a field
-/// left out is removed by the apply when kvol alone set it (another manager's stays).
+/// kvol's fields of the Node: `controller-managed-attach-detach: "true"` (kvol waits for the
+/// attach/detach controller's VolumeAttachments, so the controller must manage the node), the
+/// node-ID annotation and the drivers' topology labels; a field left out is removed by the
+/// apply when kvol alone set it (another manager's stays).
 pub fn node_body(node: &str, node_ids: Option<&str>, topology: &BTreeMap<String, String>) -> Value {
-    let mut metadata = json!({"name": node});
+    let mut metadata = json!({"name": node, "annotations": {ANN_CONTROLLER_MANAGED_ATTACH_DETACH: "true"}});
     if let Some(ids) = node_ids {
-        metadata["annotations"] = json!({ ANN_NODE_ID: ids });
+        metadata["annotations"][ANN_NODE_ID] = json!(ids);
     }
     if !topology.is_empty() {
         metadata["labels"] = json!(topology);
@@ -167,29 +170,35 @@ impl NodeObjects for MemoryNodeObjects {
 
 /// A [`NodeStorageSink`] that writes what changed to a [`NodeObjects`], the latest state only,
 /// retrying failed writes on [`Backoff::default`].
+///
+/// Nothing is written before the first report: an agent starting knows nothing yet, and an
+/// empty state written then would tell the attach/detach controller that every mounted volume
+/// is unmounted.
 #[derive(Debug)]
 pub struct NodeWriter {
     latest: watch::Sender<NodeStorage>,
+    /// The `volumesInUse` the API last accepted.
+    accepted_in_use: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl NodeWriter {
     /// Starts writing node `node`'s storage to `objects`.
     pub fn start(node: String, objects: Arc<dyn NodeObjects>) -> NodeWriter {
         let (latest, rx) = watch::channel(NodeStorage::default());
-        tokio::spawn(write_loop(node, objects, rx, Backoff::default()));
-        NodeWriter { latest }
+        let accepted_in_use = Arc::new(Mutex::new(BTreeSet::new()));
+        tokio::spawn(write_loop(node, objects, rx, Backoff::default(), Arc::clone(&accepted_in_use)));
+        NodeWriter { latest, accepted_in_use }
     }
 }
 
 impl NodeStorageSink for NodeWriter {
     fn report(&self, storage: &NodeStorage) {
-        self.latest.send_if_modified(|current| {
-            let changed = current != storage;
-            if changed {
-                *current = storage.clone();
-            }
-            changed
-        });
+        // The first report is news even when it equals the empty state the channel began with.
+        self.latest.send_modify(|current| *current = storage.clone());
+    }
+
+    fn reported_in_use(&self) -> Option<BTreeSet<String>> {
+        Some(self.accepted_in_use.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 }
 
@@ -206,14 +215,21 @@ async fn write_loop(
     objects: Arc<dyn NodeObjects>,
     mut rx: watch::Receiver<NodeStorage>,
     backoff: Backoff,
+    accepted_in_use: Arc<Mutex<BTreeSet<String>>>,
 ) {
     let mut written = Written::default();
     let mut failures = 0u32;
+    // The channel's first value is no report: wait for the agent's first.
+    if rx.changed().await.is_err() {
+        return;
+    }
     loop {
         let storage = rx.borrow_and_update().clone();
         match write_once(&node, objects.as_ref(), &storage, &mut written).await {
             Ok(()) => {
                 failures = 0;
+                *accepted_in_use.lock().unwrap_or_else(|p| p.into_inner()) =
+                    storage.volumes_in_use.iter().cloned().collect();
                 if rx.changed().await.is_err() {
                     return;
                 }
@@ -283,17 +299,25 @@ mod tests {
         let zone: BTreeMap<String, String> = [("topology.kvol.io/zone".to_string(), "z1".to_string())].into();
         let none = BTreeMap::new();
         let cases: &[(Option<&str>, &BTreeMap<String, String>, Value)] = &[
-            (None, &none, json!({"name": "n1"})),
+            (
+                None,
+                &none,
+                json!({"name": "n1", "annotations": {ANN_CONTROLLER_MANAGED_ATTACH_DETACH: "true"}}),
+            ),
             (
                 Some(r#"{"d":"n1"}"#),
                 &none,
-                json!({"name": "n1", "annotations": {ANN_NODE_ID: r#"{"d":"n1"}"#}}),
+                json!({"name": "n1", "annotations": {ANN_CONTROLLER_MANAGED_ATTACH_DETACH: "true", ANN_NODE_ID: r#"{"d":"n1"}"#}}),
             ),
-            (None, &zone, json!({"name": "n1", "labels": {"topology.kvol.io/zone": "z1"}})),
+            (
+                None,
+                &zone,
+                json!({"name": "n1", "annotations": {ANN_CONTROLLER_MANAGED_ATTACH_DETACH: "true"}, "labels": {"topology.kvol.io/zone": "z1"}}),
+            ),
             (
                 Some("{}"),
                 &zone,
-                json!({"name": "n1", "annotations": {ANN_NODE_ID: "{}"}, "labels": {"topology.kvol.io/zone": "z1"}}),
+                json!({"name": "n1", "annotations": {ANN_CONTROLLER_MANAGED_ATTACH_DETACH: "true", ANN_NODE_ID: "{}"}, "labels": {"topology.kvol.io/zone": "z1"}}),
             ),
         ];
         for (ids, labels, metadata) in cases {
@@ -337,5 +361,31 @@ mod tests {
         *objects.node_uid.lock().unwrap() = Some("u-2".into());
         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
         assert_eq!(objects.get("csinode").unwrap()["metadata"]["ownerReferences"][0]["uid"], "u-2");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_written_before_the_first_report_and_in_use_is_known_once_taken() {
+        let objects = Arc::new(MemoryNodeObjects::default());
+        *objects.node_uid.lock().unwrap() = Some("u-1".into());
+        let writer = NodeWriter::start("n1".into(), objects.clone());
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        for part in ["node", "csinode", "status"] {
+            assert!(objects.get(part).is_none(), "{part} written before any report");
+        }
+        assert_eq!(writer.reported_in_use(), Some(BTreeSet::new()));
+        // An empty first report is written all the same: it is what the agent knows.
+        writer.report(&NodeStorage::default());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert_eq!(objects.get("status").unwrap()["status"]["volumesInUse"], json!([]));
+        assert_eq!(
+            objects.get("node").unwrap()["metadata"]["annotations"][ANN_CONTROLLER_MANAGED_ATTACH_DETACH],
+            "true"
+        );
+        writer.report(&NodeStorage {
+            volumes_in_use: vec!["kubernetes.io/csi/d^h".into()],
+            ..NodeStorage::default()
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert_eq!(writer.reported_in_use(), Some(["kubernetes.io/csi/d^h".to_string()].into()));
     }
 }

@@ -18,7 +18,18 @@ pub trait AttachmentSource: Send + Sync + std::fmt::Debug {
     /// The VolumeAttachment called `name`, `None` when there is none; `Err` names why it
     /// could not be read (the API is away, access is denied).
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, String>;
+
+    /// Whether the attach/detach controller manages `node` (its Node carries
+    /// `volumes.kubernetes.io/controller-managed-attach-detach: "true"`); `None` when the
+    /// source cannot tell. Asked only while a VolumeAttachment is missing.
+    async fn node_managed_by_controller(&self, _node: &str) -> Result<Option<bool>, String> {
+        Ok(None)
+    }
 }
+
+/// How long a missing VolumeAttachment is waited for before the node's annotation is
+/// checked: the agent's own write of it may still be on its way.
+pub const UNMANAGED_NODE_GRACE: Duration = Duration::from_secs(5);
 
 /// What one VolumeAttachment says about a volume on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,11 +86,18 @@ pub async fn wait_for_attachment(
     node: &str,
     timeout: Duration,
 ) -> Result<BTreeMap<String, String>, String> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     let mut delay = Duration::from_millis(100);
     let mut last;
     loop {
         last = match source.volume_attachment(name).await {
+            Ok(None) if started.elapsed() >= UNMANAGED_NODE_GRACE => {
+                if let Ok(Some(false)) = source.node_managed_by_controller(node).await {
+                    return Err(unmanaged_node(node, name));
+                }
+                attachment_state_pending(name)
+            }
             Ok(va) => match attachment_state(name, va.as_ref(), driver, handle, node) {
                 AttachmentState::Attached(context) => return Ok(context),
                 AttachmentState::Failed(reason) => return Err(reason),
@@ -96,10 +114,28 @@ pub async fn wait_for_attachment(
     }
 }
 
+/// Why a missing VolumeAttachment is waited for.
+fn attachment_state_pending(name: &str) -> String {
+    match attachment_state(name, None, "", "", "") {
+        AttachmentState::Pending(reason) => reason,
+        other => format!("{other:?}"),
+    }
+}
+
+/// Why the controller will not create `name`: it does not manage `node`.
+pub fn unmanaged_node(node: &str, name: &str) -> String {
+    format!(
+        "the attach/detach controller does not manage node {node} (its annotation {} is not \"true\"), so it will not create volumeattachment {name}",
+        kvol_api::keys::ANN_CONTROLLER_MANAGED_ATTACH_DETACH
+    )
+}
+
 /// VolumeAttachments in memory, for tests: put, remove, and count reads.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryAttachments {
     inner: Arc<Mutex<(HashMap<String, VolumeAttachment>, usize)>>,
+    /// What [`AttachmentSource::node_managed_by_controller`] answers.
+    managed: Arc<Mutex<Option<bool>>>,
 }
 
 impl MemoryAttachments {
@@ -110,6 +146,11 @@ impl MemoryAttachments {
 
     pub fn remove(&self, name: &str) {
         self.lock().0.remove(name);
+    }
+
+    /// Sets whether the node counts as managed by the attach/detach controller.
+    pub fn set_managed(&self, managed: Option<bool>) {
+        *self.managed.lock().unwrap_or_else(|p| p.into_inner()) = managed;
     }
 
     /// How many reads were made.
@@ -128,6 +169,10 @@ impl AttachmentSource for MemoryAttachments {
         let mut inner = self.lock();
         inner.1 += 1;
         Ok(inner.0.get(name).cloned())
+    }
+
+    async fn node_managed_by_controller(&self, _node: &str) -> Result<Option<bool>, String> {
+        Ok(*self.managed.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -252,5 +297,27 @@ mod tests {
             .expect_err("failed");
         assert!(err.ends_with("quota exceeded"), "{err}");
         assert_eq!(source.reads(), reads + 1, "an attach error needs one read");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_the_controller_does_not_manage_is_said_after_the_grace_not_waited_out() {
+        let source = MemoryAttachments::default();
+        source.set_managed(Some(false));
+        let start = tokio::time::Instant::now();
+        let err = wait_for_attachment(&source, "csi-x", "d.csi", "h1", "n1", Duration::from_secs(120))
+            .await
+            .expect_err("the controller will not attach");
+        assert_eq!(err, unmanaged_node("n1", "csi-x"));
+        assert!(err.contains("volumes.kubernetes.io/controller-managed-attach-detach"), "{err}");
+        let waited = start.elapsed();
+        assert!(waited >= UNMANAGED_NODE_GRACE && waited < UNMANAGED_NODE_GRACE * 2, "{waited:?}");
+        // Managed (or unknown): waited for, as before.
+        for managed in [Some(true), None] {
+            source.set_managed(managed);
+            let err = wait_for_attachment(&source, "csi-x", "d.csi", "h1", "n1", Duration::from_secs(10))
+                .await
+                .expect_err("nothing came");
+            assert!(err.starts_with("timed out after 10s"), "{managed:?}: {err}");
+        }
     }
 }

@@ -33,8 +33,9 @@ use crate::config::AgentConfig;
 use crate::desired::{desired_state, resolve_all};
 use crate::executor::Executor;
 use crate::model::{DesiredState, ObjectSet};
-use crate::reconciler::{Resolutions, plan, republish};
+use crate::reconciler::{Resolutions, plan, republish, waits_for_in_use};
 use crate::report::metrics::Metrics;
+use crate::report::node_storage::may_report;
 use crate::report::status::{Phase, SnapshotStatus, StatusReport, write_status};
 use crate::report::status_report::{
     REPORT_REFRESH, STATUS_REFRESH, StatusWrite, status_report, status_write,
@@ -188,6 +189,9 @@ async fn run(
         .with_attachments(config.attachments.clone())
         .with_tokens(config.tokens.clone()),
     );
+    // The drivers registered before this start: the cluster is not told the node's storage
+    // until they are back or gone (see `may_report`).
+    let sockets_at_start = kvol_csi::registration::sockets_under(&registration_dir);
     let watcher = RegistrationWatcher::start(WatcherConfig::new(config.registration_dir()), handler.clone())
         .map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -260,6 +264,9 @@ async fn run(
         registry: &registry,
         executor: &executor,
         handler: &handler,
+        registration: &watcher,
+        sockets_at_start,
+        node_storage_open: false,
         objects: &objects,
         metrics: &metrics,
         secrets: &secrets,
@@ -335,6 +342,11 @@ struct Loop<'a> {
     registry: &'a Arc<PluginRegistry>,
     executor: &'a Arc<Executor>,
     handler: &'a Arc<CsiRegistrationHandler>,
+    registration: &'a RegistrationWatcher,
+    /// The registration sockets there at start, and whether the cluster may be told the
+    /// node's storage yet (once it may, it always may).
+    sockets_at_start: Vec<PathBuf>,
+    node_storage_open: bool,
     objects: &'a MemoryObjects,
     metrics: &'a Arc<Metrics>,
     secrets: &'a ObjectSecrets,
@@ -476,7 +488,12 @@ impl Loop<'_> {
     /// The plan's operations and the republishes due, submitted to the executor.
     fn submit(&self, desired: &DesiredState, resolutions: &Resolutions) {
         let exec = self.executor.snapshot();
+        // In a cluster, an attachable volume is mounted only once the API lists it in use.
+        let reported = self.config.node_storage.as_ref().and_then(|sink| sink.reported_in_use());
         for op in plan(desired, resolutions, &exec.actual, &exec.busy()) {
+            if reported.as_ref().is_some_and(|reported| waits_for_in_use(&op, resolutions, reported)) {
+                continue;
+            }
             self.executor.submit(op);
         }
         let due = republish(
@@ -562,7 +579,7 @@ impl Loop<'_> {
         report.csi_node = self.objects.csi_node(&self.config.node_name);
         report.components = self.components.snapshot();
         report.snapshots = self.snapshot_statuses();
-        if let Some(sink) = &self.config.node_storage {
+        if let Some(sink) = self.config.node_storage.as_ref().filter(|_| self.may_report_node_storage()) {
             sink.report(&crate::report::node_storage::NodeStorage {
                 csi_node: report.csi_node.clone(),
                 node_ids: self.handler.node_id_annotation(),
@@ -598,6 +615,22 @@ impl Loop<'_> {
             StatusWrite::NotYet => {}
         }
         false
+    }
+
+    /// Whether the cluster may be told the node's storage: once the drivers registered before
+    /// this start are back or gone, or after a while (see `may_report`); then for good.
+    fn may_report_node_storage(&mut self) -> bool {
+        if !self.node_storage_open {
+            let registered: Vec<PathBuf> =
+                self.registration.registered().into_iter().map(|p| p.socket).collect();
+            let since_start = self.started.elapsed().unwrap_or_default();
+            self.node_storage_open =
+                may_report(&self.sockets_at_start, &registered, |p| p.exists(), since_start);
+            if self.node_storage_open {
+                tracing::info!(registered = registered.len(), "telling the cluster the node's storage");
+            }
+        }
+        self.node_storage_open
     }
 
     /// Tells the stats collector which published volumes come from claims, when the published

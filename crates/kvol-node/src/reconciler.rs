@@ -175,6 +175,9 @@ fn next_step(
     }
     let device_path =
         staged.and_then(|s| s.device_path.clone()).or_else(|| attached.and_then(|a| a.device_path.clone()));
+    // An uncertain record kept for this volume is published again where it is: a journal from
+    // before kubelet's naming (`…/<pod volume name>`) keeps its pods' paths until they go.
+    let target = actual.published.get(key).map_or_else(|| r.target.clone(), |p| p.target.clone());
     Operation::Publish {
         volume: PublishedVolume {
             key: key.clone(),
@@ -183,12 +186,29 @@ fn next_step(
             unique_name: r.unique_name.clone(),
             plugin: r.plugin.clone(),
             spec: r.spec.clone(),
-            target: r.target.clone(),
+            target,
             staging_path: r.staging_path.clone(),
             device_path,
             uncertain: false,
         },
         mount_options: volume.mount_options.clone(),
+    }
+}
+
+/// Whether `op` stages or publishes an attachable volume that `reported` (the volumes the
+/// cluster has taken as in use) does not list yet: kubelet mounts such a volume only once the
+/// Node's `volumesInUse` shows it, so the attach/detach controller cannot detach it under the
+/// mount. Pure.
+pub fn waits_for_in_use(op: &Operation, resolutions: &Resolutions, reported: &BTreeSet<String>) -> bool {
+    let attachable = |unique: &str| {
+        resolutions.values().filter_map(|r| r.as_ref().ok()).any(|r| r.unique_name == unique && r.attach)
+    };
+    match op {
+        Operation::Stage { unique_name, .. } => attachable(unique_name) && !reported.contains(unique_name),
+        Operation::Publish { volume, .. } => {
+            attachable(&volume.unique_name) && !reported.contains(&volume.unique_name)
+        }
+        _ => false,
     }
 }
 
@@ -695,6 +715,73 @@ mod tests {
         actual.staged.insert("v1".into(), certain_stage);
         actual.published.insert(key("p1", "data"), published(&r, "p1", "data"));
         assert!(plan(&desired, &resolutions, &actual, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_record_at_the_pod_volume_name_path_stays_there_until_its_pod_goes() {
+        // A journal from before kubelet's naming: the volume was published at
+        // `…/<pod volume name>`, the resolution now says `…/<pv name>`.
+        let r = res("v1", false, false, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let mut moved = r.clone();
+        moved.target = "/pods/p1/pv-1".into();
+        let resolutions: Resolutions = [(key("p1", "data"), Ok(moved))].into();
+        let old = published(&r, "p1", "data");
+        // Certain: kept where it is, nothing planned (no unpublish, no second mount).
+        let mut actual = ActualState::default();
+        actual.published.insert(key("p1", "data"), old.clone());
+        assert!(plan(&desired, &resolutions, &actual, &[]).is_empty());
+        // Uncertain (a publish cut short): published again at its own path, not the new one.
+        actual.published.insert(key("p1", "data"), uncertain(old.clone(), |p| p.uncertain = true));
+        match plan(&desired, &resolutions, &actual, &[]).as_slice() {
+            [Operation::Publish { volume, .. }] => assert_eq!(volume.target, old.target),
+            other => panic!("expected one publish, got {other:?}"),
+        }
+        // Its pod gone: torn down at its own path.
+        match plan(&DesiredState::default(), &Resolutions::new(), &actual, &[]).as_slice() {
+            [Operation::Unpublish { volume }] => assert_eq!(volume.target, old.target),
+            other => panic!("expected one unpublish, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_attachable_volume_is_staged_and_published_once_the_cluster_has_it_in_use() {
+        let attachable = res("v1", true, true, "p1", "data");
+        let plain = res("e1", false, false, "p2", "cache");
+        let resolutions: Resolutions =
+            [(key("p1", "data"), Ok(attachable.clone())), (key("p2", "cache"), Ok(plain.clone()))].into();
+        let stage = Operation::Stage {
+            unique_name: "v1".into(),
+            plugin: "d.csi".into(),
+            spec: attachable.spec.clone(),
+            device_path: None,
+            staging_path: "/stage/v1".into(),
+        };
+        let publish = |r: &Resolution, pod: &str, volume: &str| Operation::Publish {
+            volume: published(r, pod, volume),
+            mount_options: Vec::new(),
+        };
+        let attach = Operation::Attach {
+            unique_name: "v1".into(),
+            plugin: "d.csi".into(),
+            spec: attachable.spec.clone(),
+        };
+        let listed: BTreeSet<String> = ["v1".to_string()].into();
+        let none = BTreeSet::new();
+        // (operation, reported in use, waits)
+        let rows: [(&Operation, &BTreeSet<String>, bool); 7] = [
+            (&stage, &none, true),
+            (&stage, &listed, false),
+            (&publish(&attachable, "p1", "data"), &none, true),
+            (&publish(&attachable, "p1", "data"), &listed, false),
+            (&publish(&plain, "p2", "cache"), &none, false),
+            (&attach, &none, false),
+            (&Operation::Unpublish { volume: published(&attachable, "p1", "data") }, &none, false),
+        ];
+        for (op, reported, want) in rows {
+            assert_eq!(waits_for_in_use(op, &resolutions, reported), want, "{} {reported:?}", op.name());
+        }
     }
 
     fn busy(unique: &str, pod: Option<(&str, &str)>) -> Claim {

@@ -40,21 +40,22 @@ pub fn check_supported(plugin: &dyn VolumePlugin, spec: &VolumeSpec) -> Result<(
     ))
 }
 
-/// Where a pod's volume is published: its pod device link for a block volume (named by the
-/// spec, as kubelet names it), its pod volume directory otherwise (named by the pod's volume
-/// name). A Block spec of a plugin without block support is refused here.
+/// Where a pod's volume is published: its pod device link for a block volume, its pod volume
+/// directory otherwise, both named by the spec as kubelet names them — the PersistentVolume's
+/// name for a volume of a claim or a PV, the pod's volume name for an inline volume
+/// (`pods/<uid>/volumes/kubernetes.io~csi/pvc-<uid>/mount`, not `…/<pod volume name>/…`). A
+/// Block spec of a plugin without block support is refused here.
 pub fn publish_target(
     paths: &NodePaths,
     plugin: &dyn VolumePlugin,
     spec: &VolumeSpec,
     pod_uid: &str,
-    pod_volume_name: &str,
 ) -> Result<PathBuf> {
     check_supported(plugin, spec)?;
     if spec.is_block() {
         return paths.pod_device_path(pod_uid, plugin.pod_dir_plugin_name(), spec.name());
     }
-    paths.pod_volume_dir(pod_uid, plugin.pod_dir_plugin_name(), pod_volume_name)
+    paths.pod_volume_dir(pod_uid, plugin.pod_dir_plugin_name(), spec.name())
 }
 
 impl NodePaths {

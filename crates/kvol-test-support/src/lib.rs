@@ -152,8 +152,9 @@ pub fn processes_of(root: &Path, since_ticks: u64) -> Vec<(i32, String)> {
             continue;
         }
         let command = String::from_utf8_lossy(&raw).replace('\0', " ").trim_end().to_string();
-        // A tick of slack: uptime and start times round differently.
-        let young = started_at_ticks(pid).is_some_and(|t| t + 1 >= since_ticks);
+        // A tick of slack: uptime and start times round differently. A zombie is gone already
+        // (it only waits to be reaped, by a parent that may never do it).
+        let young = started_at_ticks(pid).is_some_and(|t| t + 1 >= since_ticks) && alive(pid);
         if young && (command.contains(&needle) || recorded.contains(&pid)) {
             found.push((pid, command));
         }

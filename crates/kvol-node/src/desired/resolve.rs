@@ -59,14 +59,8 @@ fn resolve_one(
         attach,
         republish: plugin.requires_remount(&spec),
         staging_path,
-        target: kvol_plugin::block::publish_target(
-            paths,
-            plugin.as_ref(),
-            &spec,
-            &volume.pod.uid,
-            &volume.key.volume,
-        )
-        .map_err(|e| e.to_string())?,
+        target: kvol_plugin::block::publish_target(paths, plugin.as_ref(), &spec, &volume.pod.uid)
+            .map_err(|e| e.to_string())?,
         spec,
     })
 }

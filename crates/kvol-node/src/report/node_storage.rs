@@ -1,6 +1,8 @@
 //! What the node tells the cluster about its storage after each pass: its CSINode, the node-ID annotation and the attachable volumes in use; made purely here, written by a sink (the API in cluster mode).
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use k8s_openapi::api::storage::v1::CSINode;
 
@@ -25,6 +27,32 @@ pub struct NodeStorage {
 /// Receives the node's storage after every pass; deduplicating and writing is the sink's.
 pub trait NodeStorageSink: Send + Sync + std::fmt::Debug {
     fn report(&self, storage: &NodeStorage);
+
+    /// The volumes the cluster has taken as in use (the last `volumesInUse` the API accepted),
+    /// which an attachable volume must be among before it is staged or published, as kubelet
+    /// waits; `None` when the sink does not say (nothing is held back).
+    fn reported_in_use(&self) -> Option<BTreeSet<String>> {
+        None
+    }
+}
+
+/// How long after start the agent waits for the drivers registered before it (their sockets
+/// still there) to register again before it tells the cluster its storage anyway.
+pub const REREGISTRATION_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether the agent may tell the cluster its storage: not before the drivers whose
+/// registration sockets were there at start have registered again or their sockets are gone
+/// (until then the API keeps what the previous agent wrote: the CSINode's drivers, the node
+/// IDs, every volume in use), or [`REREGISTRATION_WAIT`] has passed. The actual state is
+/// rebuilt before the first pass, so it never gates this. Pure.
+pub fn may_report(
+    sockets_at_start: &[PathBuf],
+    registered: &[PathBuf],
+    exists: impl Fn(&Path) -> bool,
+    since_start: Duration,
+) -> bool {
+    since_start >= REREGISTRATION_WAIT
+        || sockets_at_start.iter().all(|socket| registered.contains(socket) || !exists(socket))
 }
 
 /// The unique names of attachable volumes in use, as kubelet reports them: wanted by a pod
@@ -39,6 +67,30 @@ pub fn volumes_in_use(resolutions: &Resolutions, actual: &ActualState) -> Vec<St
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_cluster_is_told_once_the_drivers_of_before_are_back_or_gone() {
+        let (a, b) = (PathBuf::from("/reg/a.sock"), PathBuf::from("/reg/b.sock"));
+        let secs = Duration::from_secs;
+        // (sockets at start, registered now, sockets still on disk, since start, may report)
+        type Row<'a> = (&'a [PathBuf], &'a [PathBuf], &'a [PathBuf], Duration, bool);
+        let rows: &[Row] = &[
+            (&[], &[], &[], secs(0), true),
+            (&[a.clone()], &[], std::slice::from_ref(&a), secs(0), false),
+            (&[a.clone()], std::slice::from_ref(&a), std::slice::from_ref(&a), secs(0), true),
+            (&[a.clone(), b.clone()], std::slice::from_ref(&a), &[a.clone(), b.clone()], secs(29), false),
+            (&[a.clone(), b.clone()], std::slice::from_ref(&a), std::slice::from_ref(&a), secs(1), true),
+            (&[a.clone()], &[], std::slice::from_ref(&a), REREGISTRATION_WAIT, true),
+        ];
+        for (at_start, registered, on_disk, since, want) in rows {
+            let exists = |p: &Path| on_disk.iter().any(|d| d == p);
+            assert_eq!(
+                may_report(at_start, registered, exists, *since),
+                *want,
+                "{at_start:?} {registered:?} {on_disk:?} {since:?}"
+            );
+        }
+    }
+
     use super::*;
     use crate::model::{AttachedVolume, PodVolumeKey};
     use crate::reconciler::Resolution;

@@ -430,7 +430,7 @@ mod tests {
         let plugin = LocalVolumePlugin::new(host);
         let spec = block(local_pv(&device, None, hostname_in(&["node-a"])));
         assert!(spec.is_block() && !plugin.can_device_mount(&spec));
-        let target = crate::block::publish_target(&paths, &plugin, &spec, "u1", "data").unwrap();
+        let target = crate::block::publish_target(&paths, &plugin, &spec, "u1").unwrap();
         assert_eq!(target, root.path().join("pods/u1/volumeDevices/kubernetes.io~local-volume/pv-1"));
         block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap();
         block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap();
@@ -454,7 +454,7 @@ mod tests {
         let paths = host.paths.clone();
         let plugin = LocalVolumePlugin::new(host.clone());
         let spec = block(local_pv(root.path(), None, hostname_in(&["node-a"])));
-        let target = crate::block::publish_target(&paths, &plugin, &spec, "u1", "data").unwrap();
+        let target = crate::block::publish_target(&paths, &plugin, &spec, "u1").unwrap();
         let err = block_on(plugin.publish(&publish_request(&spec, &target, false))).unwrap_err();
         let want = format!(
             "persistent volume \"pv-1\": it has volumeMode Block, but local path {} is a directory, not a block device",
@@ -475,7 +475,7 @@ mod tests {
             ..PersistentVolume::default()
         }));
         let plugin = crate::local::host_path::HostPathPlugin::new(host);
-        let err = crate::block::publish_target(&paths, &plugin, &host_path, "u1", "data").unwrap_err();
+        let err = crate::block::publish_target(&paths, &plugin, &host_path, "u1").unwrap_err();
         assert_eq!(
             err.to_string(),
             "persistent volume \"hp\": it has volumeMode Block, and volume plugin kubernetes.io/host-path does not serve block volumes"
