@@ -54,8 +54,8 @@ use k8s_openapi::api::core::v1::{
 use kvol_plugin::beneath;
 use kvol_plugin::local::{create_dir_all, is_mounted};
 use kvol_plugin::plugin::{
-    Attacher, DeviceMounter, FsGroupChangePolicy, NodeExpander, PodInfo, PublishRequest, StatsReader,
-    StatsRequest, UnpublishRequest, VolumeMounter, VolumeStats,
+    Attacher, DeviceMounter, NodeExpander, PodInfo, PublishRequest, StatsReader, StatsRequest,
+    UnpublishRequest, VolumeMounter, VolumeStats,
 };
 use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
@@ -551,7 +551,12 @@ impl CsiPlugin {
             && volume_mount_group.is_none()
             && applies_fs_group(policy.fs_group_policy, plan.fs_type, plan.access_modes, plan.read_only)
         {
-            apply_fs_group(&target, group, req.pod.fs_group_change_policy, plan.read_only)?;
+            kvol_plugin::beneath::apply_pod_fs_group(
+                &target,
+                group,
+                req.pod.fs_group_change_policy,
+                plan.read_only,
+            )?;
         }
         Ok(())
     }
@@ -780,29 +785,6 @@ fn secret_values(secret: &Secret) -> Result<BTreeMap<String, String>, String> {
         values.insert(key.clone(), value.clone());
     }
     Ok(values)
-}
-
-/// Gives `group` the volume at `root` through [`kvol_plugin::beneath::apply_fs_group`] (no
-/// symlink followed, no other mount entered); under `OnRootMismatch`, only when the root's
-/// group and mode do not already match.
-fn apply_fs_group(root: &Path, group: i64, policy: FsGroupChangePolicy, read_only: bool) -> PluginResult<()> {
-    let gid = u32::try_from(group).map_err(|_| {
-        let reason =
-            io::Error::new(io::ErrorKind::InvalidInput, format!("fsGroup {group} is not a group ID"));
-        PluginError::io("apply fsGroup to", root, reason)
-    })?;
-    if policy == FsGroupChangePolicy::OnRootMismatch {
-        let (root_gid, mode, is_dir) =
-            beneath::root_ownership(root).map_err(|e| PluginError::io("inspect", root, e))?;
-        if !beneath::root_mismatches(root_gid, mode, is_dir, gid, read_only) {
-            tracing::debug!(path = %root.display(), gid, "fsGroup: the root already matches, no walk");
-            return Ok(());
-        }
-    }
-    let count = beneath::apply_fs_group(root, gid, read_only)
-        .map_err(|e| PluginError::io("apply fsGroup to", root, e))?;
-    tracing::debug!(path = %root.display(), gid, changed = count.changed, other_mounts = count.other_mounts, "fsGroup applied");
-    Ok(())
 }
 
 impl VolumePlugin for CsiPlugin {
@@ -1312,6 +1294,7 @@ mod tests {
 
     use super::*;
     use k8s_openapi::ByteString;
+    use kvol_plugin::plugin::FsGroupChangePolicy;
 
     #[test]
     fn a_not_found_ephemeral_publish_says_when_the_driver_was_not_told() {
@@ -1449,12 +1432,13 @@ mod tests {
         fs::set_permissions(&outside, fs::Permissions::from_mode(0o600)).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
         let gid = i64::from(nix::unistd::getegid().as_raw());
-        apply_fs_group(&root, gid, FsGroupChangePolicy::Always, false).unwrap();
+        kvol_plugin::beneath::apply_pod_fs_group(&root, gid, FsGroupChangePolicy::Always, false).unwrap();
         let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode(&root.join("sub/file")), 0o660);
         assert_eq!(mode(&root.join("sub")), 0o2770);
         assert_eq!(mode(&outside), 0o600, "the symlink's target is not touched");
-        let err = apply_fs_group(&root, -1, FsGroupChangePolicy::Always, false).unwrap_err();
+        let err = kvol_plugin::beneath::apply_pod_fs_group(&root, -1, FsGroupChangePolicy::Always, false)
+            .unwrap_err();
         assert!(err.to_string().contains("fsGroup -1 is not a group ID"));
     }
 
@@ -1470,11 +1454,12 @@ mod tests {
         for (root_mode, want) in [(0o2770, 0o600), (0o0770, 0o660), (0o2750, 0o660)] {
             fs::set_permissions(root.join("file"), fs::Permissions::from_mode(0o600)).unwrap();
             fs::set_permissions(&root, fs::Permissions::from_mode(root_mode)).unwrap();
-            apply_fs_group(&root, gid, FsGroupChangePolicy::OnRootMismatch, false).unwrap();
+            kvol_plugin::beneath::apply_pod_fs_group(&root, gid, FsGroupChangePolicy::OnRootMismatch, false)
+                .unwrap();
             assert_eq!(mode(&root.join("file")), want, "root {root_mode:o}");
         }
         fs::set_permissions(&root, fs::Permissions::from_mode(0o2770)).unwrap();
-        apply_fs_group(&root, gid, FsGroupChangePolicy::Always, false).unwrap();
+        kvol_plugin::beneath::apply_pod_fs_group(&root, gid, FsGroupChangePolicy::Always, false).unwrap();
         assert_eq!(mode(&root.join("file")), 0o660, "Always walks whatever the root");
     }
 }

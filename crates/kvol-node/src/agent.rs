@@ -591,7 +591,15 @@ impl Loop<'_> {
             sink.report(&crate::report::pod_events::volume_failures(desired, resolutions, &exec));
         }
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
-        self.metrics.set_volumes(count(Phase::Published), count(Phase::Pending), count(Phase::Failed));
+        // An uncertain volume that failed is failing; one being published again is neither.
+        let failing_uncertain =
+            report.volumes.iter().filter(|v| v.phase == Phase::Uncertain && v.last_error.is_some()).count()
+                as i64;
+        self.metrics.set_volumes(
+            count(Phase::Published),
+            count(Phase::Pending),
+            count(Phase::Failed) + failing_uncertain,
+        );
         self.metrics.set_total_volumes(&crate::report::metrics::total_volumes(
             desired,
             resolutions,

@@ -329,6 +329,35 @@ pub fn apply_fs_group(root: &Path, gid: u32, read_only: bool) -> io::Result<Walk
     Ok(count)
 }
 
+/// Gives a pod's `fsGroup` (`group`) the volume at `root`, as kubelet does after setting up a
+/// volume that takes it (emptyDir; a CSI volume its driver does not give it to) through [`apply_fs_group`] (no
+/// symlink followed, no other mount entered); under `OnRootMismatch`, only when the root's
+/// group and mode do not already match.
+pub fn apply_pod_fs_group(
+    root: &Path,
+    group: i64,
+    policy: crate::plugin::FsGroupChangePolicy,
+    read_only: bool,
+) -> crate::Result<()> {
+    let gid = u32::try_from(group).map_err(|_| {
+        let reason =
+            io::Error::new(io::ErrorKind::InvalidInput, format!("fsGroup {group} is not a group ID"));
+        crate::PluginError::io("apply fsGroup to", root, reason)
+    })?;
+    if policy == crate::plugin::FsGroupChangePolicy::OnRootMismatch {
+        let (root_gid, mode, is_dir) =
+            root_ownership(root).map_err(|e| crate::PluginError::io("inspect", root, e))?;
+        if !root_mismatches(root_gid, mode, is_dir, gid, read_only) {
+            tracing::debug!(path = %root.display(), gid, "fsGroup: the root already matches, no walk");
+            return Ok(());
+        }
+    }
+    let count = apply_fs_group(root, gid, read_only)
+        .map_err(|e| crate::PluginError::io("apply fsGroup to", root, e))?;
+    tracing::debug!(path = %root.display(), gid, changed = count.changed, other_mounts = count.other_mounts, "fsGroup applied");
+    Ok(())
+}
+
 struct Walk<'a> {
     gid: u32,
     file_bits: u32,

@@ -307,7 +307,8 @@ pub fn spec_plugin_label(plugin: &str, spec: &VolumeSpec) -> String {
 }
 
 /// kubelet's volume manager counts: every wanted volume with a spec (`desired_state_of_world`,
-/// under its resolved plugin or `N/A`) and every published one (`actual_state_of_world`).
+/// under its resolved plugin or `N/A`) and every published one (`actual_state_of_world`) but
+/// the uncertain ones, which kubelet does not count as mounted.
 pub fn total_volumes(
     desired: &DesiredState,
     resolutions: &Resolutions,
@@ -324,7 +325,8 @@ pub fn total_volumes(
         };
         *counts.entry((DESIRED_STATE, plugin)).or_insert(0) += 1;
     }
-    for p in published.values() {
+    // As kubelet's actual state of world counts: mounted volumes, not uncertain ones.
+    for p in published.values().filter(|p| !p.uncertain) {
         *counts.entry((ACTUAL_STATE, spec_plugin_label(&p.plugin, &p.spec))).or_insert(0) += 1;
     }
     counts
@@ -380,6 +382,32 @@ pub async fn serve_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uncertain_volumes_are_not_counted_as_mounted() {
+        let volume = serde_json::from_value(serde_json::json!({"name": "v", "emptyDir": {}})).unwrap();
+        let spec = VolumeSpec::inline(volume, "default");
+        let record = |pod: &str, uncertain: bool| PublishedVolume {
+            key: PodVolumeKey { pod_uid: pod.into(), volume: "v".into() },
+            pod: kvol_plugin::plugin::PodInfo::default(),
+            pod_name: format!("default/{pod}"),
+            unique_name: format!("kubernetes.io/empty-dir/{pod}-v"),
+            plugin: "kubernetes.io/empty-dir".into(),
+            spec: spec.clone(),
+            target: format!("/pods/{pod}/v").into(),
+            staging_path: None,
+            device_path: None,
+            uncertain,
+        };
+        let published: BTreeMap<PodVolumeKey, PublishedVolume> =
+            [record("a", false), record("b", true)].into_iter().map(|p| (p.key.clone(), p)).collect();
+        let counts = total_volumes(&DesiredState::default(), &Resolutions::new(), &published);
+        assert_eq!(
+            counts.get(&(ACTUAL_STATE, "kubernetes.io/empty-dir".to_string())),
+            Some(&1),
+            "{counts:?}"
+        );
+    }
 
     #[test]
     fn volume_plugin_labels_are_kubelets() {

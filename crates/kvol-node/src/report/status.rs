@@ -118,6 +118,11 @@ pub enum Phase {
     Staged,
     Publishing,
     Published,
+    /// Published by a call whose outcome is unknown (a deadline, a dead connection, a driver
+    /// that answered garbage), or reconstructed from the node: kept for teardown, published
+    /// again while wanted, and never ready for containers until a call succeeds (kubelet's
+    /// "uncertain" mount).
+    Uncertain,
     TearingDown,
     Failed,
 }
@@ -132,6 +137,7 @@ impl Phase {
             Phase::Staged => "staged",
             Phase::Publishing => "publishing",
             Phase::Published => "published",
+            Phase::Uncertain => "uncertain",
             Phase::TearingDown => "tearing-down",
             Phase::Failed => "failed",
         }
@@ -430,6 +436,7 @@ mod tests {
             (Phase::Staged, "staged"),
             (Phase::Publishing, "publishing"),
             (Phase::Published, "published"),
+            (Phase::Uncertain, "uncertain"),
             (Phase::TearingDown, "tearing-down"),
             (Phase::Failed, "failed"),
         ];

@@ -96,6 +96,8 @@ pub fn status_report(
             }
         } else if want.is_none() {
             Phase::TearingDown
+        } else if published.is_some_and(|p| p.uncertain) {
+            Phase::Uncertain
         } else if published.is_some() {
             Phase::Published
         } else if failure.is_some() || matches!(resolution, Some(Err(_))) {

@@ -160,9 +160,14 @@ impl VolumeMounter for EmptyDirPlugin {
         let root = self.host.paths.open_root()?;
         make_world_writable(&root, req.target)?;
         match medium {
-            Medium::Disk => Ok(()),
-            Medium::Memory { size_limit } => self.set_up_tmpfs(req.target, size_limit),
+            Medium::Disk => {}
+            Medium::Memory { size_limit } => self.set_up_tmpfs(req.target, size_limit)?,
         }
+        // The pod's fsGroup, as kubelet's emptyDir gives it: the group, g+rwx and setgid.
+        if let Some(group) = req.pod.fs_group {
+            crate::beneath::apply_pod_fs_group(req.target, group, req.pod.fs_group_change_policy, false)?;
+        }
+        Ok(())
     }
 
     /// Unmounts the volume's tmpfs, if any, and deletes the directory with its contents;

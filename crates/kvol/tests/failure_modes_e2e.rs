@@ -1,0 +1,87 @@
+//! What kubelet's users run into, tried on the real agent with real mounts: a mount whose outcome is unknown is never shown as published, and an emptyDir takes the pod's fsGroup.
+
+#[allow(dead_code)]
+mod support;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
+
+use kvol_node::report::status::{Phase, StatusReport};
+use support::Node;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn volume<'a>(
+    report: &'a StatusReport,
+    pod: &str,
+    volume: &str,
+) -> Option<&'a kvol_node::report::status::VolumeStatus> {
+    report.volumes.iter().find(|v| v.pod == pod && v.volume == volume)
+}
+
+/// A Flexvolume driver (`kvol/garbage`) whose `mount` answers something that is not a status:
+/// the call's outcome is unknown.
+const GARBAGE_DRIVER: &str = "#!/bin/sh\ncase \"$1\" in\n  init) echo '{\"status\": \"Success\", \"capabilities\": {\"attach\": false}}' ;;\n  mount) mkdir -p \"$2\"; echo 'this is not json' ;;\n  unmount) echo '{\"status\": \"Success\"}' ;;\n  *) echo '{\"status\": \"Not supported\"}' ;;\nesac\n";
+
+#[test]
+fn a_mount_that_answered_garbage_is_uncertain_never_published() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    let driver_dir = node.root.join("flexvolume/kvol~garbage");
+    std::fs::create_dir_all(&driver_dir).unwrap();
+    let script = driver_dir.join("garbage");
+    std::fs::write(&script, GARBAGE_DRIVER).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    node.write(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  containers: [{name: c, image: busybox}]\n  volumes: [{name: vol, flexVolume: {driver: kvol/garbage}}]\n",
+    );
+    node.start();
+    // Failed at least twice: the record is kept (uncertain, for teardown) and retried.
+    let report = node
+        .wait(LIMIT, |r| {
+            volume(r, "default/app", "vol")
+                .and_then(|v| v.last_error.as_deref())
+                .is_some_and(|e| e.contains("failed 2 time"))
+        })
+        .unwrap();
+    let v = volume(&report, "default/app", "vol").unwrap();
+    assert_eq!(v.phase, Phase::Uncertain, "{v:#?}");
+    // Watched for a while: never published, whatever pass the status comes from.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        if let Some(report) = node.status() {
+            let v = volume(&report, "default/app", "vol").unwrap();
+            assert_ne!(v.phase, Phase::Published, "a mount of unknown outcome shown as published: {v:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The pod goes: the uncertain volume is torn down through its driver.
+    node.remove("pod.yaml");
+    node.wait(LIMIT, |r| r.volumes.is_empty()).unwrap();
+}
+
+#[test]
+fn an_empty_dir_takes_the_pods_fs_group_on_disk_and_in_memory() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  securityContext: {fsGroup: 4321}\n  containers: [{name: c, image: busybox}]\n  volumes:\n  - {name: disk, emptyDir: {}}\n  - {name: memory, emptyDir: {medium: Memory}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: default}\nspec:\n  containers: [{name: c, image: busybox}]\n  volumes: [{name: disk, emptyDir: {}}]\n",
+    );
+    node.start();
+    let report = node
+        .wait(LIMIT, |r| r.volumes.len() == 3 && r.volumes.iter().all(|v| v.phase == Phase::Published))
+        .unwrap();
+    // As kubelet's emptyDir: rwx for everyone and the setgid bit, over the directory's 0777 on
+    // disk and the tmpfs root's 1777 in memory (kubelet keeps the bits it finds).
+    for (name, mode) in [("disk", 0o2777), ("memory", 0o3777)] {
+        let v = volume(&report, "default/app", name).unwrap();
+        let meta = std::fs::metadata(v.target.as_ref().unwrap()).unwrap();
+        assert_eq!(meta.gid(), 4321, "{name}: the fsGroup owns the volume");
+        assert_eq!(meta.mode() & 0o7777, mode, "{name}: {:o}", meta.mode());
+    }
+    let plain = volume(&report, "default/plain", "disk").unwrap();
+    let meta = std::fs::metadata(plain.target.as_ref().unwrap()).unwrap();
+    assert_eq!((meta.gid(), meta.mode() & 0o7777), (0, 0o777), "no fsGroup: root's group, no setgid");
+}
