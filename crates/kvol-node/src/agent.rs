@@ -276,6 +276,7 @@ async fn run(
         started,
         metrics_address,
         orphans_left,
+        pod_dirs_left: Vec::new(),
         last_resync: Instant::now(),
         last_status: None,
         last_report: None,
@@ -357,6 +358,8 @@ struct Loop<'a> {
     metrics_address: Option<String>,
     /// Pod volume directories no plugin could be named for, with why, while they last.
     orphans_left: Vec<(PathBuf, String)>,
+    /// Directories of pods no longer wanted that could not be removed, with why.
+    pod_dirs_left: Vec<(PathBuf, String)>,
     last_resync: Instant,
     last_status: Option<(StatusReport, Instant)>,
     /// What the last status report was made from, and when.
@@ -480,9 +483,15 @@ impl Loop<'_> {
     /// pods gone that no record accounts for adopted for teardown.
     fn resync(&mut self, desired: &DesiredState) {
         repair_drift(self.executor, self.mounter);
-        let listed = adopt_leftovers(&self.host.paths, self.executor, desired, self.registry);
+        let (listed, pod_dirs_left) =
+            adopt_leftovers(&self.host.paths, self.executor, desired, self.registry);
         // An orphan gone from the listing is no longer a problem.
         self.orphans_left.retain(|(path, _)| listed.iter().any(|d| &d.path == path));
+        // Said once, shown while it lasts.
+        for (path, reason) in pod_dirs_left.iter().filter(|left| !self.pod_dirs_left.contains(left)) {
+            tracing::warn!(path = %path.display(), %reason, "pod directory left");
+        }
+        self.pod_dirs_left = pod_dirs_left;
     }
 
     /// The plan's operations and the republishes due, submitted to the executor.
@@ -538,6 +547,7 @@ impl Loop<'_> {
                 .retain(|(path, _)| !exec.actual.published.values().any(|p| p.target.starts_with(path)));
             problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
         }
+        problems.extend(self.pod_dirs_left.iter().map(|(_, reason)| reason.clone()));
         let claims = self.claims;
         let failures = claims.map(ClaimsController::provisioning_failures).unwrap_or_default();
         problems.extend(failures.into_iter().map(|(claim, reason)| {

@@ -85,3 +85,52 @@ fn an_empty_dir_takes_the_pods_fs_group_on_disk_and_in_memory() {
     let meta = std::fs::metadata(plain.target.as_ref().unwrap()).unwrap();
     assert_eq!((meta.gid(), meta.mode() & 0o7777), (0, 0o777), "no fsGroup: root's group, no setgid");
 }
+
+#[test]
+fn the_directory_of_a_pod_that_is_gone_goes_even_with_files_in_it_but_never_through_a_mount() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    let pods = node.root.join("kubelet/pods");
+    // What kubelet leaves beside volumes: a file, a container's directory, a link out of the tree.
+    let gone = pods.join("0b6c3f0e-0000-4000-8000-000000000001");
+    std::fs::create_dir_all(gone.join("containers/app")).unwrap();
+    std::fs::write(gone.join("etc-hosts"), "127.0.0.1 localhost\n").unwrap();
+    std::fs::write(gone.join("containers/app/0a1b"), "log").unwrap();
+    let outside = node.root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("keep"), "not the pod's").unwrap();
+    std::os::unix::fs::symlink(&outside, gone.join("plugins")).unwrap();
+    // Another with a mount below it.
+    let busy = pods.join("0b6c3f0e-0000-4000-8000-000000000002");
+    let mount = busy.join("containers/app");
+    std::fs::create_dir_all(&mount).unwrap();
+    std::fs::write(busy.join("etc-hosts"), "127.0.0.1 localhost\n").unwrap();
+    nix::mount::mount(Some("tmpfs"), &mount, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>)
+        .unwrap();
+    std::fs::write(mount.join("data"), "on the mount").unwrap();
+    node.start();
+
+    let report = node
+        .wait(LIMIT, |r| !gone.exists() && r.problems.iter().any(|p| p.contains(&busy.display().to_string())))
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(outside.join("keep")).unwrap(),
+        "not the pod's",
+        "the link's target stays"
+    );
+    let problem = report.problems.iter().find(|p| p.contains(&busy.display().to_string())).unwrap();
+    assert!(problem.contains("stays"), "{problem}");
+    assert_eq!(
+        std::fs::read_to_string(mount.join("data")).unwrap(),
+        "on the mount",
+        "nothing removed through a mount"
+    );
+    // Said once, not every resync.
+    std::thread::sleep(Duration::from_secs(3));
+    let said = node.agent_log().matches("pod directory left").count();
+    assert_eq!(said, 1, "{}", node.agent_log());
+
+    // The mount gone, the directory goes, and so does the problem.
+    nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    node.wait(LIMIT, |r| !busy.exists() && !r.problems.iter().any(|p| p.contains("stays"))).unwrap();
+}

@@ -102,11 +102,20 @@ pub fn clear_orphan(orphan: &PodVolumeDir, mount_points: &BTreeSet<PathBuf>) -> 
     None
 }
 
-/// Removes, with `rmdir` only (never data), the empty directories of pods that are not in
-/// `wanted` and have no published record: `pods/<uid>/volumes/<plugin dir>`, `volumes`, and
-/// the pod directory itself, each while empty. Whatever is not empty stays.
-pub fn clear_empty_pod_dirs(paths: &NodePaths, wanted: &BTreeSet<&str>, actual: &ActualState) {
-    let Ok(pods) = subdirectories(&paths.root().join("pods")) else { return };
+/// Clears the directories of pods that are not in `wanted` and have no published record:
+/// `pods/<uid>/volumes/<plugin dir>`, `volumes` and the block devices' directories with `rmdir`
+/// only, each while empty (a volume's directory is never removed here: teardown does that).
+/// Once none of them is left, what else kubelet keeps in a pod's directory (`etc-hosts`,
+/// `containers/`, `plugins/`) goes with the pod directory, as kubelet clears an orphaned
+/// pod's directory — never through a mount, never following a link. Returns the pod
+/// directories that stay, with why.
+pub fn clear_empty_pod_dirs(
+    paths: &NodePaths,
+    wanted: &BTreeSet<&str>,
+    actual: &ActualState,
+) -> Vec<(PathBuf, String)> {
+    let mut left = Vec::new();
+    let Ok(pods) = subdirectories(&paths.root().join("pods")) else { return left };
     for (uid, pod_dir) in pods {
         if wanted.contains(uid.as_str()) || actual.published.keys().any(|k| k.pod_uid == uid) {
             continue;
@@ -121,8 +130,28 @@ pub fn clear_empty_pod_dirs(paths: &NodePaths, wanted: &BTreeSet<&str>, actual: 
             let _ = std::fs::remove_dir(&plugin_dir);
         }
         let _ = std::fs::remove_dir(&devices);
-        let _ = std::fs::remove_dir(&pod_dir);
+        if std::fs::remove_dir(&pod_dir).is_ok() {
+            continue;
+        }
+        let volume_content = [volumes, devices, pod_dir.join("volume-subpaths")];
+        if volume_content.iter().any(|d| std::fs::symlink_metadata(d).is_ok()) {
+            continue; // a volume is still there: its teardown comes first
+        }
+        let removed = paths
+            .open_root()
+            .map_err(|e| e.to_string())
+            .and_then(|root| root.remove_all(&pod_dir).map_err(|e| e.to_string()));
+        match removed {
+            Ok(()) => {
+                tracing::info!(path = %pod_dir.display(), "removed the directory of a pod no longer wanted")
+            }
+            Err(e) => left.push((
+                pod_dir.clone(),
+                format!("pod directory {} of a pod no longer wanted stays: {e}", pod_dir.display()),
+            )),
+        }
     }
+    left
 }
 
 /// Whether some path of `set` equals `path` or lies below it. Paths order by components, so

@@ -47,14 +47,15 @@ pub fn reconstruct_at_start(
 /// While the agent runs: pod volume directories of pods no longer wanted that no record
 /// accounts for (a driver that finished a publish after the agent gave up on it, a teardown
 /// that left its directory) are adopted as uncertain records, so the reconciler tears them
-/// down through their plugin. Directories of wanted pods are left to the reconciler.
+/// down through their plugin. Directories of wanted pods are left to the reconciler. Returns
+/// the pod volume directories found, and the pod directories that stay with why.
 pub fn adopt_leftovers(
     paths: &NodePaths,
     executor: &Arc<Executor>,
     desired: &DesiredState,
     registry: &PluginRegistry,
-) -> Vec<crate::actual::observe::PodVolumeDir> {
-    let Ok(dirs) = crate::actual::observe::pod_volume_dirs(paths) else { return Vec::new() };
+) -> (Vec<crate::actual::observe::PodVolumeDir>, Vec<(PathBuf, String)>) {
+    let Ok(dirs) = crate::actual::observe::pod_volume_dirs(paths) else { return (Vec::new(), Vec::new()) };
     let exec = executor.snapshot();
     let wanted_pods: std::collections::BTreeSet<&str> =
         desired.volumes.keys().map(|k| k.pod_uid.as_str()).collect();
@@ -85,8 +86,8 @@ pub fn adopt_leftovers(
             }
         }
     }
-    crate::actual::rebuild::clear_empty_pod_dirs(paths, &wanted_pods, &exec.actual);
-    dirs
+    let pod_dirs_left = crate::actual::rebuild::clear_empty_pod_dirs(paths, &wanted_pods, &exec.actual);
+    (dirs, pod_dirs_left)
 }
 
 /// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are
