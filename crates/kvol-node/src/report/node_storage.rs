@@ -69,28 +69,30 @@ pub fn volumes_in_use(resolutions: &Resolutions, actual: &ActualState) -> Vec<St
 mod tests {
     #[test]
     fn the_cluster_is_told_once_the_drivers_of_before_are_back_or_gone() {
-        let (a, b) = (PathBuf::from("/reg/a.sock"), PathBuf::from("/reg/b.sock"));
         let secs = Duration::from_secs;
+        let paths = |names: &[&str]| -> Vec<PathBuf> {
+            names.iter().map(|n| PathBuf::from(format!("/reg/{n}.sock"))).collect()
+        };
         // (sockets at start, registered now, sockets still on disk, since start, may report)
-        type Row<'a> = (&'a [PathBuf], &'a [PathBuf], &'a [PathBuf], Duration, bool);
+        type Row<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], Duration, bool);
         let rows: &[Row] = &[
             (&[], &[], &[], secs(0), true),
-            (&[a.clone()], &[], std::slice::from_ref(&a), secs(0), false),
-            (&[a.clone()], std::slice::from_ref(&a), std::slice::from_ref(&a), secs(0), true),
-            (&[a.clone(), b.clone()], std::slice::from_ref(&a), &[a.clone(), b.clone()], secs(29), false),
-            (&[a.clone(), b.clone()], std::slice::from_ref(&a), std::slice::from_ref(&a), secs(1), true),
-            (&[a.clone()], &[], std::slice::from_ref(&a), REREGISTRATION_WAIT, true),
+            (&["a"], &[], &["a"], secs(0), false),
+            (&["a"], &["a"], &["a"], secs(0), true),
+            (&["a", "b"], &["a"], &["a", "b"], secs(29), false),
+            (&["a", "b"], &["a"], &["a"], secs(1), true),
+            (&["a"], &[], &["a"], REREGISTRATION_WAIT, true),
         ];
         for (at_start, registered, on_disk, since, want) in rows {
+            let on_disk = paths(on_disk);
             let exists = |p: &Path| on_disk.iter().any(|d| d == p);
             assert_eq!(
-                may_report(at_start, registered, exists, *since),
+                may_report(&paths(at_start), &paths(registered), exists, *since),
                 *want,
                 "{at_start:?} {registered:?} {on_disk:?} {since:?}"
             );
         }
     }
-
     use super::*;
     use crate::model::{AttachedVolume, PodVolumeKey};
     use crate::reconciler::Resolution;
