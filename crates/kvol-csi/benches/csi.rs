@@ -167,7 +167,8 @@ async fn run() {
         let start = Instant::now();
         plugin.mounter().unwrap().publish(&request).await.unwrap();
         via_kvol.push(start.elapsed());
-        let unpublish = UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "v", target: &target };
+        let unpublish =
+            UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "v", target: &target, spec: None };
         plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
 
         let raw_target = root.join("direct").join(format!("t{i}"));

@@ -282,6 +282,16 @@ impl CsiPlugin {
         }
     }
 
+    /// The volume handle of an unpublish's journal record (a persistent volume's, or the
+    /// ephemeral handle of an inline one); `None` without a record of this driver's.
+    fn journal_handle(&self, req: &UnpublishRequest<'_>) -> Option<String> {
+        let spec = req.spec?;
+        match self.source(spec).ok()? {
+            Source::Persistent { csi, .. } => Some(csi.volume_handle.clone()),
+            Source::Ephemeral { .. } => Some(ephemeral_volume_handle(req.pod_uid, spec.name())),
+        }
+    }
+
     /// The values of the Secret `namespace/name`, which `field` of the volume references.
     fn secret(&self, field: &str, namespace: &str, name: &str) -> Result<BTreeMap<String, String>, CsiError> {
         let refused = |why: String| CsiError::Driver {
@@ -571,27 +581,46 @@ impl CsiPlugin {
             tracing::debug!(driver = %self.driver, dir = %dir.display(), "nothing to unpublish");
             return Ok(());
         }
-        let Some(record) = local(load_vol_data(dir))? else {
-            if fs::symlink_metadata(&target).is_ok() {
-                return Err(CsiError::Driver {
-                    driver: self.driver.clone(),
-                    reason: format!(
-                        "cannot unpublish {}: {} is missing, so the volume handle is unknown",
-                        target.display(),
-                        dir.join(paths::VOL_DATA_FILE).display()
-                    ),
+        // The journal first (the agent's record of what it published), `vol_data.json` second:
+        // a lost, empty or corrupt file does not leave the volume mounted for good.
+        let handle = match (self.journal_handle(req), local(load_vol_data(dir))) {
+            (Some(handle), on_disk) => {
+                let problem = match &on_disk {
+                    Err(e) => Some(e.to_string()),
+                    Ok(None) => Some(format!("{} is missing", dir.join(paths::VOL_DATA_FILE).display())),
+                    Ok(Some(r)) => self.check_record_driver(&r.driver_name, dir).err().map(|e| e.to_string()),
+                };
+                if let Some(problem) = problem {
+                    tracing::info!(driver = %self.driver, dir = %dir.display(), %problem, "unpublishing by the journal's record");
                 }
-                .into());
+                handle
             }
-            tracing::debug!(driver = %self.driver, dir = %dir.display(), "nothing to unpublish");
-            return Ok(());
+            (None, Ok(Some(record))) => {
+                self.check_record_driver(&record.driver_name, dir)?;
+                record.volume_handle
+            }
+            (None, Ok(None)) => {
+                if fs::symlink_metadata(&target).is_ok() {
+                    return Err(CsiError::Driver {
+                        driver: self.driver.clone(),
+                        reason: format!(
+                            "cannot unpublish {}: {} is missing and no record names the volume, so its handle is unknown",
+                            target.display(),
+                            dir.join(paths::VOL_DATA_FILE).display()
+                        ),
+                    }
+                    .into());
+                }
+                tracing::debug!(driver = %self.driver, dir = %dir.display(), "nothing to unpublish");
+                return Ok(());
+            }
+            (None, Err(e)) => return Err(e),
         };
-        self.check_record_driver(&record.driver_name, dir)?;
         tracing::info!(
-            driver = %self.driver, volume = %record.volume_handle, target = %target.display(),
+            driver = %self.driver, volume = %handle, target = %target.display(),
             "NodeUnpublishVolume"
         );
-        already_gone(self.client.node_unpublish(&record.volume_handle, &target).await, &self.driver)?;
+        already_gone(self.client.node_unpublish(&handle, &target).await, &self.driver)?;
         self.remove_driver_dir(&target, "NodeUnpublishVolume")?;
         local(remove_vol_data(dir))?;
         if !local(remove_dir_if_empty(dir))? && fs::symlink_metadata(dir).is_ok() {

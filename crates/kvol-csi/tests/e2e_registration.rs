@@ -194,7 +194,8 @@ async fn publish_write_and_tear_down(
     let mount = target.join("mount");
     assert!(SystemMounter.is_mount_point(&mount).unwrap(), "{} is mounted", mount.display());
     std::fs::write(mount.join("hello"), name).unwrap();
-    let unpublish = UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: name, target: &target };
+    let unpublish =
+        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: name, target: &target, spec: None };
     plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
     assert!(!mount.exists(), "unpublish removes the target");
     if let (Some(path), Some(stager)) = (&staging, plugin.device_mounter()) {
@@ -397,7 +398,8 @@ async fn csi_paths_under_a_planted_symlink_are_refused_and_teardown_removes_noth
         mount_options: &[],
     };
     refused(mounter.publish(&request).await.unwrap_err());
-    let unpublish = UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "data", target: &target };
+    let unpublish =
+        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "data", target: &target, spec: None };
     refused(mounter.unpublish(&unpublish).await.unwrap_err());
     assert_untouched(&pod_victim, "kubernetes.io~csi/data/mount");
     assert_eq!(std::fs::read_to_string(&outside_record).unwrap(), record);

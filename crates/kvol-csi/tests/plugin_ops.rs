@@ -538,7 +538,7 @@ fn publish_request<'a>(
 }
 
 fn unpublish_request(target: &Path) -> UnpublishRequest<'_> {
-    UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "v", target }
+    UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "v", target, spec: None }
 }
 
 fn mount_capability(mode: Mode, fs_type: &str, flags: &[&str], group: &str) -> Option<VolumeCapability> {

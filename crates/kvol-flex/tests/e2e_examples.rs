@@ -122,7 +122,8 @@ async fn the_tmpfs_driver_publishes_a_sized_tmpfs_into_the_pod() {
     assert!(mounted.options.iter().any(|o| o == "size=32768k"), "{:?}", mounted.options);
     std::fs::write(target.join("file"), b"hello").unwrap();
 
-    let unpublish = UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "scratch", target: &target };
+    let unpublish =
+        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: "scratch", target: &target, spec: None };
     plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
     assert!(!SystemMounter.is_mount_point(&target).unwrap());
     assert!(!target.exists());
@@ -192,7 +193,8 @@ async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
     std::fs::write(target.join("kept"), b"on the loop device").unwrap();
     assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"on the loop device");
 
-    let unpublish = UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: &volume, target: &target };
+    let unpublish =
+        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: &volume, target: &target, spec: None };
     plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
     stager.unstage(&staging).await.unwrap();
     assert!(!SystemMounter.is_mount_point(&staging).unwrap());

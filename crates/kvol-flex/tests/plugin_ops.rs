@@ -172,7 +172,7 @@ fn publish<'a>(spec: &'a VolumeSpec, pod: &'a PodInfo, target: &'a Path) -> Publ
 }
 
 fn unpublish(target: &Path) -> UnpublishRequest<'_> {
-    UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "vol", target }
+    UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "vol", target, spec: None }
 }
 
 fn base_options(name: &str, fs_type: &str, rw: &str) -> BTreeMap<String, String> {

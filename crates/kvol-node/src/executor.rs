@@ -371,6 +371,7 @@ impl Executor {
                     pod_uid: &volume.key.pod_uid,
                     pod_volume_name: &volume.key.volume,
                     target: &volume.target,
+                    spec: Some(&volume.spec),
                 };
                 mounter.unpublish(&request).await.map_err(Failed::from)?;
                 Ok(ActualChange::RemovePublished(volume.key.clone()))

@@ -255,6 +255,9 @@ pub struct UnpublishRequest<'a> {
     pub pod_uid: &'a str,
     pub pod_volume_name: &'a str,
     pub target: &'a Path,
+    /// The volume as the agent's journal knows it, when it does: what a plugin tears down by
+    /// when the node's own records of it (a CSI `vol_data.json`) are lost or corrupt.
+    pub spec: Option<&'a VolumeSpec>,
 }
 
 /// Publishes a volume into a pod's volume directory and takes it out again.

@@ -847,7 +847,7 @@ mod tests {
             mount_options: &[],
         };
         p.mounter().unwrap().publish(&req).await.unwrap();
-        let unreq = UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "v", target };
+        let unreq = UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "v", target, spec: None };
         p.mounter().unwrap().unpublish(&unreq).await.unwrap();
         dm.unstage(&staging).await.unwrap();
         attacher.detach("d.example.com^pv-1", "node-a").await.unwrap();

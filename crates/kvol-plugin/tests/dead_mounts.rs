@@ -118,7 +118,8 @@ impl FuseVolume {
     /// Tears the pod's volume down, bounded so a hang fails the test instead of wedging it.
     async fn unpublish(&self) -> Duration {
         let started = Instant::now();
-        let request = UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "fuse", target: &self.target };
+        let request =
+            UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "fuse", target: &self.target, spec: None };
         tokio::time::timeout(Duration::from_secs(30), self.plugin.unpublish(&request))
             .await
             .expect("teardown of a dead mount must not hang")

@@ -114,7 +114,7 @@ fn publish_request<'a>(spec: &'a VolumeSpec, target: &'a Path, read_only: bool) 
 }
 
 fn unpublish_request(target: &Path) -> UnpublishRequest<'_> {
-    UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "", target }
+    UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "", target, spec: None }
 }
 
 fn empty_dir(medium: Option<&str>, size_limit: Option<&str>) -> VolumeSpec {

@@ -134,3 +134,46 @@ fn the_directory_of_a_pod_that_is_gone_goes_even_with_files_in_it_but_never_thro
     nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
     node.wait(LIMIT, |r| !busy.exists() && !r.problems.iter().any(|p| p.contains("stays"))).unwrap();
 }
+
+const STORAGE: &str = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: kvol-hostpath}\nprovisioner: hostpath.csi.kvol.io\n---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: hostpath.csi.kvol.io}\nspec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Persistent, Ephemeral]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data, namespace: default}\nspec:\n  storageClassName: kvol-hostpath\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 16Mi}}\n";
+
+const CSI_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  containers: [{name: c, image: busybox}]\n  volumes:\n  - {name: data, persistentVolumeClaim: {claimName: data}}\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n";
+
+#[test]
+fn a_lost_empty_or_corrupt_vol_data_json_does_not_keep_a_volume_mounted() {
+    support::enter_private_mount_namespace();
+    type Damage = fn(&std::path::Path);
+    let damages: [(&str, Damage); 3] = [
+        ("deleted", |f| std::fs::remove_file(f).unwrap()),
+        ("empty", |f| std::fs::write(f, "").unwrap()),
+        ("not json", |f| std::fs::write(f, "{\"driverName\": ").unwrap()),
+    ];
+    for (what, damage) in damages {
+        let mut node = Node::new();
+        node.write("00-storage.yaml", STORAGE);
+        node.write("pod.yaml", CSI_POD);
+        node.start();
+        let report = node
+            .wait(LIMIT, |r| r.volumes.len() == 2 && r.volumes.iter().all(|v| v.phase == Phase::Published))
+            .unwrap_or_else(|s| panic!("{what}: never published: {s}"));
+        let targets: Vec<std::path::PathBuf> =
+            report.volumes.iter().map(|v| v.target.clone().unwrap()).collect();
+        // Killed, the pod removed meanwhile, and each volume's vol_data.json damaged.
+        node.kill_9();
+        node.remove("pod.yaml");
+        for target in &targets {
+            damage(&target.join("vol_data.json"));
+        }
+        node.start();
+        node.wait(LIMIT, |r| r.volumes.is_empty())
+            .unwrap_or_else(|s| panic!("{what}: the volumes were never torn down: {s}"));
+        for target in &targets {
+            assert!(!target.join("mount").exists(), "{what}: {} left", target.display());
+        }
+        assert!(
+            node.mounts().iter().all(|m| !m.target.starts_with(node.root.join("kubelet/pods"))),
+            "{what}: {:#?}",
+            node.mounts()
+        );
+    }
+}

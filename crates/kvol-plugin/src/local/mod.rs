@@ -219,7 +219,7 @@ pub(crate) mod test_support {
     }
 
     pub fn unpublish_request(target: &Path) -> UnpublishRequest<'_> {
-        UnpublishRequest { pod_uid: "", pod_volume_name: "", target }
+        UnpublishRequest { pod_uid: "", pod_volume_name: "", target, spec: None }
     }
 
     /// Runs a lifecycle call to completion on this thread.
