@@ -604,7 +604,7 @@ impl CsiPlugin {
                     return Err(CsiError::Driver {
                         driver: self.driver.clone(),
                         reason: format!(
-                            "cannot unpublish {}: {} is missing and no record names the volume, so its handle is unknown",
+                            "cannot unpublish {}: {} is missing, so the volume handle is unknown (no record of the agent names it either)",
                             target.display(),
                             dir.join(paths::VOL_DATA_FILE).display()
                         ),

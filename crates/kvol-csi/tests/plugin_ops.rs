@@ -1507,6 +1507,32 @@ async fn a_corrupt_volume_record_is_an_error_naming_it() {
 }
 
 #[tokio::test]
+async fn with_the_journals_record_a_lost_or_corrupt_volume_record_is_no_obstacle() {
+    let f = Setup::new().start().await;
+    let spec = plain_pv("pv-1", "vol-1");
+    let target = f.target("pv-1");
+    for record in [Some("{\"driverName\": "), Some(""), None] {
+        fs::create_dir_all(target.join("mount")).unwrap();
+        if let Some(text) = record {
+            fs::write(target.join(paths::VOL_DATA_FILE), text).unwrap();
+        }
+        let request =
+            UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "v", target: &target, spec: Some(&spec) };
+        f.plugin.mounter().unwrap().unpublish(&request).await.unwrap_or_else(|e| panic!("{record:?}: {e}"));
+        let handles: Vec<String> = f
+            .volume_calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Unpublish(r) => Some(r.volume_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(handles.last().map(String::as_str), Some("vol-1"), "{record:?}: by the journal's handle");
+        assert!(!target.exists(), "{record:?}: the pod volume directory is gone");
+    }
+}
+
+#[tokio::test]
 async fn unpublish_never_deletes_what_the_driver_left_behind() {
     let mut setup = Setup::new();
     setup.behaviour.create_target = true;
