@@ -9,7 +9,7 @@
 //! change, an operation ends, a retry falls due or the resync timer fires. SIGTERM stops the
 //! loop and lets running operations finish; nothing is unmounted (volumes outlive the agent).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -83,7 +83,9 @@ async fn open_store(path: &std::path::Path) -> Result<Store, String> {
 }
 
 /// How long start-up waits for the Flexvolume drivers on disk to load before the first plan.
-const FIRST_PROBE_WAIT: Duration = Duration::from_secs(15);
+/// A driver still undecided then (its `init` still running: hung, or slow) holds up only the
+/// volumes that may be its own, never the others.
+const FIRST_PROBE_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs the agent on its manifests directory until `shutdown` completes.
 pub async fn run_agent(
@@ -161,7 +163,7 @@ async fn run(
     let mut flex_progress = prober.progress();
     let first_probe = flex_progress.wait_for(|p| p.rescans >= 1 && !p.busy);
     if tokio::time::timeout(FIRST_PROBE_WAIT, first_probe).await.is_err() {
-        tracing::warn!(dir = %config.volume_plugin_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them");
+        tracing::warn!(dir = %config.volume_plugin_dir.display(), waited_s = FIRST_PROBE_WAIT.as_secs(), "flexvolume drivers still loading; starting without them (their volumes wait, no other does)");
     }
     // Reconstruction, once the plugins on disk are known: what the node has and no record
     // accounts for becomes an uncertain record, torn down (or published again) through its
@@ -265,6 +267,8 @@ async fn run(
         executor: &executor,
         handler: &handler,
         registration: &watcher,
+        flex_prober: &prober,
+        undecided_flex: undecided_flex_drivers(&config.volume_plugin_dir, &prober),
         sockets_at_start,
         node_storage_open: false,
         objects: &objects,
@@ -344,6 +348,10 @@ struct Loop<'a> {
     executor: &'a Arc<Executor>,
     handler: &'a Arc<CsiRegistrationHandler>,
     registration: &'a RegistrationWatcher,
+    flex_prober: &'a FlexProber,
+    /// Flexvolume drivers on disk at start whose first probe has not ended: the teardown of a
+    /// volume of theirs waits for it (their volumes resolve only once they load).
+    undecided_flex: BTreeSet<String>,
     /// The registration sockets there at start, and whether the cluster may be told the
     /// node's storage yet (once it may, it always may).
     sockets_at_start: Vec<PathBuf>,
@@ -495,12 +503,19 @@ impl Loop<'_> {
     }
 
     /// The plan's operations and the republishes due, submitted to the executor.
-    fn submit(&self, desired: &DesiredState, resolutions: &Resolutions) {
+    fn submit(&mut self, desired: &DesiredState, resolutions: &Resolutions) {
+        if !self.undecided_flex.is_empty() {
+            let decided: BTreeSet<String> = self.flex_prober.status().into_iter().map(|d| d.name).collect();
+            self.undecided_flex.retain(|name| !decided.contains(name));
+        }
         let exec = self.executor.snapshot();
         // In a cluster, an attachable volume is mounted only once the API lists it in use.
         let reported = self.config.node_storage.as_ref().and_then(|sink| sink.reported_in_use());
         for op in plan(desired, resolutions, &exec.actual, &exec.busy()) {
             if reported.as_ref().is_some_and(|reported| waits_for_in_use(&op, resolutions, reported)) {
+                continue;
+            }
+            if !self.undecided_flex.is_empty() && self.undecided_flex.contains(op.plugin()) {
                 continue;
             }
             self.executor.submit(op);
@@ -736,6 +751,18 @@ impl PartialEq for ResolveKey {
             && self.plugins == other.plugins
             && self.migration == other.migration
     }
+}
+
+/// The Flexvolume drivers in `dir` (as `vendor/driver`) that `prober` has not decided on yet.
+fn undecided_flex_drivers(dir: &std::path::Path, prober: &FlexProber) -> BTreeSet<String> {
+    let decided: BTreeSet<String> = prober.status().into_iter().map(|d| d.name).collect();
+    let Ok(entries) = std::fs::read_dir(dir) else { return BTreeSet::new() };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(kvol_flex::naming::driver_name))
+        .filter(|name| !decided.contains(name))
+        .collect()
 }
 
 /// Copies the example drivers' scripts into the Flexvolume directory with the atomic

@@ -177,3 +177,46 @@ fn a_lost_empty_or_corrupt_vol_data_json_does_not_keep_a_volume_mounted() {
         );
     }
 }
+
+/// A Flexvolume driver `kvol/<name>` whose `init` runs `init` (a shell fragment), and whose
+/// `mount` makes the directory.
+fn flex_driver(node: &Node, name: &str, init: &str) {
+    let dir = node.root.join(format!("flexvolume/kvol~{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join(name);
+    let text = format!(
+        "#!/bin/sh\ncase \"$1\" in\n  init) {init} ;;\n  mount) mkdir -p \"$2\"; echo '{{\"status\": \"Success\"}}' ;;\n  unmount) rmdir \"$2\" 2>/dev/null; echo '{{\"status\": \"Success\"}}' ;;\n  *) echo '{{\"status\": \"Not supported\"}}' ;;\nesac\n"
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn a_hung_flexvolume_driver_holds_up_only_its_own_volumes_at_start() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    const LOADED: &str = "echo '{\"status\": \"Success\", \"capabilities\": {\"attach\": false}}'";
+    flex_driver(&node, "healthy", LOADED);
+    flex_driver(&node, "hung", "sleep 600");
+    let pod = |name: &str, volume: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: c, image: busybox}}]\n  volumes: [{volume}]\n"
+        )
+    };
+    node.write("a.yaml", &pod("cache", "{name: v, emptyDir: {}}"));
+    node.write("b.yaml", &pod("healthy", "{name: v, flexVolume: {driver: kvol/healthy}}"));
+    node.write("c.yaml", &pod("hung", "{name: v, flexVolume: {driver: kvol/hung}}"));
+    let start = Instant::now();
+    node.start();
+    let published =
+        |r: &StatusReport, pod: &str| volume(r, pod, "v").is_some_and(|v| v.phase == Phase::Published);
+    let report =
+        node.wait(LIMIT, |r| published(r, "default/cache") && published(r, "default/healthy")).unwrap();
+    let took = start.elapsed();
+    eprintln!(
+        "the other drivers' and plugins' volumes published {took:?} after start, the hung driver's init still running"
+    );
+    assert!(took < Duration::from_secs(5), "held up by the hung driver: {took:?}");
+    assert!(!published(&report, "default/hung"), "{:#?}", report.volumes);
+    assert!(node.agent_log().contains("starting without them"), "{}", node.agent_log());
+}
