@@ -220,3 +220,33 @@ fn a_hung_flexvolume_driver_holds_up_only_its_own_volumes_at_start() {
     assert!(!published(&report, "default/hung"), "{:#?}", report.volumes);
     assert!(node.agent_log().contains("starting without them"), "{}", node.agent_log());
 }
+
+#[test]
+fn a_leftover_that_cannot_be_settled_is_said_once_not_re_decided_every_pass() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    // A CSI pod volume directory of a pod that is gone, its record naming a driver that is not
+    // registered, nothing mounted.
+    let dir = node
+        .root
+        .join("kubelet/pods/0b6c3f0e-0000-4000-8000-000000000003/volumes/kubernetes.io~csi/pv-stray");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("vol_data.json"),
+        r#"{"driverName": "gone.csi.example", "volumeHandle": "h-1", "specVolID": "pv-stray", "volumeLifecycleMode": "Persistent"}"#,
+    )
+    .unwrap();
+    node.start();
+    node.wait(LIMIT, |r| !r.volumes.is_empty()).unwrap();
+    // Resyncs every second: ten of them.
+    std::thread::sleep(Duration::from_secs(10));
+    let log = node.agent_log();
+    let lines = |words: &str| log.lines().filter(|l| l.contains(words)).count();
+    let (adopted, republished) =
+        (lines("adopted a pod volume directory"), lines("published volume's mount is gone"));
+    eprintln!("in ~10 s: adopted {adopted}, mount gone {republished}");
+    assert!(adopted <= 1 && republished == 0, "re-decided every pass:\n{log}");
+    let report = node.status().unwrap();
+    let v = report.volumes.first().unwrap();
+    assert!(v.last_error.is_some(), "the reason is shown: {v:#?}");
+}

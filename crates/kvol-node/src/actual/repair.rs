@@ -90,13 +90,16 @@ pub fn adopt_leftovers(
     (dirs, pod_dirs_left)
 }
 
-/// Forgets publications whose mount is gone, so they are published again. Disk emptyDirs are
+/// Forgets publications whose mount is gone, so they are published again (certain ones only).
+/// Disk emptyDirs are
 /// plain directories: their directory must exist.
 pub fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
     let Ok(mounts) = mounter.mount_points() else { return };
     let exec = executor.snapshot();
     for (key, volume) in &exec.actual.published {
-        if exec.running.contains_key(&format!("pod:{key}")) {
+        // An uncertain record is already published again if wanted and torn down if not:
+        // forgetting it would only have it adopted again, and again, every resync.
+        if volume.uncertain || exec.running.contains_key(&format!("pod:{key}")) {
             continue;
         }
         let checked = kvol_plugin::block::mount_check_path(&volume.target);
