@@ -91,8 +91,7 @@ pub fn adopt_leftovers(
 }
 
 /// Forgets publications whose mount is gone, so they are published again (certain ones only).
-/// Disk emptyDirs are
-/// plain directories: their directory must exist.
+/// Disk emptyDirs are plain directories: their directory must exist.
 pub fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
     let Ok(mounts) = mounter.mount_points() else { return };
     let exec = executor.snapshot();
