@@ -4,6 +4,7 @@ pub mod driver;
 pub mod error;
 pub mod install;
 pub mod leftovers;
+pub mod log_gate;
 pub mod naming;
 pub mod options;
 pub mod plugin;

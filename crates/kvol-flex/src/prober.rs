@@ -453,6 +453,8 @@ struct Context {
     owner_uid: u32,
     limits: CallLimits,
     host: PluginHost,
+    /// One line per driver directory per second: a directory churning logs a summary.
+    log_gate: crate::log_gate::LogGate,
 }
 
 type SharedWatcher = Arc<Mutex<RecommendedWatcher>>;
@@ -494,8 +496,9 @@ fn prepare(
     };
     if let Some(w) = watcher
         && let Err(e) = lock(w).watch(&dir, RecursiveMode::NonRecursive)
+        && let Some(held_back) = ctx.log_gate.pass(dir_name)
     {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot watch flexvolume driver directory");
+        tracing::warn!(dir = %dir.display(), error = %e, held_back, "cannot watch flexvolume driver directory");
     }
     match std::fs::symlink_metadata(&driver.executable) {
         Ok(_) => {}
@@ -597,6 +600,7 @@ pub async fn probe_all_once(config: &ProberConfig, host: PluginHost) -> (Vec<Plu
         owner_uid: config.owner_uid,
         limits: config.limits,
         host,
+        log_gate: crate::log_gate::LogGate::default(),
     });
     let dirs = match list_driver_dirs(&config.dir) {
         Ok(d) => d,
@@ -709,6 +713,7 @@ impl FlexProber {
                 owner_uid: config.owner_uid,
                 limits: config.limits,
                 host,
+                log_gate: crate::log_gate::LogGate::default(),
             }),
             watcher: Arc::new(Mutex::new(watcher)),
             registry,
@@ -874,8 +879,10 @@ impl Discovery {
 
     /// Adds `dir`'s watch again (a `Gone` of a quieted driver whose directory stays).
     fn rewatch(&self, dir: &Path) {
-        if let Err(e) = lock(&self.watcher).watch(dir, RecursiveMode::NonRecursive) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch flexvolume driver directory");
+        if let Err(e) = lock(&self.watcher).watch(dir, RecursiveMode::NonRecursive)
+            && let Some(held_back) = self.ctx.log_gate.pass(&dir.to_string_lossy())
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, held_back, "cannot watch flexvolume driver directory");
         }
     }
 
@@ -1032,8 +1039,10 @@ impl Discovery {
             }
             Outcome::Absent => {
                 self.unpublish(&dir);
-                if lock(&self.shared.status).remove(&dir).is_some() {
-                    tracing::info!(dir = %dir, "flexvolume driver directory gone");
+                if lock(&self.shared.status).remove(&dir).is_some()
+                    && let Some(held_back) = self.ctx.log_gate.pass(&dir)
+                {
+                    tracing::info!(dir = %dir, held_back, "flexvolume driver directory gone");
                 }
             }
         }
@@ -1054,12 +1063,16 @@ impl Discovery {
         if status.get(dir) == Some(&entry) {
             return;
         }
-        match &entry.state {
-            DriverState::Loaded { capabilities } => {
-                tracing::info!(driver = %entry.name, dir = %dir, ?capabilities, "flexvolume driver loaded")
+        // A directory coming and going thousands of times a second: a line a second, with the
+        // count of those held back.
+        let gate = self.ctx.log_gate.pass(dir);
+        match (&entry.state, gate) {
+            (_, None) => {}
+            (DriverState::Loaded { capabilities }, Some(held_back)) => {
+                tracing::info!(driver = %entry.name, dir = %dir, ?capabilities, held_back, "flexvolume driver loaded")
             }
-            DriverState::Failed { reason } => {
-                tracing::warn!(driver = %entry.name, dir = %dir, %reason, "flexvolume driver not loaded")
+            (DriverState::Failed { reason }, Some(held_back)) => {
+                tracing::warn!(driver = %entry.name, dir = %dir, %reason, held_back, "flexvolume driver not loaded")
             }
         }
         status.insert(dir.to_string(), entry);

@@ -250,3 +250,27 @@ fn a_leftover_that_cannot_be_settled_is_said_once_not_re_decided_every_pass() {
     let v = report.volumes.first().unwrap();
     assert!(v.last_error.is_some(), "the reason is shown: {v:#?}");
 }
+
+#[test]
+fn a_flexvolume_directory_churning_logs_a_line_a_second_not_one_per_event() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    let plugins = node.root.join("flexvolume");
+    std::fs::create_dir_all(&plugins).unwrap();
+    node.start();
+    node.wait(LIMIT, |_| true).unwrap();
+    let dir = plugins.join("churn~driver");
+    let start = Instant::now();
+    for _ in 0..10_000 {
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+    }
+    let churned = start.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let log = node.agent_log();
+    let lines = log.lines().filter(|l| l.contains("churn~driver")).count();
+    let seconds = churned.as_secs() + 3;
+    eprintln!("10,000 create/delete cycles in {churned:?}: {lines} log lines about the directory");
+    // Three kinds of line (not loaded, gone, cannot watch), each at most once a second.
+    assert!(lines as u64 <= 3 * seconds, "{lines} lines in ~{seconds} s:\n{log}");
+}
