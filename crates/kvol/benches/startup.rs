@@ -5,8 +5,10 @@
 //! 1,000) CSI ephemeral volumes of the bundled driver (real bind mounts, `vol_data.json` beside
 //! each), four per pod, and is stopped with SIGTERM (volumes stay mounted). Then the agent is
 //! started again (a) with the same pods wanted and (b) after `kill -9` with every pod removed,
-//! so each directory is an orphan to reconstruct and tear down. Numbers are printed, never
-//! asserted; the goal for (a) and (b) up to the first pass is ≤ 1 s.
+//! so each directory is an orphan to reconstruct and tear down, and (c) as (b) beside
+//! `KVOL_BENCH_UNRELATED_MOUNTS` (default 10,000) unrelated bind mounts. Numbers are printed,
+//! never asserted; the goals: the first pass ≤ 1 s, all torn down ≤ 5 s, with or without the
+//! unrelated mounts.
 
 use std::io::{BufRead, BufReader, Seek};
 use std::path::{Path, PathBuf};
@@ -209,6 +211,43 @@ fn main() {
     let (dirs, mounts) = on_disk(&root);
     println!("  (b) left after the run: {dirs} pod volume directories, {mounts} mounts");
     drop(orphans);
+
+    // (c) As (b), beside 10,000 unrelated mounts (a node running containers has thousands of
+    // overlay mounts): no decision that reads the mount table may become a parse per volume.
+    let unrelated = tempfile::tempdir().unwrap();
+    let source = unrelated.path().join("source");
+    std::fs::create_dir_all(&source).unwrap();
+    let extra: usize =
+        std::env::var("KVOL_BENCH_UNRELATED_MOUNTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let mut targets = Vec::with_capacity(extra);
+    for i in 0..extra {
+        let target = unrelated.path().join(format!("m{i}"));
+        std::fs::create_dir(&target).unwrap();
+        nix::mount::mount(Some(&source), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        targets.push(target);
+    }
+    for i in 0..pods {
+        write(&manifests, &format!("p{i}.yaml"), &pod(i));
+    }
+    let republish = Agent::start(&root, root.join("republish.log"));
+    let pid = republish.pid();
+    republish.milestones(&[], || published(&root, pid) == n, limit);
+    republish.stop(nix::sys::signal::Signal::SIGKILL);
+    for i in 0..pods {
+        std::fs::remove_file(manifests.join(format!("p{i}.yaml"))).unwrap();
+    }
+    let crowded = Agent::start(&root, root.join("crowded.log"));
+    let times = crowded.milestones(&needles, || on_disk(&root) == (0, 0), Duration::from_secs(120));
+    show(
+        &format!("(c) every pod gone, beside {extra} unrelated mounts"),
+        &needles,
+        "no directory or mount left",
+        &times,
+    );
+    drop(crowded);
+    for target in targets.iter().rev() {
+        let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+    }
     let mut left: Vec<String> = std::fs::read_to_string("/proc/thread-self/mountinfo")
         .unwrap()
         .lines()
