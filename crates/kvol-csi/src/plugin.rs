@@ -282,6 +282,59 @@ impl CsiPlugin {
         }
     }
 
+    /// NodeUnstageVolume of the volume staged at `staging_path`: by the journal's record
+    /// (`journal`) first, the staging directory's `vol_data.json` second, so a lost, empty or
+    /// corrupt file does not leave a staging mount behind for good.
+    async fn unstage_volume(&self, staging_path: &Path, journal: Option<&VolumeSpec>) -> PluginResult<()> {
+        let Some(dir) = self.stage_record_dir(staging_path) else { return Ok(()) };
+        let dir = dir.as_path();
+        if !self.reach(&self.host.paths.open_root()?, staging_path)? {
+            tracing::debug!(driver = %self.driver, path = %staging_path.display(), "nothing to unstage");
+            return Ok(());
+        }
+        let journal_handle = journal.and_then(|spec| match self.source(spec).ok()? {
+            Source::Persistent { csi, .. } => Some(csi.volume_handle.clone()),
+            Source::Ephemeral { .. } => None,
+        });
+        let handle = match (journal_handle, local(load_vol_data(dir))) {
+            (Some(handle), on_disk) => {
+                if let Ok(Some(record)) = &on_disk {
+                    self.check_record_driver(&record.driver_name, dir)?;
+                } else {
+                    tracing::info!(driver = %self.driver, path = %staging_path.display(), "staging record unusable; unstaging by the journal's record");
+                }
+                handle
+            }
+            (None, Ok(Some(record))) => {
+                self.check_record_driver(&record.driver_name, dir)?;
+                record.volume_handle
+            }
+            (None, Ok(None)) => {
+                tracing::debug!(
+                    driver = %self.driver, path = %staging_path.display(),
+                    "nothing to unstage: no volume record"
+                );
+                return Ok(());
+            }
+            (None, Err(e)) => return Err(e),
+        };
+        if self.capabilities.node.stage_unstage {
+            tracing::info!(
+                driver = %self.driver, volume = %handle, staging = %staging_path.display(),
+                "NodeUnstageVolume"
+            );
+            already_gone(self.client.node_unstage(&handle, staging_path).await, &self.driver)?;
+        }
+        self.remove_driver_dir(staging_path, "NodeUnstageVolume")?;
+        local(remove_vol_data(dir))?;
+        // The attach record, if any, keeps the directory until detach.
+        local(remove_dir_if_empty(dir))?;
+        if let Some(spec_name) = paths::block_spec_of_stage_path(staging_path) {
+            self.remove_block_dirs(spec_name)?;
+        }
+        Ok(())
+    }
+
     /// The volume handle of an unpublish's journal record (a persistent volume's, or the
     /// ephemeral handle of an inline one); `None` without a record of this driver's.
     fn journal_handle(&self, req: &UnpublishRequest<'_>) -> Option<String> {
@@ -1148,35 +1201,11 @@ impl DeviceMounter for CsiPlugin {
     /// the staging path, the record and the volume directory when empty. No record: nothing
     /// was staged here (upstream skips too).
     async fn unstage(&self, staging_path: &Path) -> PluginResult<()> {
-        let Some(dir) = self.stage_record_dir(staging_path) else { return Ok(()) };
-        let dir = dir.as_path();
-        if !self.reach(&self.host.paths.open_root()?, staging_path)? {
-            tracing::debug!(driver = %self.driver, path = %staging_path.display(), "nothing to unstage");
-            return Ok(());
-        }
-        let Some(record) = local(load_vol_data(dir))? else {
-            tracing::debug!(
-                driver = %self.driver, path = %staging_path.display(),
-                "nothing to unstage: no volume record"
-            );
-            return Ok(());
-        };
-        self.check_record_driver(&record.driver_name, dir)?;
-        if self.capabilities.node.stage_unstage {
-            tracing::info!(
-                driver = %self.driver, volume = %record.volume_handle, staging = %staging_path.display(),
-                "NodeUnstageVolume"
-            );
-            already_gone(self.client.node_unstage(&record.volume_handle, staging_path).await, &self.driver)?;
-        }
-        self.remove_driver_dir(staging_path, "NodeUnstageVolume")?;
-        local(remove_vol_data(dir))?;
-        // The attach record, if any, keeps the directory until detach.
-        local(remove_dir_if_empty(dir))?;
-        if let Some(spec_name) = paths::block_spec_of_stage_path(staging_path) {
-            self.remove_block_dirs(spec_name)?;
-        }
-        Ok(())
+        self.unstage_volume(staging_path, None).await
+    }
+
+    async fn unstage_recorded(&self, staging_path: &Path, spec: &VolumeSpec) -> PluginResult<()> {
+        self.unstage_volume(staging_path, Some(spec)).await
     }
 }
 

@@ -378,7 +378,7 @@ impl Executor {
             }
             Operation::Unstage { volume } => {
                 let stager = plugin.device_mounter().ok_or_else(|| missing("unstage"))?;
-                stager.unstage(&volume.staging_path).await.map_err(Failed::from)?;
+                stager.unstage_recorded(&volume.staging_path, &volume.spec).await.map_err(Failed::from)?;
                 Ok(ActualChange::RemoveStaged(volume.unique_name.clone()))
             }
             Operation::Detach { volume } => {

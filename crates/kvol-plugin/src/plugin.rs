@@ -228,6 +228,14 @@ pub trait DeviceMounter: Send + Sync {
     fn device_mount_path(&self, spec: &VolumeSpec) -> Result<PathBuf>;
     async fn stage(&self, spec: &VolumeSpec, device_path: Option<&str>, staging_path: &Path) -> Result<()>;
     async fn unstage(&self, staging_path: &Path) -> Result<()>;
+
+    /// [`DeviceMounter::unstage`] of a volume the agent's journal records as `spec`: what a
+    /// plugin tears down by when the node's own record of the staging (a CSI
+    /// `vol_data.json`) is lost or corrupt. By default, the same as `unstage`.
+    async fn unstage_recorded(&self, staging_path: &Path, spec: &VolumeSpec) -> Result<()> {
+        let _ = spec;
+        self.unstage(staging_path).await
+    }
 }
 
 pub use kvol_api::pod::{FsGroupChangePolicy, PodInfo};

@@ -164,8 +164,14 @@ fn a_lost_empty_or_corrupt_vol_data_json_does_not_keep_a_volume_mounted() {
         for target in &targets {
             damage(&target.join("vol_data.json"));
         }
+        // The staging path's record too (the claim's volume is staged by the bundled driver).
+        let staging_records = staging_records(&node.root.join("kubelet/plugins/kubernetes.io/csi"));
+        assert!(!staging_records.is_empty(), "{what}: the claim's volume is staged");
+        for record in &staging_records {
+            damage(record);
+        }
         node.start();
-        node.wait(LIMIT, |r| r.volumes.is_empty())
+        node.wait(LIMIT, |r| r.volumes.is_empty() && r.node_volumes.is_empty())
             .unwrap_or_else(|s| panic!("{what}: the volumes were never torn down: {s}"));
         for target in &targets {
             assert!(!target.join("mount").exists(), "{what}: {} left", target.display());
@@ -273,4 +279,17 @@ fn a_flexvolume_directory_churning_logs_a_line_a_second_not_one_per_event() {
     eprintln!("10,000 create/delete cycles in {churned:?}: {lines} log lines about the directory");
     // Three kinds of line (not loaded, gone, cannot watch), each at most once a second.
     assert!(lines as u64 <= 3 * seconds, "{lines} lines in ~{seconds} s:\n{log}");
+}
+
+/// The `vol_data.json` files of staging directories under `dir` (`<driver>/<hash>/`).
+fn staging_records(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let children = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(d).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+    };
+    children(dir)
+        .iter()
+        .flat_map(|driver| children(driver))
+        .map(|volume| volume.join("vol_data.json"))
+        .filter(|record| record.is_file())
+        .collect()
 }
