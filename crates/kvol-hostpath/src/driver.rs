@@ -61,7 +61,7 @@ impl Hostpath {
         if !self.mounter.is_mount_point(&path).map_err(internal)? {
             return Ok(None);
         }
-        let mounts = self.mounter.mount_points().map_err(internal)?;
+        let mounts = self.mounter.mounts_under(&path).map_err(internal)?;
         Ok(mounts.into_iter().rfind(|m| m.target == path))
     }
 

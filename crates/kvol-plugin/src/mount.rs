@@ -260,14 +260,58 @@ impl Mounter for SystemMounter {
     }
 
     fn mount_points(&self) -> Result<Vec<MountPoint>, MountError> {
-        // thread-self, not self: a thread that unshared its mount namespace (tests do) sees its
-        // own table there, while /proc/self shows the main thread's.
-        let path = Path::new("/proc/thread-self/mountinfo");
-        let text = std::fs::read_to_string(path).map_err(|e| MountError::new("read", path, e))?;
-        parse_mountinfo(&text).map_err(|reason| {
-            MountError::new("parse", path, io::Error::new(io::ErrorKind::InvalidData, reason))
-        })
+        let text = read_mountinfo()?;
+        parse_mountinfo(&text).map_err(parse_error)
     }
+
+    /// Parses only the lines of mounts at or below `path`: on a node with thousands of
+    /// container mounts, a look under one volume must not cost them all.
+    fn mounts_under(&self, path: &Path) -> Result<Vec<MountPoint>, MountError> {
+        let text = read_mountinfo()?;
+        parse_mountinfo(&mountinfo_lines_under(&text, path)).map_err(parse_error)
+    }
+}
+
+/// Where this thread's mount table is read: thread-self, not self, as a thread that unshared
+/// its mount namespace (tests do) sees its own table there, while /proc/self shows the main
+/// thread's.
+const MOUNTINFO: &str = "/proc/thread-self/mountinfo";
+
+fn read_mountinfo() -> Result<String, MountError> {
+    let path = Path::new(MOUNTINFO);
+    std::fs::read_to_string(path).map_err(|e| MountError::new("read", path, e))
+}
+
+fn parse_error(reason: String) -> MountError {
+    MountError::new("parse", Path::new(MOUNTINFO), io::Error::new(io::ErrorKind::InvalidData, reason))
+}
+
+/// The lines of `text` (a mountinfo table) whose mount target is `path` or lies below it,
+/// compared in the kernel's escaped form so no other line is decoded. Pure.
+pub fn mountinfo_lines_under(text: &str, path: &Path) -> String {
+    let mut prefix = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            ' ' => prefix.push_str("\\040"),
+            '\t' => prefix.push_str("\\011"),
+            '\n' => prefix.push_str("\\012"),
+            '\\' => prefix.push_str("\\134"),
+            c => prefix.push(c),
+        }
+    }
+    let prefix = prefix.trim_end_matches('/');
+    let under = |target: &str| {
+        target.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            || (prefix.is_empty() && target.starts_with('/'))
+    };
+    let mut out = String::new();
+    for line in text.lines() {
+        if line.split(' ').nth(4).is_some_and(under) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Parses `/proc/<pid>/mountinfo` (proc(5)): `id parent major:minor root target options
@@ -445,6 +489,36 @@ mod tests {
         assert_eq!(mounts[0].options, ["rw", "noatime", "rw", "errors=continue"]);
         assert!(!mounts[0].read_only());
         assert_eq!(mounts[1].options, ["rw", "nosuid", "ro", "size=65536k"]);
+    }
+
+    #[test]
+    fn only_the_lines_under_a_path_are_kept_escapes_and_all() {
+        let text = "36 35 98:0 / /var/lib/kubelet rw - ext4 /dev/a rw\n\
+                    37 36 98:0 / /var/lib/kubelet/pods/u/volumes/x rw - ext4 /dev/a rw\n\
+                    38 36 98:0 / /var/lib/kubeletx rw - ext4 /dev/a rw\n\
+                    39 36 0:5 / /var/lib/kubelet/my\\040dir/in rw - tmpfs t rw\n\
+                    40 1 0:6 / /proc rw - proc proc rw\n";
+        let targets = |path: &str| -> Vec<String> {
+            parse_mountinfo(&mountinfo_lines_under(text, Path::new(path)))
+                .unwrap()
+                .into_iter()
+                .map(|m| m.target.display().to_string())
+                .collect()
+        };
+        assert_eq!(
+            targets("/var/lib/kubelet"),
+            ["/var/lib/kubelet", "/var/lib/kubelet/pods/u/volumes/x", "/var/lib/kubelet/my dir/in"]
+        );
+        assert_eq!(targets("/var/lib/kubelet/"), targets("/var/lib/kubelet"));
+        assert_eq!(targets("/var/lib/kubelet/my dir"), ["/var/lib/kubelet/my dir/in"]);
+        assert_eq!(targets("/var/lib/kubelet/pods/u/volumes/x/mount"), Vec::<String>::new());
+        assert_eq!(targets("/").len(), 5);
+        // The same answer as the whole table filtered, on this machine's table.
+        let all = SystemMounter.mount_points().unwrap();
+        for path in ["/", "/proc", "/sys", "/nowhere"] {
+            let want: Vec<MountPoint> = all.iter().filter(|m| m.target.starts_with(path)).cloned().collect();
+            assert_eq!(SystemMounter.mounts_under(Path::new(path)).unwrap(), want, "{path}");
+        }
     }
 
     #[test]
