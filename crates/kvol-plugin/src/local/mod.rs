@@ -3,6 +3,7 @@
 //! Their syscalls run inline in the async lifecycle calls: local mounts and binds return at
 //! once, and running them on the calling thread keeps them in that thread's mount namespace.
 
+pub mod atomic_writer;
 pub mod empty_dir;
 pub mod host_path;
 pub mod local_volume;
