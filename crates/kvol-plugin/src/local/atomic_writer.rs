@@ -75,19 +75,19 @@ fn top_level(payload: &Payload) -> BTreeSet<String> {
         .collect()
 }
 
-/// A timestamped directory's name, as kubelet makes it: `..` and the UTC time as
-/// `2006_01_02_15_04_05.999999999`, then random digits. Pure.
+/// A timestamped directory's name, as kubelet makes it (Go's `os.MkdirTemp` with the pattern
+/// `..2006_01_02_15_04_05.`): `..`, the UTC time to the second, a dot, then random digits —
+/// `..2026_11_27_15_09_42.3351956330` on the kubelet peer. Pure.
 pub fn timestamp_dir_name(now: SystemTime, random: u32) -> String {
     let since = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, day_secs) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
     format!(
-        "..{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}.{:09}{random}",
+        "..{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}.{random}",
         day_secs / 3600,
         day_secs / 60 % 60,
-        day_secs % 60,
-        since.subsec_nanos()
+        day_secs % 60
     )
 }
 
@@ -180,7 +180,9 @@ fn listed_files(volume: &OwnedFd, dir: &str) -> io::Result<BTreeSet<String>> {
 /// Writes `payload` into the volume at `volume_dir` (which `root` holds): a new timestamped
 /// directory, `..data` swapped to it by rename, then the user-visible links, then what the old
 /// payload had and this one does not, and the old directory, removed. Nothing is written when
-/// the volume already holds exactly this payload. Returns whether it wrote.
+/// the volume already holds exactly this payload. `random` names the new directory with the
+/// time (the caller's random digits; a name that exists already is an error, never reused).
+/// Returns whether it wrote.
 pub fn write(root: &Root, volume_dir: &Path, payload: &Payload, random: u32) -> io::Result<bool> {
     validate_payload(payload).map_err(io::Error::other)?;
     let volume = root.open_dir(volume_dir)?;
@@ -192,6 +194,14 @@ pub fn write(root: &Root, volume_dir: &Path, payload: &Payload, random: u32) -> 
     }
     let new = timestamp_dir_name(SystemTime::now(), random);
     let new_dir = volume_dir.join(&new);
+    // A name already there (the same second and the same random digits) is never written into:
+    // it may be the payload readers see now.
+    if rustix::fs::statat(&volume, new.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists already", new_dir.display()),
+        ));
+    }
     root.create_dir_all(&new_dir, 0o755)?;
     for (path, file) in payload {
         let target = new_dir.join(path);
@@ -353,8 +363,9 @@ mod tests {
 
     #[test]
     fn timestamped_names_are_kubelets() {
+        // The kubelet peer's: `..2026_11_27_15_09_42.3351956330`.
         let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 5);
-        assert_eq!(timestamp_dir_name(at, 42), "..2023_11_14_22_13_20.00000000542");
+        assert_eq!(timestamp_dir_name(at, 3_351_956_330), "..2023_11_14_22_13_20.3351956330");
         let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert!(
             timestamp_dir_name(leap, 0).starts_with("..2000_02_29_00_00_00."),
