@@ -2,6 +2,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod downward;
 pub mod field;
 pub mod gates;
 pub mod go_duration;
