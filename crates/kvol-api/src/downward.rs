@@ -137,7 +137,8 @@ mod tests {
     #[test]
     fn resources_are_whole_divisors_rounded_up() {
         // (resource, quantity, divisor, value or error words)
-        let rows: &[(&str, &str, Option<&str>, Result<&str, &str>)] = &[
+        type Row<'a> = (&'a str, &'a str, Option<&'a str>, Result<&'a str, &'a str>);
+        let rows: &[Row] = &[
             ("limits.memory", "64Mi", Some("1Mi"), Ok("64")), // the kubelet peer's
             ("limits.memory", "64Mi", None, Ok("67108864")),
             ("requests.memory", "100Mi", Some("1Gi"), Ok("1")),
