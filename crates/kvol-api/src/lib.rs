@@ -10,6 +10,7 @@ pub mod keys;
 pub mod objects;
 pub mod plugin;
 pub mod pod;
+pub mod projection;
 pub mod quantity;
 pub mod redacted;
 pub mod snapshot;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +50,8 @@ pub struct ObjectSet {
     pub csi_drivers: BTreeMap<String, CSIDriver>,
     /// Secrets by `namespace/name`.
     pub secrets: BTreeMap<String, Secret>,
+    /// ConfigMaps by `namespace/name`.
+    pub config_maps: BTreeMap<String, ConfigMap>,
     /// VolumeSnapshots by `namespace/name`.
     pub volume_snapshots: BTreeMap<String, crate::snapshot::VolumeSnapshot>,
     /// VolumeSnapshotClasses by name.
@@ -68,6 +70,7 @@ impl fmt::Debug for ObjectSet {
             .field("storage_classes", &self.storage_classes)
             .field("csi_drivers", &self.csi_drivers)
             .field("secrets", &crate::redacted::RedactedSecrets(&self.secrets))
+            .field("config_maps", &self.config_maps.keys().collect::<Vec<_>>())
             .field("volume_snapshots", &self.volume_snapshots)
             .field("snapshot_classes", &self.snapshot_classes)
             .field("snapshot_contents", &self.snapshot_contents)
