@@ -14,6 +14,19 @@ pub struct PodInfo {
     /// The pod's `securityContext.fsGroupChangePolicy`.
     #[serde(default)]
     pub fs_group_change_policy: FsGroupChangePolicy,
+    /// The pod's memory limit, when every container has one
+    /// ([`crate::projection::pod_memory_limit`]): what sizes its memory-backed volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+}
+
+/// A service-account token to ask for: its audience and lifetime.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TokenAudience {
+    /// The audience the token is for; empty means the API server's own.
+    pub audience: String,
+    /// How long the token should live; `None` leaves it to the API server (one hour).
+    pub expiration_seconds: Option<i64>,
 }
 
 /// When the `fsGroup` ownership walk runs (`securityContext.fsGroupChangePolicy`).

@@ -8,13 +8,7 @@ use k8s_openapi::api::authentication::v1::TokenRequestStatus;
 pub const SERVICE_ACCOUNT_TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
 
 /// One entry of a CSIDriver's `tokenRequests`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenAudience {
-    /// The audience the token is for; empty means the API server's own.
-    pub audience: String,
-    /// How long the token should live; `None` leaves it to the API server (one hour).
-    pub expiration_seconds: Option<i64>,
-}
+pub use kvol_api::pod::TokenAudience;
 
 /// The value of [`SERVICE_ACCOUNT_TOKENS_KEY`]: a JSON object from audience to the token's
 /// status (`token`, `expirationTimestamp`), as kubelet writes it.

@@ -163,6 +163,7 @@ async fn run() {
             device_path: None,
             read_only: false,
             mount_options: &[],
+            projection: None,
         };
         let start = Instant::now();
         plugin.mounter().unwrap().publish(&request).await.unwrap();

@@ -159,6 +159,7 @@ fn pod() -> PodInfo {
         service_account: "default".into(),
         fs_group: None,
         fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+        memory_limit: None,
     }
 }
 
@@ -189,6 +190,7 @@ async fn publish_write_and_tear_down(
         device_path: None,
         read_only: false,
         mount_options: &[],
+        projection: None,
     };
     plugin.mounter().unwrap().publish(&request).await.unwrap();
     let mount = target.join("mount");
@@ -396,6 +398,7 @@ async fn csi_paths_under_a_planted_symlink_are_refused_and_teardown_removes_noth
         device_path: None,
         read_only: false,
         mount_options: &[],
+        projection: None,
     };
     refused(mounter.publish(&request).await.unwrap_err());
     let unpublish =

@@ -515,6 +515,7 @@ fn pod() -> PodInfo {
         service_account: "web".into(),
         fs_group: None,
         fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+        memory_limit: None,
     }
 }
 
@@ -534,6 +535,7 @@ fn publish_request<'a>(
         device_path,
         read_only: false,
         mount_options: &[],
+        projection: None,
     }
 }
 

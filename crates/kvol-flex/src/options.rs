@@ -303,6 +303,7 @@ mod tests {
             service_account: "builder".into(),
             fs_group: Some(2000),
             fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+            memory_limit: None,
         };
         let secret = BTreeMap::from([("password".to_string(), b"s3cr3t".to_vec())]);
         let overrides =

@@ -87,6 +87,7 @@ fn pod() -> PodInfo {
         service_account: "default".into(),
         fs_group: None,
         fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+        memory_limit: None,
     }
 }
 
@@ -114,6 +115,7 @@ async fn the_tmpfs_driver_publishes_a_sized_tmpfs_into_the_pod() {
         device_path: None,
         read_only: false,
         mount_options: &[],
+        projection: None,
     };
     plugin.mounter().unwrap().publish(&request).await.unwrap();
     let mounted =
@@ -187,6 +189,7 @@ async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
         device_path: Some(&device),
         read_only: false,
         mount_options: &[],
+        projection: None,
     };
     // The driver answers mount with "Not supported": kvol binds the staged filesystem itself.
     plugin.mounter().unwrap().publish(&request).await.unwrap();

@@ -155,6 +155,7 @@ fn pod() -> PodInfo {
         service_account: "builder".into(),
         fs_group: None,
         fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+        memory_limit: None,
     }
 }
 
@@ -168,6 +169,7 @@ fn publish<'a>(spec: &'a VolumeSpec, pod: &'a PodInfo, target: &'a Path) -> Publ
         device_path: None,
         read_only: false,
         mount_options: &[],
+        projection: None,
     }
 }
 

@@ -361,6 +361,7 @@ impl Executor {
                     device_path: volume.device_path.as_deref(),
                     read_only: volume.spec.read_only,
                     mount_options,
+                    projection: None,
                 };
                 mounter.publish(&request).await.map_err(Failed::from)?;
                 Ok(ActualChange::SetPublished(PublishedVolume { uncertain: false, ..volume.clone() }))

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::host::PluginHost;
 use crate::intree::InTreeDescriptor;
-use crate::local::{EmptyDirPlugin, HostPathPlugin, LocalVolumePlugin};
+use crate::local::{EmptyDirPlugin, HostPathPlugin, LocalVolumePlugin, PodObjectPlugin};
 use crate::plugin::{PluginKind, PluginRef};
 use crate::registry::{DynamicSource, Snapshot};
 
@@ -20,7 +20,7 @@ pub struct NotRegistered {
     pub reason: String,
 }
 
-/// The compiled-in plugins to register: the local plugins always; each migratable in-tree
+/// The compiled-in plugins to register: the local plugins and the four of API objects always; each migratable in-tree
 /// descriptor unless its in-tree code is off (phase 2) or its translation is not compiled in
 /// (phase 3). The ones left out are returned with the reason.
 pub fn compiled_in(host: &PluginHost, gates: &FeatureGates) -> (Vec<PluginRef>, Vec<NotRegistered>) {
@@ -29,6 +29,7 @@ pub fn compiled_in(host: &PluginHost, gates: &FeatureGates) -> (Vec<PluginRef>, 
         Arc::new(HostPathPlugin::new(host.clone())),
         Arc::new(LocalVolumePlugin::new(host.clone())),
     ];
+    plugins.extend(PodObjectPlugin::all(host).into_iter().map(|p| Arc::new(p) as PluginRef));
     let mut skipped = Vec::new();
     for plugin in MigratablePlugin::ALL {
         let reason = if !kvol_translate::is_compiled_in(plugin) {
@@ -204,10 +205,18 @@ mod tests {
             assert_eq!(&got, want_skipped, "{flag:?}");
             let registered = names(&plugins);
             assert_eq!(
-                &registered[..3],
-                ["kubernetes.io/empty-dir", "kubernetes.io/host-path", "kubernetes.io/local-volume"]
+                &registered[..7],
+                [
+                    "kubernetes.io/empty-dir",
+                    "kubernetes.io/host-path",
+                    "kubernetes.io/local-volume",
+                    "kubernetes.io/configmap",
+                    "kubernetes.io/downward-api",
+                    "kubernetes.io/projected",
+                    "kubernetes.io/secret",
+                ]
             );
-            assert_eq!(registered.len(), 3 + 8 - want_skipped.len(), "{flag:?}");
+            assert_eq!(registered.len(), 7 + 8 - want_skipped.len(), "{flag:?}");
             for (name, _) in *want_skipped {
                 assert!(!registered.contains(name), "{flag:?}: {name} must not be registered");
             }

@@ -91,6 +91,9 @@ pub fn escape_plugin_name(name: &str) -> String {
 pub struct NodeInfo {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// What pods may use of the node (kubelet's node allocatable): a container's unset limit in
+    /// the downward API, the size of memory-backed volumes. Zero where unknown.
+    pub allocatable: kvol_api::projection::NodeResources,
 }
 
 impl NodeInfo {
@@ -98,7 +101,7 @@ impl NodeInfo {
     pub fn named(name: impl Into<String>) -> NodeInfo {
         let name = name.into();
         let labels = BTreeMap::from([("kubernetes.io/hostname".to_string(), name.clone())]);
-        NodeInfo { name, labels }
+        NodeInfo { name, labels, allocatable: Default::default() }
     }
 }
 
@@ -145,18 +148,26 @@ pub struct PluginHost {
     /// The host paths hostPath volumes may use (`kvol agent --allowed-host-paths`), matched
     /// by whole components; `None`: any.
     pub allowed_host_paths: Option<Arc<[PathBuf]>>,
+    /// Mints and rotates service-account tokens (cluster mode); `None` standalone.
+    pub tokens: Option<Arc<crate::tokens::TokenCache>>,
 }
 
 impl PluginHost {
     /// A host with no Secrets.
     pub fn new(paths: NodePaths, node: NodeInfo, mounter: Arc<dyn Mounter>) -> PluginHost {
         let secrets = Arc::new(SecretMap::default());
-        PluginHost { paths, node, mounter, secrets, allowed_host_paths: None }
+        PluginHost { paths, node, mounter, secrets, allowed_host_paths: None, tokens: None }
     }
 
     /// The same host, allowing hostPath volumes under `prefixes` only (`None`: anywhere).
     pub fn with_allowed_host_paths(mut self, prefixes: Option<Vec<PathBuf>>) -> PluginHost {
         self.allowed_host_paths = prefixes.map(Arc::from);
+        self
+    }
+
+    /// The same host, minting service-account tokens from `source` (through one cache).
+    pub fn with_tokens(mut self, source: Option<Arc<dyn crate::tokens::TokenSource>>) -> PluginHost {
+        self.tokens = source.map(|s| Arc::new(crate::tokens::TokenCache::new(s)));
         self
     }
 

@@ -16,6 +16,7 @@ pub mod registry;
 pub mod spec;
 pub mod stats;
 pub mod testing;
+pub mod tokens;
 pub mod watched_dir;
 
 pub use error::{PluginError, Result};

@@ -254,6 +254,9 @@ pub struct PublishRequest<'a> {
     pub device_path: Option<&'a str>,
     pub read_only: bool,
     pub mount_options: &'a [String],
+    /// What a configMap, secret, downwardAPI or projected volume holds, made by the agent from
+    /// the objects it names; `None` for every other volume.
+    pub projection: Option<&'a kvol_api::projection::Projection>,
 }
 
 /// Everything an unpublish needs; it works without the spec, so a restarted node can tear down

@@ -845,6 +845,7 @@ mod tests {
             device_path: None,
             read_only: true,
             mount_options: &[],
+            projection: None,
         };
         p.mounter().unwrap().publish(&req).await.unwrap();
         let unreq = UnpublishRequest { pod_uid: "uid-1", pod_volume_name: "v", target, spec: None };

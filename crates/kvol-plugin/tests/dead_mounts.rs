@@ -103,6 +103,7 @@ impl FuseVolume {
             device_path: None,
             read_only: false,
             mount_options: &[],
+            projection: None,
         };
         plugin.publish(&request).await.expect("publish the fuse hostPath");
         assert_eq!(fs::read(target.join("data")).unwrap(), b"kept");

@@ -98,6 +98,7 @@ static POD: PodInfo = PodInfo {
     service_account: String::new(),
     fs_group: None,
     fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+    memory_limit: None,
 };
 
 fn publish_request<'a>(spec: &'a VolumeSpec, target: &'a Path, read_only: bool) -> PublishRequest<'a> {
@@ -110,6 +111,7 @@ fn publish_request<'a>(spec: &'a VolumeSpec, target: &'a Path, read_only: bool) 
         device_path: None,
         read_only,
         mount_options: &[],
+        projection: None,
     }
 }
 

@@ -76,7 +76,8 @@ pub fn pod_info(pod: &Pod) -> PodInfo {
         Some("OnRootMismatch") => FsGroupChangePolicy::OnRootMismatch,
         _ => FsGroupChangePolicy::Always,
     };
-    PodInfo { name, namespace, uid, service_account, fs_group, fs_group_change_policy }
+    let memory_limit = kvol_api::projection::pod_memory_limit(pod);
+    PodInfo { name, namespace, uid, service_account, fs_group, fs_group_change_policy, memory_limit }
 }
 
 fn non_empty(s: Option<&str>) -> Option<&str> {
@@ -675,7 +676,8 @@ mod tests {
             (
                 "everything given",
                 json!({"metadata": {"name": "a", "namespace": "ns", "uid": "u-a"},
-                       "spec": {"serviceAccountName": "sa", "securityContext": {"fsGroup": 2000}}}),
+                       "spec": {"serviceAccountName": "sa", "securityContext": {"fsGroup": 2000},
+                                "containers": [{"name": "c", "resources": {"limits": {"memory": "64Mi"}}}]}}),
                 PodInfo {
                     name: "a".into(),
                     namespace: "ns".into(),
@@ -683,6 +685,7 @@ mod tests {
                     service_account: "sa".into(),
                     fs_group: Some(2000),
                     fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+                    memory_limit: Some(64 << 20),
                 },
             ),
             (
@@ -696,6 +699,7 @@ mod tests {
                     service_account: "old".into(),
                     fs_group: None,
                     fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+                    memory_limit: None,
                 },
             ),
             (
@@ -708,6 +712,7 @@ mod tests {
                     service_account: "default".into(),
                     fs_group: None,
                     fs_group_change_policy: kvol_plugin::plugin::FsGroupChangePolicy::Always,
+                    memory_limit: None,
                 },
             ),
         ];

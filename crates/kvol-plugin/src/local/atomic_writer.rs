@@ -7,9 +7,6 @@
 //! (a half-written directory, a `..data_tmp`, missing links). Every path is reached beneath the
 //! volume's directory without following a symlink: a payload key or a planted `..data` never
 //! makes it write or delete outside the volume.
-//!
-//! Not yet used by a plugin: the configMap, secret, downwardAPI and projected plugins (issue 28)
-//! are built on it next.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
@@ -26,45 +23,7 @@ pub const DATA_LINK: &str = "..data";
 /// The link made beside it and renamed over it.
 const DATA_TMP_LINK: &str = "..data_tmp";
 /// The longest payload path kubelet accepts.
-const MAX_PATH_LENGTH: usize = 4096;
-
-/// One file of a payload: its bytes and its mode.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileProjection {
-    pub data: Vec<u8>,
-    pub mode: u32,
-}
-
-/// A volume's files by relative path (`a.conf`, `dir/b.conf`).
-pub type Payload = BTreeMap<String, FileProjection>;
-
-/// Checks every path of `payload` as kubelet does: not empty, not absolute, at most 4096 bytes,
-/// no `..` element and not starting with `..`. Pure.
-pub fn validate_payload(payload: &Payload) -> Result<(), String> {
-    for path in payload.keys() {
-        validate_path(path).map_err(|why| format!("payload path {path:?}: {why}"))?;
-    }
-    Ok(())
-}
-
-fn validate_path(path: &str) -> Result<(), &'static str> {
-    if path.is_empty() {
-        return Err("it is empty");
-    }
-    if path.len() > MAX_PATH_LENGTH {
-        return Err("it is longer than 4096 bytes");
-    }
-    if path.starts_with('/') {
-        return Err("it is absolute");
-    }
-    if path.starts_with("..") {
-        return Err("it starts with '..'");
-    }
-    if path.split('/').any(|part| part == "..") {
-        return Err("it has a '..' element");
-    }
-    Ok(())
-}
+pub use kvol_api::projection::{FileProjection, Payload, validate_payload};
 
 /// The top-level names of a payload: the user-visible links.
 fn top_level(payload: &Payload) -> BTreeSet<String> {
@@ -135,10 +94,13 @@ fn read_beneath(volume: &OwnedFd, dir: &str, path: &str) -> io::Result<(Vec<u8>,
     Ok((data, mode))
 }
 
-/// Whether the directory `..data` names holds exactly `payload`: the same files, bytes and modes.
-fn holds(volume: &OwnedFd, dir: &str, payload: &Payload) -> bool {
+/// Whether the directory `..data` names holds exactly `payload`: the same files, bytes and modes
+/// (each mode as the `fsGroup` walk leaves it).
+fn holds(volume: &OwnedFd, dir: &str, payload: &Payload, fs_group: Option<u32>) -> bool {
+    let group_bits = if fs_group.is_some() { GROUP_READ } else { 0 };
     let same = payload.iter().all(|(path, file)| {
-        read_beneath(volume, dir, path).is_ok_and(|(data, mode)| data == file.data && mode == file.mode)
+        read_beneath(volume, dir, path)
+            .is_ok_and(|(data, mode)| data == file.data && mode == file.mode | group_bits)
     });
     same && listed_files(volume, dir)
         .is_ok_and(|files| files == payload.keys().cloned().collect::<BTreeSet<_>>())
@@ -177,18 +139,33 @@ fn listed_files(volume: &OwnedFd, dir: &str) -> io::Result<BTreeSet<String>> {
     Ok(found)
 }
 
-/// Writes `payload` into the volume at `volume_dir` (which `root` holds): a new timestamped
-/// directory, `..data` swapped to it by rename, then the user-visible links, then what the old
-/// payload had and this one does not, and the old directory, removed. Nothing is written when
-/// the volume already holds exactly this payload. `random` names the new directory with the
-/// time (the caller's random digits; a name that exists already is an error, never reused).
-/// Returns whether it wrote.
+/// The bits the `fsGroup` walk adds to a file of these read-only volumes (kubelet's).
+const GROUP_READ: u32 = 0o440;
+
+/// [`write_owned`] without an `fsGroup`.
 pub fn write(root: &Root, volume_dir: &Path, payload: &Payload, random: u32) -> io::Result<bool> {
+    write_owned(root, volume_dir, payload, random, None)
+}
+
+/// Writes `payload` into the volume at `volume_dir` (which `root` holds): a new timestamped
+/// directory, each file given its `fs_user` and the whole directory the pod's `fs_group` (as
+/// kubelet's ownership walk gives it) *before* `..data` is swapped to it by rename, then the
+/// user-visible links, then what the old payload had and this one does not, and the old
+/// directory, removed. Nothing is written when the volume already holds exactly this payload.
+/// `random` names the new directory with the time (the caller's random digits; a name that
+/// exists already is an error, never reused). Returns whether it wrote.
+pub fn write_owned(
+    root: &Root,
+    volume_dir: &Path,
+    payload: &Payload,
+    random: u32,
+    fs_group: Option<u32>,
+) -> io::Result<bool> {
     validate_payload(payload).map_err(io::Error::other)?;
     let volume = root.open_dir(volume_dir)?;
     let old = current_dir(&volume)?;
     if let Some(old) = &old
-        && holds(&volume, old, payload)
+        && holds(&volume, old, payload, fs_group)
     {
         return Ok(false);
     }
@@ -210,9 +187,15 @@ pub fn write(root: &Root, volume_dir: &Path, payload: &Payload, random: u32) -> 
         }
         let fd = root.create_file(&target, 0o600)?;
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(file.mode))?;
+        if let Some(user) = file.fs_user {
+            rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(user)), None)?;
+        }
         let mut out = std::fs::File::from(fd);
         out.write_all(&file.data)?;
         out.sync_all()?;
+    }
+    if let Some(gid) = fs_group {
+        crate::beneath::apply_fs_group(&new_dir, gid, true)?;
     }
     // The swap: a new link beside `..data`, renamed over it (one rename: old or new, never a mix).
     let _ = rustix::fs::unlinkat(&volume, DATA_TMP_LINK, AtFlags::empty());
@@ -325,7 +308,9 @@ mod tests {
     fn payload(files: &[(&str, &str, u32)]) -> Payload {
         files
             .iter()
-            .map(|(p, d, m)| (p.to_string(), FileProjection { data: d.as_bytes().to_vec(), mode: *m }))
+            .map(|(p, d, m)| {
+                (p.to_string(), FileProjection { data: d.as_bytes().to_vec(), mode: *m, fs_user: None })
+            })
             .collect()
     }
 

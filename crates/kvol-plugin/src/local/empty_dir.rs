@@ -75,26 +75,80 @@ impl EmptyDirPlugin {
     pub fn pod_volume_dir(&self, pod_uid: &str, volume_name: &str) -> Result<PathBuf> {
         self.host.paths.pod_volume_dir(pod_uid, PLUGIN_NAME, volume_name)
     }
+}
 
-    fn mounter(&self) -> &dyn Mounter {
-        self.host.mounter.as_ref()
+/// The size of a memory-backed volume of a pod, as kubelet sizes it: the node's allocatable
+/// memory, or the pod's memory limit when that is smaller, or the volume's own `sizeLimit`
+/// when that is smaller still; `None` when none is known (the kernel's default, half of RAM).
+pub fn memory_volume_size(allocatable: u64, pod_limit: Option<u64>, size_limit: Option<u64>) -> Option<u64> {
+    let smaller = |limit: Option<u64>, than: Option<u64>| match (limit.filter(|l| *l > 0), than) {
+        (Some(l), Some(t)) if l <= t => Some(l),
+        (Some(l), None) => Some(l),
+        _ => than,
+    };
+    let node = (allocatable > 0).then_some(allocatable);
+    smaller(size_limit, smaller(pod_limit, node))
+}
+
+/// Sets a pod's volume directory up as an emptyDir of `medium` (world-writable; a tmpfs of
+/// `size` for `Memory`) with the pod's `fsGroup`: what emptyDir publishes, and what kubelet's
+/// configMap, secret, downwardAPI and projected volumes are wrapped in.
+pub(crate) fn set_up(host: &PluginHost, req: &PublishRequest<'_>, medium: Medium) -> Result<()> {
+    let root = host.paths.open_root()?;
+    make_world_writable(&root, req.target)?;
+    if let Medium::Memory { size_limit } = medium {
+        let size = memory_volume_size(host.node.allocatable.memory_bytes, req.pod.memory_limit, size_limit);
+        set_up_tmpfs(host.mounter.as_ref(), req.target, size)?;
     }
+    // The pod's fsGroup, as kubelet's emptyDir gives it: the group, g+rwx and setgid.
+    if let Some(group) = req.pod.fs_group {
+        crate::beneath::apply_pod_fs_group(req.target, group, req.pod.fs_group_change_policy, false)?;
+    }
+    Ok(())
+}
 
-    /// Mounts a tmpfs on `dir` unless one is there already.
-    fn set_up_tmpfs(&self, dir: &Path, size_limit: Option<u64>) -> Result<()> {
-        let on_dir = mounts_on(self.mounter(), dir)?;
-        if let Some(last) = on_dir.last() {
-            if last.fstype == "tmpfs" {
-                return Ok(());
-            }
-            let already =
-                io::Error::other(format!("{} from {} is already mounted there", last.fstype, last.source));
-            return Err(PluginError::io("mount tmpfs on", dir, already));
+/// Mounts a tmpfs on `dir` unless one is there already.
+fn set_up_tmpfs(mounter: &dyn Mounter, dir: &Path, size_limit: Option<u64>) -> Result<()> {
+    let on_dir = mounts_on(mounter, dir)?;
+    if let Some(last) = on_dir.last() {
+        if last.fstype == "tmpfs" {
+            return Ok(());
         }
-        // The tmpfs root comes up 1777 (sticky, world-writable) and stays so, as upstream leaves it.
-        self.mounter().mount("tmpfs", dir, "tmpfs", false, &tmpfs_options(size_limit))?;
-        Ok(())
+        let already =
+            io::Error::other(format!("{} from {} is already mounted there", last.fstype, last.source));
+        return Err(PluginError::io("mount tmpfs on", dir, already));
     }
+    // The tmpfs root comes up 1777 (sticky, world-writable) and stays so, as upstream leaves it.
+    mounter.mount("tmpfs", dir, "tmpfs", false, &tmpfs_options(size_limit))?;
+    Ok(())
+}
+
+/// Takes a volume set up by [`set_up`] down: its tmpfs, if any, unmounted and the directory
+/// deleted with its contents; refused while anything else is mounted at or below it. Already
+/// gone: success.
+pub(crate) fn tear_down(host: &PluginHost, dir: &Path) -> Result<()> {
+    match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(PluginError::io("inspect", dir, e)),
+        Ok(_) => {}
+    }
+    let mounter = host.mounter.as_ref();
+    let table_path = mount_table_path(dir);
+    let mounts = mounter.mounts_under(&table_path)?;
+    let foreign: Vec<PathBuf> = mounts
+        .iter()
+        .filter(|m| m.target != table_path || m.fstype != "tmpfs")
+        .map(|m| m.target.clone())
+        .collect();
+    if !foreign.is_empty() {
+        return Err(PluginError::ForeignMounts { path: dir.to_path_buf(), mounts: foreign });
+    }
+    // Latest first, should tmpfs mounts be stacked.
+    for tmpfs in mounts.iter().rev() {
+        mounter.unmount(&tmpfs.target)?;
+    }
+    let root = host.paths.open_root()?;
+    root.remove_all(dir).map_err(|e| PluginError::io("remove", dir, e))
 }
 
 /// The mounts exactly on `path`, in mount order.
@@ -157,44 +211,13 @@ impl VolumeMounter for EmptyDirPlugin {
             .and_then(|v| v.empty_dir.as_ref())
             .ok_or_else(|| PluginError::invalid(spec, "it is not an emptyDir volume"))?;
         let medium = medium_of(source).map_err(|reason| PluginError::invalid(spec, reason))?;
-        let root = self.host.paths.open_root()?;
-        make_world_writable(&root, req.target)?;
-        match medium {
-            Medium::Disk => {}
-            Medium::Memory { size_limit } => self.set_up_tmpfs(req.target, size_limit)?,
-        }
-        // The pod's fsGroup, as kubelet's emptyDir gives it: the group, g+rwx and setgid.
-        if let Some(group) = req.pod.fs_group {
-            crate::beneath::apply_pod_fs_group(req.target, group, req.pod.fs_group_change_policy, false)?;
-        }
-        Ok(())
+        set_up(&self.host, req, medium)
     }
 
     /// Unmounts the volume's tmpfs, if any, and deletes the directory with its contents;
     /// refuses while anything else is mounted at or below it. Already gone: success.
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()> {
-        let dir = req.target;
-        match fs::symlink_metadata(dir) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(PluginError::io("inspect", dir, e)),
-            Ok(_) => {}
-        }
-        let table_path = mount_table_path(dir);
-        let mounts = self.mounter().mounts_under(&table_path)?;
-        let foreign: Vec<PathBuf> = mounts
-            .iter()
-            .filter(|m| m.target != table_path || m.fstype != "tmpfs")
-            .map(|m| m.target.clone())
-            .collect();
-        if !foreign.is_empty() {
-            return Err(PluginError::ForeignMounts { path: dir.to_path_buf(), mounts: foreign });
-        }
-        // Latest first, should tmpfs mounts be stacked.
-        for tmpfs in mounts.iter().rev() {
-            self.mounter().unmount(&tmpfs.target)?;
-        }
-        let root = self.host.paths.open_root()?;
-        root.remove_all(dir).map_err(|e| PluginError::io("remove", dir, e))
+        tear_down(&self.host, req.target)
     }
 }
 

@@ -1,4 +1,4 @@
-//! The compiled-in local plugins: emptyDir, hostPath and local persistent volumes, on real mounts.
+//! The compiled-in local plugins: emptyDir, hostPath, local persistent volumes, and the volumes made of API objects (configMap, secret, downwardAPI, projected), on real mounts.
 //!
 //! Their syscalls run inline in the async lifecycle calls: local mounts and binds return at
 //! once, and running them on the calling thread keeps them in that thread's mount namespace.
@@ -8,11 +8,13 @@ pub mod empty_dir;
 pub mod host_path;
 pub mod local_volume;
 pub mod node_affinity;
+pub mod pod_objects;
 pub use kvol_api::quantity;
 
 pub use empty_dir::EmptyDirPlugin;
 pub use host_path::HostPathPlugin;
 pub use local_volume::LocalVolumePlugin;
+pub use pod_objects::PodObjectPlugin;
 
 use std::cmp::Reverse;
 use std::fs;
@@ -192,6 +194,7 @@ pub(crate) mod test_support {
         service_account: String::new(),
         fs_group: None,
         fs_group_change_policy: crate::plugin::FsGroupChangePolicy::Always,
+        memory_limit: None,
     };
 
     /// A host rooted in a fresh temporary directory, on node `node-a`, with a recording mounter.
@@ -216,6 +219,7 @@ pub(crate) mod test_support {
             device_path: None,
             read_only,
             mount_options: &[],
+            projection: None,
         }
     }
 

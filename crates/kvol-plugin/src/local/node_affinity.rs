@@ -224,6 +224,7 @@ mod tests {
                 ("disks".to_string(), "4".to_string()),
                 ("kind".to_string(), "fast".to_string()),
             ]),
+            allocatable: Default::default(),
         }
     }
 
