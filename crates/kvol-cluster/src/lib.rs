@@ -2,9 +2,11 @@
 //!
 //! [`source::ApiSource`] is an [`kvol_node::sources::ObjectSource`] fed by the API: the pods
 //! bound to this node (one watch, field selector `spec.nodeName`), every CSIDriver (few; one
-//! watch), and only the claims, PersistentVolumes, StorageClasses and Secrets those pods
-//! reference ([`refs`], read by name), so a node's load on the API grows with its own pods, not
-//! with the cluster. The agent's loop, planner and executor are the same in both modes.
+//! watch), and only the claims, PersistentVolumes and StorageClasses those pods reference
+//! ([`refs`], read by name) and the ConfigMaps and Secrets they reference (one watch per
+//! object, field selector `metadata.name`, shared by its referrers: `follow`), so a node's load
+//! on the API grows with its own pods, not with the cluster. The agent's loop, planner and
+//! executor are the same in both modes.
 //! [`events::EventWriter`] makes the pods' volume Events (kubelet's reasons, one per failure).
 //! [`attachments::ApiAttachments`] gives the CSI plugins the VolumeAttachments they wait for,
 //! [`tokens::ApiTokens`] the service-account tokens their CSIDrivers ask for.
@@ -13,6 +15,7 @@ pub mod attachments;
 pub mod bundles;
 pub mod client;
 pub mod events;
+mod follow;
 pub mod inventory;
 pub mod merged;
 pub mod node_objects;

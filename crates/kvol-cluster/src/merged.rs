@@ -22,6 +22,7 @@ pub fn merge(primary: &ObjectSet, secondary: &ObjectSet) -> ObjectSet {
     add(&mut set.storage_classes, &secondary.storage_classes);
     add(&mut set.csi_drivers, &secondary.csi_drivers);
     add(&mut set.secrets, &secondary.secrets);
+    add(&mut set.config_maps, &secondary.config_maps);
     set.problems.extend(secondary.problems.iter().cloned());
     set
 }
@@ -121,6 +122,25 @@ mod tests {
         let merged = merge(&set(&[], Some("api")), &set(&[], Some("a.yaml")));
         let origins: Vec<&str> = merged.problems.iter().map(|p| p.origin.as_str()).collect();
         assert_eq!(origins, ["api", "a.yaml"]);
+    }
+
+    #[test]
+    fn config_maps_and_secrets_merge_as_pods_do() {
+        use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+        let config_map = |value: &str| ConfigMap {
+            data: Some([("k".to_string(), value.to_string())].into()),
+            ..ConfigMap::default()
+        };
+        let mut api = ObjectSet::default();
+        api.config_maps.insert("default/both".into(), config_map("api"));
+        api.secrets.insert("default/s".into(), Secret::default());
+        let mut dir = ObjectSet::default();
+        dir.config_maps.insert("default/both".into(), config_map("dir"));
+        dir.config_maps.insert("kube-system/static".into(), config_map("dir"));
+        let merged = merge(&api, &dir);
+        assert_eq!(merged.config_maps.keys().collect::<Vec<_>>(), ["default/both", "kube-system/static"]);
+        assert_eq!(merged.config_maps["default/both"], config_map("api"));
+        assert_eq!(merged.secrets.keys().collect::<Vec<_>>(), ["default/s"]);
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
-//! Which claims, PersistentVolumes, StorageClasses and Secrets a node's pods reference: pure, so the API source reads only those.
+//! Which claims, PersistentVolumes, StorageClasses, Secrets and ConfigMaps a node's pods reference: pure, so the API source reads only those.
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, SecretReference};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, SecretReference, Volume};
 
 /// Names of namespaced objects as `namespace/name`, of cluster-scoped ones as `name`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -11,14 +11,16 @@ pub struct Refs {
     pub persistent_volumes: BTreeSet<String>,
     pub storage_classes: BTreeSet<String>,
     pub secrets: BTreeSet<String>,
+    pub config_maps: BTreeSet<String>,
 }
 
 fn namespace_of(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or(kvol_node::sources::DEFAULT_NAMESPACE)
 }
 
-/// What the pods reference directly: claims, and the Secrets of secret, Flexvolume and CSI
-/// inline volumes (in the pod's namespace).
+/// What the pods reference directly (all in the pod's namespace): claims; the Secrets of
+/// secret, projected, Flexvolume and CSI inline volumes; the ConfigMaps of configMap and
+/// projected volumes.
 pub fn pod_refs<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Refs {
     let mut refs = Refs::default();
     for pod in pods {
@@ -35,17 +37,38 @@ pub fn pod_refs<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Refs {
                 let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
                 refs.claims.insert(format!("{ns}/{pod_name}-{}", volume.name));
             }
-            let secret = [
-                volume.secret.as_ref().and_then(|s| s.secret_name.clone()),
-                volume.flex_volume.as_ref().and_then(|f| f.secret_ref.as_ref()).map(|r| r.name.clone()),
-                volume.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()).map(|r| r.name.clone()),
-            ];
-            for name in secret.into_iter().flatten().filter(|n| !n.is_empty()) {
+            for name in volume_secrets(volume).filter(|n| !n.is_empty()) {
                 refs.secrets.insert(format!("{ns}/{name}"));
+            }
+            for name in volume_config_maps(volume).filter(|n| !n.is_empty()) {
+                refs.config_maps.insert(format!("{ns}/{name}"));
             }
         }
     }
     refs
+}
+
+/// The names of the Secrets one pod volume references.
+fn volume_secrets(volume: &Volume) -> impl Iterator<Item = &str> {
+    let direct = [
+        volume.secret.as_ref().and_then(|s| s.secret_name.as_deref()),
+        volume.flex_volume.as_ref().and_then(|f| f.secret_ref.as_ref()).map(|r| r.name.as_str()),
+        volume.csi.as_ref().and_then(|c| c.node_publish_secret_ref.as_ref()).map(|r| r.name.as_str()),
+    ];
+    let projected = projections(volume).filter_map(|p| p.secret.as_ref()).map(|s| s.name.as_str());
+    direct.into_iter().flatten().chain(projected)
+}
+
+/// The names of the ConfigMaps one pod volume references.
+fn volume_config_maps(volume: &Volume) -> impl Iterator<Item = &str> {
+    let direct = volume.config_map.as_ref().map(|c| c.name.as_str());
+    let projected = projections(volume).filter_map(|p| p.config_map.as_ref()).map(|c| c.name.as_str());
+    direct.into_iter().chain(projected)
+}
+
+/// The sources of a projected volume (none for any other volume).
+fn projections(volume: &Volume) -> impl Iterator<Item = &k8s_openapi::api::core::v1::VolumeProjection> {
+    volume.projected.as_ref().and_then(|p| p.sources.as_deref()).unwrap_or_default().iter()
 }
 
 /// Adds what the claims reference: their bound PersistentVolumes and their StorageClasses.
@@ -133,6 +156,76 @@ mod tests {
             assert_eq!(refs.claims, set(claims), "{volumes}");
             assert_eq!(refs.secrets, set(secrets), "{volumes}");
         }
+    }
+
+    #[test]
+    fn pods_reference_config_maps_and_secrets_directly_and_through_projections() {
+        let cases: &[(&str, serde_json::Value, &[&str], &[&str])] = &[
+            ("none", json!([{"name": "a", "emptyDir": {}}]), &[], &[]),
+            ("configMap", json!([{"name": "c", "configMap": {"name": "cm"}}]), &["ns/cm"], &[]),
+            ("configMap, no name", json!([{"name": "c", "configMap": {}}]), &[], &[]),
+            (
+                "configMap, optional",
+                json!([{"name": "c", "configMap": {"name": "o", "optional": true}}]),
+                &["ns/o"],
+                &[],
+            ),
+            ("secret", json!([{"name": "s", "secret": {"secretName": "sec"}}]), &[], &["ns/sec"]),
+            ("secret, no name", json!([{"name": "s", "secret": {}}]), &[], &[]),
+            (
+                "projected",
+                json!([{"name": "p", "projected": {"sources": [
+                    {"configMap": {"name": "pcm"}},
+                    {"secret": {"name": "psec"}},
+                    {"downwardAPI": {"items": []}},
+                    {"serviceAccountToken": {"path": "token"}}
+                ]}}]),
+                &["ns/pcm"],
+                &["ns/psec"],
+            ),
+            (
+                "projected, two of each",
+                json!([{"name": "p", "projected": {"sources": [
+                    {"configMap": {"name": "a"}}, {"configMap": {"name": "b"}},
+                    {"secret": {"name": "x"}}, {"secret": {"name": "y"}}
+                ]}}]),
+                &["ns/a", "ns/b"],
+                &["ns/x", "ns/y"],
+            ),
+            ("projected, no sources", json!([{"name": "p", "projected": {}}]), &[], &[]),
+            (
+                "projected, empty names",
+                json!([{"name": "p", "projected": {"sources": [{"configMap": {}}, {"secret": {}}]}}]),
+                &[],
+                &[],
+            ),
+            (
+                "the same object twice",
+                json!([
+                    {"name": "c", "configMap": {"name": "cm"}},
+                    {"name": "p", "projected": {"sources": [{"configMap": {"name": "cm"}}, {"secret": {"name": "s"}}]}},
+                    {"name": "s", "secret": {"secretName": "s"}}
+                ]),
+                &["ns/cm"],
+                &["ns/s"],
+            ),
+        ];
+        for (name, volumes, config_maps, secrets) in cases {
+            let refs = pod_refs([&pod(volumes.clone())]);
+            assert_eq!(refs.config_maps, set(config_maps), "{name}");
+            assert_eq!(refs.secrets, set(secrets), "{name}");
+            assert!(refs.claims.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn pods_of_two_namespaces_sharing_a_config_map_name_reference_two_objects() {
+        let mut other = pod(json!([{"name": "c", "configMap": {"name": "cm"}}]));
+        other.metadata.namespace = Some("other".into());
+        let mine = pod(json!([{"name": "c", "configMap": {"name": "cm"}}]));
+        let same = pod(json!([{"name": "p", "projected": {"sources": [{"configMap": {"name": "cm"}}]}}]));
+        let refs = pod_refs([&mine, &same, &other]);
+        assert_eq!(refs.config_maps, set(&["ns/cm", "other/cm"]));
     }
 
     #[test]

@@ -1,4 +1,9 @@
-//! The API source: an `ObjectSource` fed by watches of this node's pods and of CSIDrivers, and by reads of only the objects those pods reference.
+//! The API source: an `ObjectSource` fed by watches of this node's pods and of CSIDrivers, and by reads or watches of only the objects those pods reference.
+//!
+//! Claims, PersistentVolumes and StorageClasses are read by name and read again every
+//! [`REFRESH`]; the ConfigMaps and Secrets the pods and their volumes reference are followed
+//! by one watch each (`follow.rs`), so a change reaches the set as the API server
+//! makes it.
 //!
 //! kube-runtime's watcher resumes a broken watch from its resource version and lists again
 //! after `410 Gone`; this module does neither itself. When the API server goes away the last
@@ -7,10 +12,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -20,14 +27,16 @@ use kvol_node::sources::ObjectSource;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use crate::follow::Follows;
 use crate::refs;
 
 /// How a failed watch is retried: kvol's one backoff (`kvol_api::Backoff`), 500 ms doubling
 /// to 8 s, reset by the first event after a failure. Quicker than kubelet's reflector (800 ms
 /// to 30 s, jittered up to twice that, seen here to wait 47 s after a one-minute outage): a node
-/// agent's two watches are cheap to retry, and its pods wait for them.
+/// agent's watches are cheap to retry, and its pods wait for them. The watches of referenced
+/// ConfigMaps and Secrets retry on it too.
 #[derive(Debug)]
-struct WatchBackoff {
+pub(crate) struct WatchBackoff {
     backoff: kvol_api::Backoff,
     failures: u32,
 }
@@ -37,7 +46,7 @@ pub const WATCH_BACKOFF: kvol_api::Backoff =
     kvol_api::Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(8) };
 
 impl WatchBackoff {
-    fn new() -> WatchBackoff {
+    pub(crate) fn new() -> WatchBackoff {
         WatchBackoff { backoff: WATCH_BACKOFF, failures: 0 }
     }
 }
@@ -57,8 +66,9 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
-/// How often the referenced objects are read again, so a claim bound or a Secret changed after
-/// its pod arrived is seen without a watch per object.
+/// How often the referenced claims, PersistentVolumes and StorageClasses are read again, so a
+/// claim bound after its pod arrived is seen without a watch per object. (ConfigMaps and
+/// Secrets are watched, not read again.)
 pub const REFRESH: Duration = Duration::from_secs(30);
 
 /// An [`ObjectSource`] fed by the API server for the node `node_name`.
@@ -69,40 +79,64 @@ pub struct ApiSource {
     traffic: Arc<Traffic>,
 }
 
-/// What the source has taken from the API server so far: the objects its two watches
-/// delivered (listed or changed), and its reads of referenced objects. A node's load: it
-/// grows with the node's own pods, not with the cluster.
+/// What the source has taken from the API server so far: the objects its watches delivered
+/// (listed or changed), its reads of referenced objects, and its watches of single referenced
+/// objects (running now, started in all). A node's load: it grows with the node's own pods
+/// and the objects they reference, not with the cluster.
 #[derive(Debug, Default)]
 pub struct Traffic {
-    watched_objects: std::sync::atomic::AtomicU64,
-    reads: std::sync::atomic::AtomicU64,
+    watched_objects: AtomicU64,
+    reads: AtomicU64,
+    object_watches: AtomicU64,
+    object_watches_started: AtomicU64,
 }
 
 /// A reading of [`Traffic`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TrafficCount {
+    /// Objects the watches delivered: pods, CSIDrivers, followed ConfigMaps and Secrets.
     pub watched_objects: u64,
+    /// Reads by name (claims, PersistentVolumes, StorageClasses).
     pub reads: u64,
+    /// Watches of one referenced ConfigMap or Secret running now: one per object, however
+    /// many pods share it; none for an immutable object once seen.
+    pub object_watches: u64,
+    /// Watches of one referenced object started since the source started.
+    pub object_watches_started: u64,
 }
 
 impl Traffic {
-    fn count(&self) -> TrafficCount {
-        use std::sync::atomic::Ordering::Relaxed;
-        TrafficCount { watched_objects: self.watched_objects.load(Relaxed), reads: self.reads.load(Relaxed) }
+    pub(crate) fn count(&self) -> TrafficCount {
+        TrafficCount {
+            watched_objects: self.watched_objects.load(Relaxed),
+            reads: self.reads.load(Relaxed),
+            object_watches: self.object_watches.load(Relaxed),
+            object_watches_started: self.object_watches_started.load(Relaxed),
+        }
     }
 
-    fn watched(&self) {
-        self.watched_objects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    pub(crate) fn watched(&self) {
+        self.watched_objects.fetch_add(1, Relaxed);
     }
 
     fn read(&self) {
-        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.reads.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn watch_started(&self) {
+        self.object_watches.fetch_add(1, Relaxed);
+        self.object_watches_started.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn watch_stopped(&self) {
+        self.object_watches.fetch_sub(1, Relaxed);
     }
 }
 
 impl ApiSource {
     /// Starts the watches and returns once the first complete lists of the node's pods and of
-    /// the CSIDrivers are in, so the agent's first pass never sees a node without its pods.
+    /// the CSIDrivers are in, and the objects those pods reference read or listed, so the
+    /// agent's first pass never sees a node without its pods or their ConfigMaps and Secrets.
     pub async fn start(client: Client, node_name: &str) -> ApiSource {
         let pod_api: Api<Pod> = Api::all(client.clone());
         let driver_api: Api<CSIDriver> = Api::all(client.clone());
@@ -131,8 +165,15 @@ impl ApiSource {
                 }
             }
         }
-        let mut state =
-            State { client, pods, drivers, cache: Cache::default(), traffic: Arc::clone(&traffic) };
+        let mut state = State {
+            config_maps: Follows::new(client.clone(), Arc::clone(&traffic)),
+            secrets: Follows::new(client.clone(), Arc::clone(&traffic)),
+            client,
+            pods,
+            drivers,
+            cache: Cache::default(),
+            traffic: Arc::clone(&traffic),
+        };
         let first = state.rebuild(false).await;
         let sets = Arc::new(watch::channel(Arc::new(first)).0);
         let task = tokio::spawn(run(state, pod_events, driver_events, Arc::clone(&sets)));
@@ -183,12 +224,20 @@ async fn run<P, D, EP, ED>(
     let mut refresh = tokio::time::interval(REFRESH);
     refresh.tick().await;
     loop {
-        let reread = tokio::select! {
-            event = pod_events.next() => { if !log_event("pods", event, &state.traffic) { continue } false }
-            event = driver_events.next() => { if !log_event("csidrivers", event, &state.traffic) { continue } false }
-            _ = refresh.tick() => true,
+        let wake = tokio::select! {
+            event = pod_events.next() => { if !log_event("pods", event, &state.traffic) { continue } Wake::Objects }
+            event = driver_events.next() => { if !log_event("csidrivers", event, &state.traffic) { continue } Wake::Objects }
+            changed = state.config_maps.changed() => { if !changed { continue } Wake::Followed }
+            changed = state.secrets.changed() => { if !changed { continue } Wake::Followed }
+            _ = refresh.tick() => Wake::Reread,
         };
-        let set = state.rebuild(reread).await;
+        let set = match wake {
+            // The pods' store changes only as their stream is polled, each time followed by
+            // a rebuild: its pods are the ones the references were taken from.
+            Wake::Followed => state.object_set(&state.pods.state()),
+            Wake::Objects => state.rebuild(false).await,
+            Wake::Reread => state.rebuild(true).await,
+        };
         sets.send_if_modified(|current| {
             if **current == set {
                 return false;
@@ -199,11 +248,23 @@ async fn run<P, D, EP, ED>(
     }
 }
 
+/// Why the source makes its set again.
+enum Wake {
+    /// A pod or CSIDriver changed: what the pods reference may have too.
+    Objects,
+    /// A followed ConfigMap or Secret changed: the references did not.
+    Followed,
+    /// [`REFRESH`] is up: the objects read by name are read again.
+    Reread,
+}
+
 struct State {
     client: Client,
     pods: Store<Pod>,
     drivers: Store<CSIDriver>,
     cache: Cache,
+    config_maps: Follows<ConfigMap>,
+    secrets: Follows<Secret>,
     traffic: Arc<Traffic>,
 }
 
@@ -213,12 +274,13 @@ struct Cache {
     claims: BTreeMap<String, PersistentVolumeClaim>,
     persistent_volumes: BTreeMap<String, PersistentVolume>,
     storage_classes: BTreeMap<String, StorageClass>,
-    secrets: BTreeMap<String, Secret>,
 }
 
 impl State {
-    /// The object set from the stores and the referenced objects; with `reread`, every
-    /// referenced object is read again, else only the ones not read yet (and unbound claims).
+    /// The object set from the stores and the referenced objects; with `reread`, every object
+    /// read by name is read again, else only the ones not read yet (and unbound claims). The
+    /// ConfigMaps and Secrets referenced are followed, and those newly referenced listed
+    /// before the set is made.
     async fn rebuild(&mut self, reread: bool) -> ObjectSet {
         let pods: Vec<Arc<Pod>> = self.pods.state();
         let mut wanted = refs::pod_refs(pods.iter().map(|p| p.as_ref()));
@@ -230,10 +292,14 @@ impl State {
         sync_cluster(&client, &mut self.cache.persistent_volumes, &wanted.persistent_volumes, reread).await;
         refs::add_volume_refs(&mut wanted, self.cache.persistent_volumes.values());
         sync_cluster(&client, &mut self.cache.storage_classes, &wanted.storage_classes, reread).await;
-        sync_namespaced(&client, &mut self.cache.secrets, &wanted.secrets, reread, |_| false).await;
+        self.config_maps.follow(&wanted.config_maps);
+        self.secrets.follow(&wanted.secrets);
+        tokio::join!(self.config_maps.settle(), self.secrets.settle());
         self.object_set(&pods)
     }
 
+    /// The set of `pods` (the store's, as the references were taken from) and what is known
+    /// of the objects.
     fn object_set(&self, pods: &[Arc<Pod>]) -> ObjectSet {
         let mut set = ObjectSet::default();
         for pod in pods {
@@ -253,7 +319,8 @@ impl State {
             .map(|(name, pv)| (name.clone(), Arc::new(pv.clone())))
             .collect();
         set.storage_classes = self.cache.storage_classes.clone();
-        set.secrets = self.cache.secrets.clone();
+        set.secrets = self.secrets.objects();
+        set.config_maps = self.config_maps.objects();
         set
     }
 }

@@ -6,27 +6,17 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, Client};
 use kvol_cluster::node_objects::{ApiNodeObjects, NodeWriter};
 use kvol_cluster::source::ApiSource;
-use kvol_node::model::ObjectSet;
 use kvol_node::report::node_storage::{NodeStorage, NodeStorageSink};
 use kvol_node::sources::ObjectSource;
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use support::ApiServer;
+use support::{ApiServer, create, until};
 
 const DRIVER: &str = "hostpath.csi.kvol.io";
-
-async fn create<K>(api: &Api<K>, body: Value) -> K
-where
-    K: kube::Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = serde_json::from_value(body).expect("a valid object");
-    api.create(&PostParams::default(), &object).await.expect("created")
-}
 
 async fn create_node(client: &Client, name: &str) -> Node {
     create(
@@ -79,17 +69,6 @@ async fn class_and_driver(client: &Client) {
         json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
     )
     .await;
-}
-
-/// Waits until `check` holds for the source's set.
-async fn until(source: &ApiSource, what: &str, check: impl Fn(&ObjectSet) -> bool) {
-    let mut rx = source.subscribe();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check(&rx.borrow_and_update()) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "timed out waiting for {what}: {:?}", source.current().pods.keys());
-        let _ = tokio::time::timeout(left, rx.changed()).await;
-    }
 }
 
 fn keys<V>(map: &std::collections::BTreeMap<String, V>) -> Vec<&str> {

@@ -192,6 +192,31 @@ pub async fn wait_for_csinode_driver(client: &kube::Client, node: &str, driver: 
     }
 }
 
+/// Creates the object `body` describes.
+pub async fn create<K>(api: &kube::Api<K>, body: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(body).expect("a valid object");
+    api.create(&kube::api::PostParams::default(), &object).await.expect("created")
+}
+
+/// Waits (at most 60 s) until `check` holds for the source's set.
+pub async fn until(
+    source: &kvol_cluster::source::ApiSource,
+    what: &str,
+    check: impl Fn(&kvol_node::model::ObjectSet) -> bool,
+) {
+    use kvol_node::sources::ObjectSource;
+    let mut rx = source.subscribe();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check(&rx.borrow_and_update()) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out waiting for {what}: {:?}", source.current().pods.keys());
+        let _ = tokio::time::timeout(left, rx.changed()).await;
+    }
+}
+
 /// Standard base64 with padding (a kubeconfig's certificate data).
 fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
