@@ -349,6 +349,25 @@ pub fn validate_secret(secret: &Secret) -> Vec<FieldError> {
     errors.0
 }
 
+/// A ConfigMap as the API server checks it: its name a DNS subdomain, and no key in both
+/// `data` and `binaryData`.
+pub fn validate_config_map(config_map: &k8s_openapi::api::core::v1::ConfigMap) -> Vec<FieldError> {
+    let mut errors = Errors::default();
+    errors.meta(&config_map.metadata, SUBDOMAIN, true);
+    let binary = config_map.binary_data.as_ref();
+    for key in config_map.data.iter().flat_map(|d| d.keys()) {
+        if binary.is_some_and(|b| b.contains_key(key)) {
+            errors.0.push(FieldError {
+                field: format!("binaryData[{key}]"),
+                value: key.clone(),
+                rule: "a key of binaryData alone",
+                reason: "data has the same key".to_string(),
+            });
+        }
+    }
+    errors.0
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{

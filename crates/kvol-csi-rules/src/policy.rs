@@ -440,6 +440,7 @@ mod tests {
             service_account: "web".into(),
             fs_group: None,
             fs_group_change_policy: kvol_api::pod::FsGroupChangePolicy::Always,
+            memory_limit: None,
         };
         let attributes = BTreeMap::from([
             ("share".to_string(), "a".to_string()),

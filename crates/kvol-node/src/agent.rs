@@ -30,7 +30,8 @@ use tokio::sync::Notify;
 use crate::actual::repair::{adopt_leftovers, reconstruct_at_start, repair_drift};
 use crate::actual::store::Store;
 use crate::config::AgentConfig;
-use crate::desired::{desired_state, resolve_all};
+use crate::desired::pods::{NodeContext, desired_state_on};
+use crate::desired::resolve_all;
 use crate::executor::Executor;
 use crate::model::{DesiredState, ObjectSet};
 use crate::reconciler::{Resolutions, plan, republish, waits_for_in_use};
@@ -122,13 +123,14 @@ async fn run(
     }
     let mounter: Arc<dyn Mounter> = Arc::new(SystemMounter);
     let secrets = Arc::new(ObjectSecrets::default());
-    let host = PluginHost::new(
-        NodePaths::new(&config.root_dir),
-        NodeInfo::named(&config.node_name),
-        Arc::clone(&mounter),
-    )
-    .with_secrets(secrets.clone())
-    .with_allowed_host_paths(config.allowed_host_paths.clone());
+    let node = NodeInfo {
+        allocatable: measured_allocatable(&config.root_dir),
+        ..NodeInfo::named(&config.node_name)
+    };
+    let host = PluginHost::new(NodePaths::new(&config.root_dir), node, Arc::clone(&mounter))
+        .with_secrets(secrets.clone())
+        .with_allowed_host_paths(config.allowed_host_paths.clone())
+        .with_tokens(config.tokens.clone());
 
     // The journal, and the actual state rebuilt from it and the node.
     let store_path = config.state_dir.join("state.redb");
@@ -450,7 +452,12 @@ impl Loop<'_> {
             _ => {
                 let mut set = (*from_source).clone();
                 let provisioned = self.claims.map_or(0, |claims| claims.overlay(&mut set));
-                let desired = desired_state(&set, &self.config.node_name);
+                let node = NodeContext {
+                    node_name: self.config.node_name.clone(),
+                    allocatable: self.host.node.allocatable,
+                    mints_tokens: self.host.tokens.is_some(),
+                };
+                let desired = desired_state_on(&set, &node);
                 secrets_from(self.secrets, &set);
                 // The whole set: a CSIDriver removed from the source stops applying at once.
                 self.objects.set_csi_drivers(set.csi_drivers.values().cloned());
@@ -786,5 +793,24 @@ fn secrets_from(secrets: &ObjectSecrets, objects: &ObjectSet) {
     let mut map = secrets.0.write().unwrap_or_else(|p| p.into_inner());
     if *map != objects.secrets {
         *map = objects.secrets.clone();
+    }
+}
+
+/// The node's own resources, as kubelet's allocatable is without reservations: its CPUs, its
+/// memory (`MemTotal`), and the filesystem of the kubelet root; zero where they cannot be read.
+fn measured_allocatable(root_dir: &std::path::Path) -> kvol_api::projection::NodeResources {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get() as u64);
+    let memory_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    });
+    let storage = kvol_plugin::plugin::VolumeStats::of_filesystem(root_dir)
+        .ok()
+        .and_then(|stats| stats.capacity_bytes)
+        .unwrap_or(0);
+    kvol_api::projection::NodeResources {
+        cpu_millis: cpus * 1000,
+        memory_bytes: memory_kib.unwrap_or(0).saturating_mul(1024),
+        ephemeral_storage_bytes: storage,
     }
 }

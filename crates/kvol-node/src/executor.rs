@@ -361,7 +361,7 @@ impl Executor {
                     device_path: volume.device_path.as_deref(),
                     read_only: volume.spec.read_only,
                     mount_options,
-                    projection: None,
+                    projection: volume.projection.as_deref(),
                 };
                 mounter.publish(&request).await.map_err(Failed::from)?;
                 Ok(ActualChange::SetPublished(PublishedVolume { uncertain: false, ..volume.clone() }))

@@ -41,6 +41,8 @@ pub struct DesiredVolume {
     /// The pod is being deleted (`deletionTimestamp` set) and its containers may still run
     /// out their grace period: what it has stays set up, nothing new is (kubelet's rule).
     pub terminating: bool,
+    /// For a configMap, secret, downwardAPI or projected volume: what it is to hold.
+    pub projection: Option<std::sync::Arc<kvol_api::projection::Projection>>,
 }
 
 /// What the pods on this node want.
@@ -99,6 +101,18 @@ pub struct PublishedVolume {
     /// a published volume, published again if wanted.
     #[serde(default, skip_serializing_if = "is_false")]
     pub uncertain: bool,
+    /// For a configMap, secret, downwardAPI or projected volume: what it holds (to publish, or
+    /// as last published). Kept in memory only — a Secret's values never reach the journal —
+    /// so after a restart the first publish compares the files on disk instead.
+    #[serde(skip)]
+    pub projection: Option<std::sync::Arc<kvol_api::projection::Projection>>,
+}
+
+/// Whether a published volume of `plugin` may be a plain directory on the node's disk, with
+/// nothing mounted (an emptyDir or a configMap volume): then its directory, not a mount, says
+/// it is there.
+pub fn plain_directory_plugin(plugin: &str) -> bool {
+    matches!(plugin, "kubernetes.io/empty-dir" | "kubernetes.io/configmap")
 }
 
 fn is_false(b: &bool) -> bool {

@@ -180,6 +180,7 @@ fn next_step(
     let target = actual.published.get(key).map_or_else(|| r.target.clone(), |p| p.target.clone());
     Operation::Publish {
         volume: PublishedVolume {
+            projection: volume.projection.clone(),
             key: key.clone(),
             pod: volume.pod.clone(),
             pod_name: volume.pod_name.clone(),
@@ -214,8 +215,10 @@ pub fn waits_for_in_use(op: &Operation, resolutions: &Resolutions, reported: &BT
 
 /// Publishes again the published volumes whose plugin asks for it (CSI `requiresRepublish`,
 /// as kubelet does on every pod sync) once `period` has passed since their last publish by this
-/// agent; a volume with no such time (published before the agent started) is due at once. Only
-/// volumes still wanted as they are published; pure.
+/// agent; a volume with no such time (published before the agent started) is due at once. A
+/// volume made of API objects is published again at once when what it should hold changed
+/// (another digest, or none known since a restart). Only volumes still wanted as they are
+/// published; pure.
 pub fn republish(
     desired: &DesiredState,
     resolutions: &Resolutions,
@@ -234,8 +237,12 @@ pub fn republish(
                 && r.unique_name == published.unique_name
                 && !published.uncertain;
             let due = published_at.get(key).is_none_or(|at| now.saturating_duration_since(*at) >= period);
-            (r.republish && same && due).then(|| Operation::Publish {
-                volume: published.clone(),
+            let digest =
+                |p: &Option<std::sync::Arc<kvol_api::projection::Projection>>| p.as_ref().map(|p| p.digest());
+            let changed =
+                wanted.projection.is_some() && digest(&wanted.projection) != digest(&published.projection);
+            (same && ((r.republish && due) || changed)).then(|| Operation::Publish {
+                volume: PublishedVolume { projection: wanted.projection.clone(), ..published.clone() },
                 mount_options: wanted.mount_options.clone(),
             })
         })
@@ -289,6 +296,7 @@ mod tests {
                 pending: None,
                 mount_options: vec![],
                 terminating: false,
+                projection: None,
             },
         );
     }
@@ -308,6 +316,7 @@ mod tests {
 
     fn published(r: &Resolution, pod: &str, volume: &str) -> PublishedVolume {
         PublishedVolume {
+            projection: None,
             key: key(pod, volume),
             pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),

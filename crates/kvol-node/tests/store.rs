@@ -46,6 +46,7 @@ fn staged(unique: &str) -> StagedVolume {
 fn published_at(paths: &NodePaths, pod: &str, plugin: &str, volume: &str) -> PublishedVolume {
     let spec = if plugin == EMPTY_DIR { inline_empty_dir(volume) } else { csi_pv(volume, "d.csi") };
     PublishedVolume {
+        projection: None,
         key: PodVolumeKey { pod_uid: pod.into(), volume: volume.into() },
         pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
         pod_name: format!("ns/{pod}"),

@@ -53,9 +53,6 @@ use crate::actual::observe::{NodeObservation, PodVolumeDir, subdirectories};
 use crate::actual::store::JournalEntry;
 use crate::model::{ActualState, AttachedVolume, Operation, PodVolumeKey, PublishedVolume, StagedVolume};
 
-/// The plugin whose published volumes may be plain directories.
-const EMPTY_DIR: &str = "kubernetes.io/empty-dir";
-
 /// The rebuilt actual state, each decision about an interrupted operation or a drifted record
 /// in words, and the pod volume directories no record accounts for.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -289,10 +286,14 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
         if journaled.contains(key) || volume.uncertain || mounted(&volume.target) {
             continue;
         }
-        if volume.plugin == EMPTY_DIR && dirs.contains(volume.target.as_path()) {
+        if crate::model::plain_directory_plugin(&volume.plugin) && dirs.contains(volume.target.as_path()) {
             continue;
         }
-        let gone = if volume.plugin == EMPTY_DIR { "directory gone" } else { "mount gone" };
+        let gone = if crate::model::plain_directory_plugin(&volume.plugin) {
+            "directory gone"
+        } else {
+            "mount gone"
+        };
         notes.push(format!(
             "published {key} ({}) at {}: {gone}, recorded uncertain: published again if still wanted, torn down if not",
             volume.plugin,
@@ -309,6 +310,7 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
 
 #[cfg(test)]
 mod tests {
+    const EMPTY_DIR: &str = "kubernetes.io/empty-dir";
     use std::collections::BTreeMap;
 
     use super::*;
@@ -346,6 +348,7 @@ mod tests {
     fn published(pod: &str, plugin: &str, volume: &str) -> PublishedVolume {
         let spec = if plugin == EMPTY_DIR { inline_empty_dir(volume) } else { csi_pv(volume, "d.csi") };
         PublishedVolume {
+            projection: None,
             key: PodVolumeKey { pod_uid: pod.into(), volume: volume.into() },
             pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),

@@ -24,8 +24,15 @@ use crate::actual::observe::{NodeObservation, PodVolumeDir};
 use crate::model::{ActualState, PodVolumeKey, PublishedVolume, StagedVolume, unique_volume_name};
 
 /// The compiled-in plugins whose pod volume directories kvol knows.
-const COMPILED_IN: [&str; 3] =
-    ["kubernetes.io/empty-dir", "kubernetes.io/host-path", "kubernetes.io/local-volume"];
+const COMPILED_IN: [&str; 7] = [
+    "kubernetes.io/empty-dir",
+    "kubernetes.io/host-path",
+    "kubernetes.io/local-volume",
+    "kubernetes.io/configmap",
+    "kubernetes.io/secret",
+    "kubernetes.io/downward-api",
+    "kubernetes.io/projected",
+];
 
 /// Answers, for a reconstructed spec of a plugin, whether the plugin attaches or stages it
 /// (its unique name is then node-wide); `None` when the plugin is not registered (yet).
@@ -74,6 +81,7 @@ pub fn attribute(
         ));
     };
     Ok(PublishedVolume {
+        projection: None,
         key: PodVolumeKey { pod_uid: dir.pod_uid.clone(), volume: dir.volume.clone() },
         pod: PodInfo { uid: dir.pod_uid.clone(), ..PodInfo::default() },
         pod_name: String::new(),
@@ -148,6 +156,26 @@ fn compiled_in_spec(plugin: &str, volume: &str) -> VolumeSpec {
         "kubernetes.io/host-path" => inline(Volume {
             name: volume.to_string(),
             host_path: Some(HostPathVolumeSource::default()),
+            ..Default::default()
+        }),
+        "kubernetes.io/configmap" => inline(Volume {
+            name: volume.to_string(),
+            config_map: Some(Default::default()),
+            ..Default::default()
+        }),
+        "kubernetes.io/secret" => inline(Volume {
+            name: volume.to_string(),
+            secret: Some(Default::default()),
+            ..Default::default()
+        }),
+        "kubernetes.io/downward-api" => inline(Volume {
+            name: volume.to_string(),
+            downward_api: Some(Default::default()),
+            ..Default::default()
+        }),
+        "kubernetes.io/projected" => inline(Volume {
+            name: volume.to_string(),
+            projected: Some(Default::default()),
             ..Default::default()
         }),
         _ => inline(Volume {

@@ -91,7 +91,7 @@ pub fn adopt_leftovers(
 }
 
 /// Forgets publications whose mount is gone, so they are published again (certain ones only).
-/// Disk emptyDirs are plain directories: their directory must exist.
+/// Disk emptyDirs and configMap volumes are plain directories: their directory must exist.
 pub fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
     let Ok(mounts) = mounter.mount_points() else { return };
     let exec = executor.snapshot();
@@ -103,7 +103,8 @@ pub fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
         }
         let checked = kvol_plugin::block::mount_check_path(&volume.target);
         let mounted = mounts.iter().any(|m| m.target.starts_with(&checked));
-        let fine = mounted || (volume.plugin == "kubernetes.io/empty-dir" && volume.target.is_dir());
+        let fine =
+            mounted || (crate::model::plain_directory_plugin(&volume.plugin) && volume.target.is_dir());
         if !fine {
             tracing::warn!(volume = %key, target = %volume.target.display(), "published volume's mount is gone; publishing it again");
             if let Err(e) = executor.forget_published(key) {

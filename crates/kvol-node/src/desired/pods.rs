@@ -2,9 +2,13 @@
 //!
 //! Choices beyond what the kubelet does:
 //!
-//! - configMap, secret, projected, downwardAPI, image and gitRepo volumes are the container
-//!   runtime's, not a storage plugin's; they are listed, pending with that reason, so status
-//!   shows every volume of a pod and says why kvol leaves some alone.
+//! - configMap, secret, downwardAPI and projected volumes get what they are to hold here
+//!   ([`kvol_api::projection`]), from the same objects as everything else; a missing object or
+//!   key, a bad path or field keeps the volume pending with every reason (kubelet fails the
+//!   mount and retries). A projected service-account token with no API server to mint it
+//!   (standalone) keeps its volume pending with that reason; the pod's other volumes go on.
+//! - image volumes are the container runtime's, and gitRepo (deprecated upstream) is not
+//!   served; both are listed, pending with the reason, so status shows every volume of a pod.
 //! - A volume with no source or more than one is pending here with the reason, rather than
 //!   handed on to fail in plugin lookup.
 //! - A PersistentVolume without a `claimRef` serves the claim whose `volumeName` names it: in
@@ -16,9 +20,11 @@
 //!   keeps them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Volume};
 use kvol_api::VolumeMode;
+use kvol_api::projection::{NodeResources, PodRef, Projection, project};
 use kvol_plugin::VolumeSpec;
 use kvol_plugin::plugin::{FsGroupChangePolicy, PodInfo};
 
@@ -26,17 +32,32 @@ use crate::model::{DesiredState, DesiredVolume, ObjectSet, PodVolumeKey};
 use crate::sources::{DEFAULT_NAMESPACE, static_pod_uid};
 
 /// Volume sources the container runtime sets up; no storage plugin serves them.
-pub const RUNTIME_SOURCES: &[&str] = &["configMap", "downwardAPI", "gitRepo", "image", "projected", "secret"];
+pub const RUNTIME_SOURCES: &[&str] = &["image"];
 
-/// The volumes the pods bound to `node_name` want. A pod is on the node when its
+/// What the desired state is made with besides the objects: the node's name and allocatable
+/// resources (the downward API's unset limits), and whether service-account tokens can be
+/// minted (cluster mode).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeContext {
+    pub node_name: String,
+    pub allocatable: NodeResources,
+    pub mints_tokens: bool,
+}
+
+/// [`desired_state_on`] a node of that name, with no allocatable resources known and no tokens.
+pub fn desired_state(objects: &ObjectSet, node_name: &str) -> DesiredState {
+    desired_state_on(objects, &NodeContext { node_name: node_name.to_string(), ..NodeContext::default() })
+}
+
+/// The volumes the pods bound to the node want. A pod is on the node when its
 /// `spec.nodeName` is unset or names the node; a pod that has finished (phase Succeeded or
 /// Failed) wants nothing. A pod being deleted still wants what it has until it is gone (its
 /// containers may run out their grace period), but nothing new: its volumes are marked
 /// [`DesiredVolume::terminating`].
-pub fn desired_state(objects: &ObjectSet, node_name: &str) -> DesiredState {
+pub fn desired_state_on(objects: &ObjectSet, node: &NodeContext) -> DesiredState {
     let mut state = DesiredState::default();
-    for pod in objects.pods.values().filter(|pod| wants_volumes(pod, node_name)) {
-        for volume in pod_volumes(objects, pod) {
+    for pod in objects.pods.values().filter(|pod| wants_volumes(pod, &node.node_name)) {
+        for volume in pod_volumes(objects, node, pod) {
             state.volumes.entry(volume.key.clone()).or_insert(volume);
         }
     }
@@ -85,7 +106,7 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 }
 
 /// One desired volume per volume name of the pod.
-fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
+fn pod_volumes(objects: &ObjectSet, node: &NodeContext, pod: &Pod) -> Vec<DesiredVolume> {
     let info = pod_info(pod);
     let pod_name = format!("{}/{}", info.namespace, info.name);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
@@ -101,9 +122,13 @@ fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
             None => resolve(objects, &info, &pod_name, volume)
                 .and_then(|resolved| used_as_its_mode(&resolved.0, &used, &volume.name).map(|()| resolved)),
         };
-        let (spec, pending, mount_options) = match resolved {
-            Ok((spec, mount_options)) => (Some(spec), None, mount_options),
-            Err(reason) => (None, Some(reason), Vec::new()),
+        let projection = match &resolved {
+            Ok(_) => projection(objects, node, pod, &info, volume).transpose(),
+            Err(_) => Ok(None),
+        };
+        let (spec, pending, mount_options, projection) = match (resolved, projection) {
+            (Ok((spec, mount_options)), Ok(projection)) => (Some(spec), None, mount_options, projection),
+            (Err(reason), _) | (_, Err(reason)) => (None, Some(reason), Vec::new(), None),
         };
         out.push(DesiredVolume {
             key: PodVolumeKey { pod_uid: info.uid.clone(), volume: volume.name.clone() },
@@ -113,9 +138,32 @@ fn pod_volumes(objects: &ObjectSet, pod: &Pod) -> Vec<DesiredVolume> {
             pending,
             mount_options,
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            projection,
         });
     }
     out
+}
+
+/// What a configMap, secret, downwardAPI or projected volume is to hold, or why it cannot be
+/// made; `None` for every other volume.
+fn projection(
+    objects: &ObjectSet,
+    node: &NodeContext,
+    pod: &Pod,
+    info: &PodInfo,
+    volume: &Volume,
+) -> Option<Result<Arc<Projection>, String>> {
+    let at = PodRef { pod, namespace: &info.namespace, uid: &info.uid };
+    let made = project(volume, at, objects, &node.allocatable)?;
+    Some(match made {
+        Ok(p) if !p.tokens.is_empty() && !node.mints_tokens => Err(format!(
+            "volume {:?} holds a serviceAccountToken, which needs the API server's TokenRequest; \
+             kvol runs standalone, without one",
+            volume.name
+        )),
+        Ok(p) => Ok(Arc::new(p)),
+        Err(why) => Err(format!("volume {:?}: {why}", volume.name)),
+    })
 }
 
 /// Why the pod's volume list cannot be used as a whole: a volume without a name, or a name
@@ -175,6 +223,11 @@ fn resolve(objects: &ObjectSet, pod: &PodInfo, pod_name: &str, volume: &Volume) 
         }
         [field] if RUNTIME_SOURCES.contains(field) => {
             Err(format!("{field} volumes are not served by kvol (they are the container runtime's)"))
+        }
+        ["gitRepo"] => {
+            Err("gitRepo volumes are not served by kvol (deprecated upstream): clone into an emptyDir from \
+             an init container"
+                .to_string())
         }
         [_] => Ok((VolumeSpec::inline(volume.clone(), pod.namespace.clone()), Vec::new())),
     }
@@ -534,28 +587,40 @@ mod tests {
                 ],
             ),
             (
-                "configMap",
+                "a configMap that does not exist",
                 json!([{"name": "v", "configMap": {"name": "x"}}]),
                 json!({}),
-                vec![runtime_pending("configMap")],
+                vec![r#"v: pending: volume "v": configmap ns/x does not exist"#.into()],
             ),
             (
-                "secret",
+                "an optional configMap that does not exist: an empty volume",
+                json!([{"name": "v", "configMap": {"name": "x", "optional": true}}]),
+                json!({}),
+                vec![r#"v: inline volume "v" read_only=false options=[]"#.into()],
+            ),
+            (
+                "a secret that does not exist",
                 json!([{"name": "v", "secret": {"secretName": "x"}}]),
                 json!({}),
-                vec![runtime_pending("secret")],
+                vec![r#"v: pending: volume "v": secret ns/x does not exist"#.into()],
             ),
             (
-                "projected",
+                "projected without sources",
                 json!([{"name": "v", "projected": {"sources": []}}]),
                 json!({}),
-                vec![runtime_pending("projected")],
+                vec![r#"v: inline volume "v" read_only=false options=[]"#.into()],
             ),
             (
-                "downwardAPI",
-                json!([{"name": "v", "downwardAPI": {}}]),
+                "a projected token with no API server to mint it; the pod's other volumes go on",
+                json!([{"name": "v", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+                       {"name": "w", "downwardAPI": {}}]),
                 json!({}),
-                vec![runtime_pending("downwardAPI")],
+                vec![
+                    "v: pending: volume \"v\" holds a serviceAccountToken, which needs the API server's \
+                     TokenRequest; kvol runs standalone, without one"
+                        .into(),
+                    r#"w: inline volume "w" read_only=false options=[]"#.into(),
+                ],
             ),
             (
                 "image",
@@ -567,7 +632,11 @@ mod tests {
                 "gitRepo",
                 json!([{"name": "v", "gitRepo": {"repository": "r"}}]),
                 json!({}),
-                vec![runtime_pending("gitRepo")],
+                vec![
+                    "v: pending: gitRepo volumes are not served by kvol (deprecated upstream): clone into \
+                     an emptyDir from an init container"
+                        .into(),
+                ],
             ),
             (
                 "inline sources, in volume name order",

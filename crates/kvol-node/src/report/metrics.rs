@@ -388,6 +388,7 @@ mod tests {
         let volume = serde_json::from_value(serde_json::json!({"name": "v", "emptyDir": {}})).unwrap();
         let spec = VolumeSpec::inline(volume, "default");
         let record = |pod: &str, uncertain: bool| PublishedVolume {
+            projection: None,
             key: PodVolumeKey { pod_uid: pod.into(), volume: "v".into() },
             pod: kvol_plugin::plugin::PodInfo::default(),
             pod_name: format!("default/{pod}"),

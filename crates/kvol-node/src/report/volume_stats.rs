@@ -201,6 +201,7 @@ mod tests {
     fn published(pod: &str, uid: &str, volume: &str, uncertain: bool) -> (PodVolumeKey, PublishedVolume) {
         let key = PodVolumeKey { pod_uid: uid.into(), volume: volume.into() };
         let record = PublishedVolume {
+            projection: None,
             key: key.clone(),
             pod: PodInfo { name: pod.into(), namespace: "ns".into(), uid: uid.into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -40,6 +40,7 @@ pub enum Object {
     StorageClass(Box<StorageClass>),
     CsiDriver(Box<CSIDriver>),
     Secret(Box<Secret>),
+    ConfigMap(Box<ConfigMap>),
     VolumeSnapshot(Box<VolumeSnapshot>),
     VolumeSnapshotClass(Box<VolumeSnapshotClass>),
     VolumeSnapshotContent(Box<VolumeSnapshotContent>),
@@ -55,6 +56,7 @@ impl Object {
             Object::StorageClass(_) => "StorageClass",
             Object::CsiDriver(_) => "CSIDriver",
             Object::Secret(_) => "Secret",
+            Object::ConfigMap(_) => "ConfigMap",
             Object::VolumeSnapshot(_) => "VolumeSnapshot",
             Object::VolumeSnapshotClass(_) => "VolumeSnapshotClass",
             Object::VolumeSnapshotContent(_) => "VolumeSnapshotContent",
@@ -71,6 +73,7 @@ impl Object {
             Object::StorageClass(o) => &o.metadata,
             Object::CsiDriver(o) => &o.metadata,
             Object::Secret(o) => &o.metadata,
+            Object::ConfigMap(o) => &o.metadata,
             Object::VolumeSnapshot(o) => &o.metadata,
             Object::VolumeSnapshotClass(o) => &o.metadata,
             Object::VolumeSnapshotContent(o) => &o.metadata,
@@ -95,6 +98,7 @@ impl fmt::Debug for Object {
             Object::Secret(o) => {
                 f.debug_tuple("Secret").field(&kvol_plugin::host::RedactedSecret(o)).finish()
             }
+            Object::ConfigMap(o) => f.debug_tuple("ConfigMap").field(o).finish(),
             Object::VolumeSnapshot(o) => f.debug_tuple("VolumeSnapshot").field(o).finish(),
             Object::VolumeSnapshotClass(o) => f.debug_tuple("VolumeSnapshotClass").field(o).finish(),
             Object::VolumeSnapshotContent(o) => f.debug_tuple("VolumeSnapshotContent").field(o).finish(),
@@ -116,6 +120,7 @@ const KINDS: &[(&str, &str, bool)] = &[
     ("StorageClass", "storage.k8s.io/v1", false),
     ("CSIDriver", "storage.k8s.io/v1", false),
     ("Secret", "v1", true),
+    ("ConfigMap", "v1", true),
     ("VolumeSnapshot", kvol_api::snapshot::API_VERSION, true),
     ("VolumeSnapshotClass", kvol_api::snapshot::API_VERSION, false),
     ("VolumeSnapshotContent", kvol_api::snapshot::API_VERSION, false),
@@ -207,7 +212,9 @@ pub fn parse_values(text: &str) -> Result<Vec<Value>, String> {
         return Ok(out);
     }
     // YAML 1.2 booleans: only `true` and `false`, so a name like `n` or `on` stays a string.
-    let options = serde_saphyr::options! { strict_booleans: true };
+    // Octal as kubectl reads it (YAML 1.1): `defaultMode: 0644` is 420, as every manifest
+    // written for Kubernetes means it.
+    let options = serde_saphyr::options! { strict_booleans: true, legacy_octal_numbers: true };
     serde_saphyr::from_multiple_with_options::<Value>(text, options).map_err(|e| format!("yaml: {e}"))
 }
 
@@ -265,6 +272,7 @@ fn type_object(value: Value) -> Result<Object, String> {
         }
         "StorageClass" => Object::StorageClass(serde_json::from_value(value).map_err(invalid)?),
         "CSIDriver" => Object::CsiDriver(serde_json::from_value(value).map_err(invalid)?),
+        "ConfigMap" => Object::ConfigMap(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshot" => Object::VolumeSnapshot(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshotClass" => Object::VolumeSnapshotClass(serde_json::from_value(value).map_err(invalid)?),
         "VolumeSnapshotContent" => {
@@ -288,6 +296,7 @@ fn validate(object: &Object) -> Result<(), String> {
         Object::StorageClass(o) => v::validate_storage_class(o),
         Object::CsiDriver(o) => v::validate_csi_driver(o),
         Object::Secret(o) => v::validate_secret(o),
+        Object::ConfigMap(o) => v::validate_config_map(o),
         Object::VolumeSnapshot(o) => v::validate_volume_snapshot(o),
         Object::VolumeSnapshotClass(o) => v::validate_volume_snapshot_class(o),
         Object::VolumeSnapshotContent(o) => v::validate_volume_snapshot_content(o),
@@ -304,6 +313,7 @@ fn complete(object: &mut Object) {
         Object::Pod(o) => &mut Arc::make_mut(o).metadata,
         Object::PersistentVolumeClaim(o) => &mut o.metadata,
         Object::Secret(o) => &mut o.metadata,
+        Object::ConfigMap(o) => &mut o.metadata,
         Object::VolumeSnapshot(o) => &mut o.metadata,
         Object::PersistentVolume(_)
         | Object::StorageClass(_)
@@ -378,6 +388,7 @@ impl SetBuilder {
                 Object::StorageClass(o) => drop(self.set.storage_classes.insert(key, *o)),
                 Object::CsiDriver(o) => drop(self.set.csi_drivers.insert(key, *o)),
                 Object::Secret(o) => drop(self.set.secrets.insert(key, *o)),
+                Object::ConfigMap(o) => drop(self.set.config_maps.insert(key, *o)),
                 Object::VolumeSnapshot(o) => drop(self.set.volume_snapshots.insert(key, *o)),
                 Object::VolumeSnapshotClass(o) => drop(self.set.snapshot_classes.insert(key, *o)),
                 Object::VolumeSnapshotContent(o) => drop(self.set.snapshot_contents.insert(key, *o)),
@@ -645,14 +656,14 @@ mod tests {
                 "a list is expanded and its items numbered",
                 "apiVersion: v1\nkind: List\nitems:\n\
                  - {apiVersion: v1, kind: Pod, metadata: {name: a}}\n\
-                 - {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}\n\
+                 - {apiVersion: v1, kind: Service, metadata: {name: c}}\n\
                  ---\napiVersion: v1\nkind: Pod\nmetadata: {name: b}\n",
                 &[
                     "Pod default/a",
                     "Pod default/b",
-                    "problem m.yaml document 2: unsupported kind \"ConfigMap\" (ConfigMap/c): the manifests \
+                    "problem m.yaml document 2: unsupported kind \"Service\" (Service/c): the manifests \
                      source reads Pod, PersistentVolume, PersistentVolumeClaim, StorageClass, CSIDriver, \
-                     Secret, VolumeSnapshot, VolumeSnapshotClass and VolumeSnapshotContent",
+                     Secret, ConfigMap, VolumeSnapshot, VolumeSnapshotClass and VolumeSnapshotContent",
                 ],
             ),
             (
@@ -732,6 +743,26 @@ mod tests {
             "{}",
             problems[0].reason
         );
+    }
+
+    #[test]
+    fn config_maps_are_read_and_modes_in_octal_mean_what_kubectl_reads() {
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata: {a: \"1\"}\n---\n\
+                    apiVersion: v1\nkind: ConfigMap\nmetadata: {name: twice}\ndata: {a: x}\nbinaryData: {a: eA==}\n---\n\
+                    apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n\
+                    spec: {volumes: [{name: s, secret: {secretName: s, defaultMode: 0400, items: [{key: k, path: k, mode: 0o600}]}}]}\n";
+        let (objects, problems) = parse_manifests("dir/m.yaml", text);
+        assert_eq!(
+            objects.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["ConfigMap default/cfg", "Pod default/p"]
+        );
+        let reasons: Vec<&str> = problems.iter().map(|p| p.reason.as_str()).collect();
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(reasons[0].starts_with("invalid ConfigMap/twice: binaryData[a]"), "{reasons:?}");
+        let Object::Pod(pod) = &objects[1] else { panic!() };
+        let secret = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap()[0].secret.clone().unwrap();
+        assert_eq!(secret.default_mode, Some(0o400), "0400 is octal, as kubectl reads it");
+        assert_eq!(secret.items.unwrap()[0].mode, Some(0o600));
     }
 
     #[test]
