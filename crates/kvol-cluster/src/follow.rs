@@ -135,7 +135,8 @@ impl<K: Followed> Follows<K> {
         let api: Api<K> = Api::namespaced(self.client.clone(), ns);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let task = tokio::spawn(watch_one(
-            watcher(api, config),
+            watcher(api.clone(), config),
+            Some(api),
             key.to_string(),
             id,
             self.sender.clone(),
@@ -211,9 +212,13 @@ impl<K: Followed> Follows<K> {
 }
 
 /// Runs one object's watch, telling `sender` what it sees, until aborted. A (re)list that
-/// does not find the object says it is gone.
+/// does not find the object says it is gone. When the API server forbids the watch (a role
+/// that grants `get` only, so the agent cannot list the cluster's Secrets), the object is read
+/// by name through `read` every [`crate::source::REFRESH`] instead: slower to follow a change,
+/// never blind to it.
 async fn watch_one<K, S>(
     events: S,
+    read: Option<Api<K>>,
     key: String,
     watch: u64,
     sender: mpsc::UnboundedSender<Message<K>>,
@@ -242,6 +247,14 @@ async fn watch_one<K, S>(
             }
             Ok(watcher::Event::InitDone) if found => vec![Change::Listed],
             Ok(watcher::Event::InitDone) => vec![Change::Gone, Change::Listed],
+            Err(e) if forbidden(&e) && read.is_some() => {
+                tracing::warn!(kind = %K::kind(&()), object = %key, error = %e,
+                    "not allowed to watch {key}; reading it by name every {:?} instead (grant list and watch, \
+                     or run kvol with the node's credentials, for changes within a second)", crate::source::REFRESH);
+                let api = read.expect("checked");
+                read_by_name(api, key, watch, sender, traffic).await;
+                return;
+            }
             Err(e) => {
                 tracing::warn!(kind = %K::kind(&()), object = %key, error = %e,
                     "watch of referenced object {key} failed; retrying, the last known object stays");
@@ -253,6 +266,46 @@ async fn watch_one<K, S>(
                 return;
             }
         }
+    }
+}
+
+/// Whether the API server refused a watch as forbidden (HTTP 403).
+fn forbidden(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 403,
+        watcher::Error::WatchError(status) => status.code == 403,
+        _ => false,
+    }
+}
+
+/// Follows one object by reading it by name every [`crate::source::REFRESH`], telling
+/// `sender` as a watch would, until aborted; a failed read keeps the last known object.
+async fn read_by_name<K: Followed>(
+    api: Api<K>,
+    key: String,
+    watch: u64,
+    sender: mpsc::UnboundedSender<Message<K>>,
+    traffic: Arc<Traffic>,
+) {
+    let (_, name) = refs::split_key(&key);
+    loop {
+        traffic.read();
+        let changes = match api.get_opt(name).await {
+            Ok(Some(object)) => vec![Change::Seen(object), Change::Listed],
+            Ok(None) => vec![Change::Gone, Change::Listed],
+            Err(e) => {
+                tracing::warn!(kind = %K::kind(&()), object = %key, error = %e, "cannot read {key}; the last known object stays");
+                vec![Change::Failed]
+            }
+        };
+        for change in changes {
+            if sender.send(Message { key: key.clone(), watch, change }).is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(crate::source::REFRESH).await;
     }
 }
 
@@ -298,7 +351,7 @@ mod tests {
         ];
         let (sender, mut receiver) = mpsc::unbounded_channel();
         let traffic = Arc::new(Traffic::default());
-        watch_one(futures::stream::iter(events), "ns/c".into(), 7, sender, Arc::clone(&traffic)).await;
+        watch_one(futures::stream::iter(events), None, "ns/c".into(), 7, sender, Arc::clone(&traffic)).await;
         let mut seen = Vec::new();
         while let Ok(m) = receiver.try_recv() {
             assert_eq!((m.key.as_str(), m.watch), ("ns/c", 7));

@@ -119,7 +119,7 @@ impl Traffic {
         self.watched_objects.fetch_add(1, Relaxed);
     }
 
-    fn read(&self) {
+    pub(crate) fn read(&self) {
         self.reads.fetch_add(1, Relaxed);
     }
 

@@ -25,14 +25,15 @@ fn every_document_is_a_known_kind() {
 }
 
 #[test]
-fn the_role_reads_objects_by_name_and_lists_only_pods_and_csidrivers() {
+fn the_role_reads_objects_by_name_and_lists_only_pods_csidrivers_and_configmaps() {
     let role: ClusterRole = one("ClusterRole");
     for rule in role.rules.unwrap_or_default() {
         let resources = rule.resources.unwrap_or_default();
         let lists = rule.verbs.iter().any(|v| v == "list" || v == "watch" || v == "*");
         assert!(!rule.verbs.iter().any(|v| v == "*" || v == "delete" || v == "update"), "{resources:?}");
         if lists {
-            assert!(resources.iter().all(|r| r == "pods" || r == "csidrivers"), "lists {resources:?}");
+            let listed = ["pods", "csidrivers", "configmaps"];
+            assert!(resources.iter().all(|r| listed.contains(&r.as_str())), "lists {resources:?}");
         }
     }
 }

@@ -197,3 +197,82 @@ async fn pods_sharing_a_config_map_share_one_watch_and_an_immutable_one_is_not_w
     assert_eq!((traffic.object_watches, traffic.object_watches_started), (0, 2), "{traffic:?}");
     Box::new(source).shutdown();
 }
+
+/// A kubeconfig like `server`'s, authenticating with `token` instead of the admin's.
+fn kubeconfig_with_token(server: &ApiServer, token: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(&server.kubeconfig).unwrap();
+    let start = text.find("token: ").expect("the admin kubeconfig has a token");
+    let end = text[start..].find('\n').map_or(text.len(), |n| start + n);
+    let path = server.dir.path().join("restricted.kubeconfig");
+    std::fs::write(&path, format!("{}token: {token}{}", &text[..start], &text[end..])).unwrap();
+    path
+}
+
+/// The ClusterRole of deploy/cluster/kvol.yaml, as shipped.
+fn deployed_role() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/cluster/kvol.yaml");
+    let docs = kvol_node::sources::parse_values(&std::fs::read_to_string(path).unwrap()).unwrap();
+    docs.into_iter().find(|d| d["kind"] == "ClusterRole").expect("a ClusterRole")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployed_role_reads_secrets_by_name_where_it_may_not_watch_them() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let admin = server.client().await;
+    create(&Api::<ClusterRole>::all(admin.clone()), deployed_role()).await;
+    create(
+        &Api::<ServiceAccount>::namespaced(admin.clone(), "default"),
+        json!({"metadata": {"name": "kvol"}}),
+    )
+    .await;
+    create(
+        &Api::<ClusterRoleBinding>::all(admin.clone()),
+        json!({"metadata": {"name": "kvol-node"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kvol-node"},
+               "subjects": [{"kind": "ServiceAccount", "name": "kvol", "namespace": "default"}]}),
+    )
+    .await;
+    let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), "default");
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}})).unwrap();
+    let minted = accounts.create_token_request("kvol", &Default::default(), &request).await.expect("a token");
+    let token = minted.status.and_then(|s| s.token).expect("a token");
+    let restricted =
+        kvol_cluster::client::client(Some(&kubeconfig_with_token(&server, &token))).await.expect("a client");
+
+    create(
+        &Api::<ConfigMap>::namespaced(admin.clone(), "default"),
+        json!({"metadata": {"name": "cfg"}, "data": {"k": "v"}}),
+    )
+    .await;
+    create(
+        &Api::<Secret>::namespaced(admin.clone(), "default"),
+        json!({"metadata": {"name": "creds"}, "stringData": {"p": "s"}}),
+    )
+    .await;
+    pod(&admin, "p", "n1", json!([{"name": "c", "configMap": {"name": "cfg"}}, {"name": "s", "secret": {"secretName": "creds"}}]))
+        .await;
+
+    let source = ApiSource::start(restricted, "n1").await;
+    let set = source.current();
+    assert_eq!(keys(&set.pods), ["default/p"], "the role lists the node's pods");
+    assert_eq!(config_value(&set, "cfg", "k"), Some("v"), "the role watches ConfigMaps");
+    assert_eq!(
+        secret_value(&set, "creds", "p"),
+        Some(&b"s"[..]),
+        "a Secret the role may not watch is read by name"
+    );
+    let traffic = source.traffic();
+    assert!(traffic.reads >= 1, "{traffic:?}");
+    // The ConfigMap, watched, still follows a change within a second.
+    let asked = Instant::now();
+    patch(&Api::<ConfigMap>::namespaced(admin.clone(), "default"), "cfg", json!({"data": {"k": "w"}})).await;
+    until(&source, "the changed configmap", |set| config_value(set, "cfg", "k") == Some("w")).await;
+    let took = asked.elapsed();
+    eprintln!("with the deployed role: a ConfigMap change in the set after {took:?}");
+    assert!(took < PROMPT, "slower than {PROMPT:?}");
+    Box::new(source).shutdown();
+}
