@@ -790,3 +790,124 @@ fn built_in_bundles_deploy_with_kvols_image_and_wait_without_one() {
         );
     });
 }
+
+/// The volume the ServiceAccount admission plugin gives every pod (as v1.26 writes it; the test
+/// server runs without that plugin, so the test writes it as the plugin would).
+fn kube_api_access() -> serde_json::Value {
+    json!({"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}})
+}
+
+#[test]
+fn every_pods_api_access_volume_holds_a_token_the_api_server_accepts() {
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    let roots = Api::<ConfigMap>::namespaced(client.clone(), "default");
+    runtime.block_on(async {
+        create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
+        // What the controller-manager would have made: the account, and the root CA bundle.
+        create(
+            &Api::<ServiceAccount>::namespaced(client.clone(), "default"),
+            json!({"metadata": {"name": "default"}}),
+        )
+        .await;
+        create(
+            &roots,
+            json!({"metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": "first bundle\n"}}),
+        )
+        .await;
+    });
+    let dir = kvol_test_support::ScratchRoot::new();
+    let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
+    let log = dir.path().join("agent.log");
+    let mut agent = Process {
+        what: "the agent",
+        child: Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", NODE, "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .arg("--root")
+            .arg(&root)
+            .env("KVOL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let created = Instant::now();
+    let uid = runtime.block_on(async {
+        let pod: Pod = create(
+            &pods,
+            json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"nodeName": NODE,
+                "serviceAccountName": "default", "containers": [{"name": "c", "image": "none"}],
+                "volumes": [kube_api_access()]}}),
+        )
+        .await;
+        pod.metadata.uid.expect("a uid")
+    });
+    wait_status(&root, &mut agent, "published the api access volume", |r| {
+        published(r, "default/app", "kube-api-access-x7k2p")
+    });
+    eprintln!("kube-api-access published {:?} after the pod was created", created.elapsed());
+    let volume =
+        root.join("kubelet/pods").join(&uid).join("volumes/kubernetes.io~projected/kube-api-access-x7k2p");
+    assert_eq!(std::fs::read_to_string(volume.join("namespace")).unwrap(), "default");
+    assert_eq!(std::fs::read_to_string(volume.join("ca.crt")).unwrap(), "first bundle\n");
+    let token = std::fs::read_to_string(volume.join("token")).unwrap();
+    assert!(mounted(&volume, &root), "the volume is a tmpfs");
+
+    // The API server takes the token: the pod's service account, bound to this pod.
+    let review: TokenReview = runtime.block_on(async {
+        let api = Api::<TokenReview>::all(client.clone());
+        let body: TokenReview = serde_json::from_value(json!({"spec": {"token": token}})).unwrap();
+        api.create(&PostParams::default(), &body).await.expect("a token review")
+    });
+    let status = review.status.expect("a review status");
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    let user = status.user.expect("a user");
+    assert_eq!(user.username.as_deref(), Some("system:serviceaccount:default:default"));
+    let extra = user.extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-name"),
+        Some(&vec!["app".to_string()]),
+        "{extra:?}"
+    );
+    assert_eq!(extra.get("authentication.kubernetes.io/pod-uid"), Some(&vec![uid.clone()]));
+
+    // The CA bundle rotated: in the pod's files within a second or so, the token untouched.
+    let asked = Instant::now();
+    runtime.block_on(async {
+        let patch = json!({"data": {"ca.crt": "second bundle\n"}});
+        roots
+            .patch("kube-root-ca.crt", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .unwrap();
+    });
+    while std::fs::read_to_string(volume.join("ca.crt")).unwrap_or_default() != "second bundle\n" {
+        assert!(asked.elapsed() < Duration::from_secs(10), "the new bundle never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("a ConfigMap change reached the pod's files {:?} after the patch", asked.elapsed());
+    assert_eq!(
+        std::fs::read_to_string(volume.join("token")).unwrap(),
+        token,
+        "the token is not minted again"
+    );
+
+    let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+    runtime.block_on(async { pods.delete("app", &now).await.expect("deleted") });
+    wait_status(&root, &mut agent, "tore the pod down", |r| r.volumes.is_empty());
+    assert!(!mounted(&volume, &root), "{} is still mounted", volume.display());
+    agent.assert_running();
+}
