@@ -190,9 +190,10 @@ pub fn write_owned(
         if let Some(user) = file.fs_user {
             rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(user)), None)?;
         }
+        // Not synced, as kubelet does not: after a crash the first publish compares the files
+        // with what they should hold and writes again where they differ.
         let mut out = std::fs::File::from(fd);
         out.write_all(&file.data)?;
-        out.sync_all()?;
     }
     if let Some(gid) = fs_group {
         crate::beneath::apply_fs_group(&new_dir, gid, true)?;
