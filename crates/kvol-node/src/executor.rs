@@ -352,6 +352,7 @@ impl Executor {
             }
             Operation::Publish { volume, mount_options } => {
                 let mounter = plugin.mounter().ok_or_else(|| missing("publish"))?;
+                self.host.paths.make_pod_dirs(&volume.key.pod_uid).map_err(Failed::from)?;
                 let request = PublishRequest {
                     spec: &volume.spec,
                     pod: &volume.pod,

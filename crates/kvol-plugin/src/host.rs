@@ -36,6 +36,18 @@ impl NodePaths {
         Ok(self.root.join("pods").join(pod_uid))
     }
 
+    /// Makes `<root>/pods/<uid>/volumes` (and `pods/`, `pods/<uid>`) where missing, owner and
+    /// group only (0750), as kubelet makes a pod's directories before its volumes: other users
+    /// of the node cannot reach a pod's volumes through them. Directories already there are
+    /// left as they are.
+    pub fn make_pod_dirs(&self, pod_uid: &str) -> crate::error::Result<()> {
+        let volumes = self.pod_dir(pod_uid)?.join("volumes");
+        self.open_root()?
+            .create_dir_all(&volumes, POD_DIR_MODE)
+            .map(drop)
+            .map_err(|e| crate::error::PluginError::io("create directory", &volumes, e))
+    }
+
     /// `<root>/pods/<uid>/volumes/<plugin with / as ~>/<volume>`: where a pod's volume is
     /// published. Each of the three must make one plain path segment (not empty, `.` or `..`,
     /// no NUL, no `/` once the plugin's are escaped): a validation bug upstream of here cannot
@@ -64,6 +76,9 @@ impl NodePaths {
         self.root.join(REGISTRATION_DIR)
     }
 }
+
+/// The mode of `pods/`, `pods/<uid>` and `pods/<uid>/volumes` (kubelet's).
+pub const POD_DIR_MODE: u32 = 0o750;
 
 /// The registration directory's name below the root (kubelet's `plugins_registry`).
 pub const REGISTRATION_DIR: &str = "plugins_registry";

@@ -585,23 +585,14 @@ const KNOWN: &[Known] = &[
                     .is_some_and(|(kubelet, kvol)| without_kubelet_annotations(kubelet) == *kvol)
         },
     },
-    // OPEN. The kubelet makes pods/<uid> and pods/<uid>/volumes 0750 (makePodDataDirs); kvol
-    // makes them on the way to the first volume's directory, 0755 here. 0750 root:root keeps
-    // other host users from reaching the volumes (configMap files are 0644, an emptyDir 0777).
+    // On purpose (README, "Differences from upstream"): kvol's tmpfs mounts are nosuid,nodev
+    // (SystemMounter::mount adds both to every mount); the kubelet's carry only size=. Same
+    // size. A container's bind mount keeps the flags: under kvol a setuid program or a device
+    // node on an emptyDir of medium Memory does not work (for the four kinds of API objects no
+    // file can be setuid: modes are at most 0777).
     Known {
-        open: true,
-        reason: "pod and volumes directories 0755, kubelet 0750",
-        covers: |d| {
-            (d.path == "." || d.path == "..") && d.field == "mode" && d.kubelet == "0750" && d.kvol == "0755"
-        },
-    },
-    // OPEN. kvol's tmpfs mounts are nosuid,nodev (SystemMounter::mount adds both to every
-    // mount); the kubelet's carry only size=. Same size. A container's bind mount keeps the
-    // flags: under kvol a setuid program or a device node on an emptyDir of medium Memory does
-    // not work (for the four kinds of API objects no file can be setuid: modes are at most 0777).
-    Known {
-        open: true,
-        reason: "tmpfs mounted nosuid,nodev; kubelet's without",
+        open: false,
+        reason: "tmpfs mounted nosuid,nodev on purpose; kubelet's without",
         covers: |d| {
             d.field == "mount" && d.kvol == d.kubelet.replacen("tmpfs rw,", "tmpfs rw,nosuid,nodev,", 1)
         },
