@@ -1,0 +1,22 @@
+//! kvol's local API for whatever runs a pod's containers: the versioned protocol (`proto`), a container's mounts as kubelet's makeMounts makes them (`mounts`, pure) and as OCI `config.json` entries (`oci`).
+
+pub mod mounts;
+pub mod oci;
+
+/// The generated protocol, `kvol.runtime.v1alpha1`.
+pub mod proto {
+    tonic::include_proto!("kvol.runtime.v1alpha1");
+}
+
+/// The socket's name under kvol's state directory.
+pub const SOCKET_NAME: &str = "runtime.sock";
+
+impl From<mounts::Propagation> for proto::MountPropagation {
+    fn from(p: mounts::Propagation) -> proto::MountPropagation {
+        match p {
+            mounts::Propagation::Private => proto::MountPropagation::PropagationPrivate,
+            mounts::Propagation::HostToContainer => proto::MountPropagation::PropagationHostToContainer,
+            mounts::Propagation::Bidirectional => proto::MountPropagation::PropagationBidirectional,
+        }
+    }
+}
