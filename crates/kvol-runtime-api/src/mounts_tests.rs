@@ -50,9 +50,12 @@ fn describe(plan: &ContainerPlan) -> Vec<String> {
     out
 }
 
+/// (what, the pod's containers, the mounts described or the error)
+type Case = (&'static str, &'static str, Result<&'static [&'static str], &'static str>);
+
 #[test]
 fn mounts_are_made_as_kubelet_makes_them() {
-    let cases: &[(&str, &str, Result<&[&str], &str>)] = &[
+    let cases: &[Case] = &[
         (
             "plain volumes: a read-only volume stays read-only, managed ones relabel",
             "[{name: c, volumeMounts: [{name: data, mountPath: /data}, {name: cfg, mountPath: /etc/cfg}, {name: cache, mountPath: tmp, readOnly: true}]}]",
