@@ -2,7 +2,7 @@
 //!
 //! Kubelet's "Watch" change-detection strategy: a watch of one object (field selector
 //! `metadata.name=<name>`) tells of a change as the API server makes it, where reading it
-//! again every [`crate::source::REFRESH`] would see it up to 30 s late. However many pods
+//! again every [`crate::watching::REFRESH`] would see it up to 30 s late. However many pods
 //! reference an object, it has one watch. An immutable object cannot change: once seen, its
 //! watch stops and its copy is kept for as long as something references it. Secrets pass
 //! through here as values only: nothing here logs or formats one (logs carry the key).
@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use crate::refs;
-use crate::source::{Traffic, WatchBackoff};
+use crate::watching::{Traffic, WatchBackoff};
 
 /// A kind whose referenced objects are followed by watch.
 pub(crate) trait Followed:
@@ -214,7 +214,7 @@ impl<K: Followed> Follows<K> {
 /// Runs one object's watch, telling `sender` what it sees, until aborted. A (re)list that
 /// does not find the object says it is gone. When the API server forbids the watch (a role
 /// that grants `get` only, so the agent cannot list the cluster's Secrets), the object is read
-/// by name through `read` every [`crate::source::REFRESH`] instead: slower to follow a change,
+/// by name through `read` every [`crate::watching::REFRESH`] instead: slower to follow a change,
 /// never blind to it.
 async fn watch_one<K, S>(
     events: S,
@@ -250,7 +250,7 @@ async fn watch_one<K, S>(
             Err(e) if forbidden(&e) && read.is_some() => {
                 tracing::warn!(kind = %K::kind(&()), object = %key, error = %e,
                     "not allowed to watch {key}; reading it by name every {:?} instead (grant list and watch, \
-                     or run kvol with the node's credentials, for changes within a second)", crate::source::REFRESH);
+                     or run kvol with the node's credentials, for changes within a second)", crate::watching::REFRESH);
                 let api = read.expect("checked");
                 read_by_name(api, key, watch, sender, traffic).await;
                 return;
@@ -280,7 +280,7 @@ fn forbidden(error: &watcher::Error) -> bool {
     }
 }
 
-/// Follows one object by reading it by name every [`crate::source::REFRESH`], telling
+/// Follows one object by reading it by name every [`crate::watching::REFRESH`], telling
 /// `sender` as a watch would, until aborted; a failed read keeps the last known object.
 async fn read_by_name<K: Followed>(
     api: Api<K>,
@@ -305,7 +305,7 @@ async fn read_by_name<K: Followed>(
                 return;
             }
         }
-        tokio::time::sleep(crate::source::REFRESH).await;
+        tokio::time::sleep(crate::watching::REFRESH).await;
     }
 }
 

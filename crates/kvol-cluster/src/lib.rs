@@ -22,3 +22,4 @@ pub mod node_objects;
 pub mod refs;
 pub mod source;
 pub mod tokens;
+mod watching;

@@ -238,7 +238,18 @@ fn the_four_volumes_are_kubelets_follow_their_objects_and_go() {
 
     // The ConfigMap deleted: the last content stays (kubelet's behaviour), the volume published.
     node.remove("config.yaml");
-    std::thread::sleep(Duration::from_millis(1500));
+    let report = node
+        .wait(LIMIT, |r| {
+            r.volumes.iter().any(|v| {
+                v.volume == "cm"
+                    && v.phase == Phase::Published
+                    && v.pending_reason
+                        .as_deref()
+                        .is_some_and(|p| p.contains("configmap default/app-config does not exist"))
+            })
+        })
+        .unwrap_or_else(|last| panic!("no status line for the deleted configmap: {last}"));
+    assert!(report.volumes.iter().filter(|v| v.volume != "tok").all(|v| v.phase == Phase::Published));
     assert_eq!(read(&cm.join("a.txt")), format!("a-{}", updates - 1));
 
     // The pod goes: every volume torn down, no mount left, no directory left.
