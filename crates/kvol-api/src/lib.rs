@@ -14,6 +14,7 @@ pub mod projection;
 pub mod quantity;
 pub mod redacted;
 pub mod snapshot;
+pub mod subpath_expr;
 pub mod validation;
 pub mod volume_mode;
 

@@ -15,6 +15,7 @@ pub mod plugin;
 pub mod registry;
 pub mod spec;
 pub mod stats;
+pub mod subpath;
 pub mod testing;
 pub mod tokens;
 pub mod watched_dir;
