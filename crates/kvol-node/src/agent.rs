@@ -243,6 +243,30 @@ async fn run(
     };
     let mut objects_rx = source.subscribe();
     let wake = Arc::new(Notify::new());
+    // The runtime API: a runner's pods in, the node's view out.
+    let runner = Arc::new(crate::runtime::runner_pods::RunnerPods::default());
+    let mut runner_rx = runner.subscribe();
+    let (view_tx, view_rx) =
+        tokio::sync::watch::channel(Arc::new(crate::runtime::view::RuntimeView::default()));
+    if let Some(socket) = &config.runtime_socket {
+        let service = crate::runtime::server::RuntimeService::new(
+            view_rx,
+            Arc::clone(&runner),
+            config.root_dir.join("pods"),
+        );
+        let mut stop = stop_rx.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let socket = socket.clone();
+        // Bound before the loop starts, so a runner can connect once the agent is up.
+        let serving = crate::runtime::server::bind(&socket)?;
+        tokio::spawn(async move {
+            if let Err(e) = crate::runtime::server::serve(serving, service, stopped).await {
+                tracing::warn!(socket = %socket.display(), error = %e, "runtime api stopped");
+            }
+        });
+    }
     let executor = Executor::new(
         host.clone(),
         Arc::clone(&registry),
@@ -291,6 +315,9 @@ async fn run(
         cached_view: None,
         stats_volumes,
         last_claimed: None,
+        runner: &runner,
+        runtime_view: view_tx,
+        last_view: None,
     };
     loop {
         agent.pass();
@@ -299,6 +326,7 @@ async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
+            _ = runner_rx.changed() => {}
             change = components.next_change() => {
                 components.apply(change).await;
                 agent.snapshots_on = components.snapshots_on();
@@ -329,7 +357,9 @@ async fn run(
 /// The source's objects with the provisioned volumes laid over them, and what they want.
 struct ObjectsView {
     source: Arc<ObjectSet>,
-    provisioned_version: u64,
+    /// The versions of what is laid over the source's set: the provisioned volumes, the
+    /// runner's pods.
+    overlays: Overlays,
     objects: ObjectSet,
     desired: DesiredState,
 }
@@ -382,7 +412,12 @@ struct Loop<'a> {
     /// The volumes of claims, for the stats collector (`None`: stats are off).
     stats_volumes: Option<tokio::sync::watch::Sender<Arc<Vec<crate::report::volume_stats::ClaimedVolume>>>>,
     /// The actual state's version and the objects the volumes of claims were last found from.
-    last_claimed: Option<(u64, Arc<ObjectSet>, u64)>,
+    last_claimed: Option<(u64, Arc<ObjectSet>, Overlays)>,
+    /// The pods a runner handed over the runtime API.
+    runner: &'a Arc<crate::runtime::runner_pods::RunnerPods>,
+    /// The node as the runtime API answers from it, and what it was last made from.
+    runtime_view: tokio::sync::watch::Sender<Arc<crate::runtime::view::RuntimeView>>,
+    last_view: Option<(u64, Arc<ObjectSet>, Overlays)>,
 }
 
 impl Loop<'_> {
@@ -403,12 +438,13 @@ impl Loop<'_> {
             self.resync(&view.desired);
         }
         self.submit(&view.desired, &resolutions);
+        self.offer_runtime_view(&view, &resolutions);
         let submitted = pass_started.elapsed();
         let problems = self.problems(&view.objects);
         let inputs = ReportInputs {
             executor: self.executor.version(),
             source: Arc::clone(&view.source),
-            provisioned: view.provisioned_version,
+            provisioned: view.overlays,
             plugins: snapshot.generation(),
             problems,
             components: self.components.snapshot(),
@@ -447,10 +483,12 @@ impl Loop<'_> {
     fn objects_view(&mut self) -> ObjectsView {
         let from_source = self.source.current();
         let provisioned = self.claims.map_or(0, ClaimsController::provisioned_version);
+        let runner = self.runner.version();
         match self.cached_view.take() {
-            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.provisioned_version == provisioned => v,
+            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.overlays == (provisioned, runner) => v,
             _ => {
                 let mut set = (*from_source).clone();
+                self.runner.overlay(&mut set);
                 let provisioned = self.claims.map_or(0, |claims| claims.overlay(&mut set));
                 let node = NodeContext {
                     node_name: self.config.node_name.clone(),
@@ -461,7 +499,7 @@ impl Loop<'_> {
                 secrets_from(self.secrets, &set);
                 // The whole set: a CSIDriver removed from the source stops applying at once.
                 self.objects.set_csi_drivers(set.csi_drivers.values().cloned());
-                ObjectsView { source: from_source, provisioned_version: provisioned, objects: set, desired }
+                ObjectsView { source: from_source, overlays: (provisioned, runner), objects: set, desired }
             }
         }
     }
@@ -479,7 +517,7 @@ impl Loop<'_> {
         let migration = node.unwrap_or(own);
         let key = ResolveKey {
             source: Arc::clone(&view.source),
-            provisioned: view.provisioned_version,
+            provisioned: view.overlays,
             plugins: snapshot.generation(),
             migration,
         };
@@ -507,6 +545,30 @@ impl Loop<'_> {
             tracing::warn!(path = %path.display(), %reason, "pod directory left");
         }
         self.pod_dirs_left = pod_dirs_left;
+    }
+
+    /// The node as the runtime API answers from it, made again when the objects, the runner's
+    /// pods or the executor's state changed.
+    fn offer_runtime_view(&mut self, view: &ObjectsView, resolutions: &Resolutions) {
+        let exec = self.executor.snapshot();
+        let inputs = (self.executor.version(), Arc::clone(&view.source), view.overlays);
+        let same = self
+            .last_view
+            .as_ref()
+            .is_some_and(|(v, s, o)| *v == inputs.0 && Arc::ptr_eq(s, &inputs.1) && *o == inputs.2);
+        if same {
+            return;
+        }
+        let volumes = crate::report::status_report::volume_statuses(&view.desired, resolutions, &exec);
+        let made = crate::runtime::view::make(&view.objects, volumes, &exec.actual);
+        self.runtime_view.send_if_modified(|current| {
+            if **current == made {
+                return false;
+            }
+            *current = Arc::new(made);
+            true
+        });
+        self.last_view = Some(inputs);
     }
 
     /// The plan's operations and the republishes due, submitted to the executor.
@@ -678,9 +740,10 @@ impl Loop<'_> {
     fn offer_claimed_volumes(&mut self, view: &ObjectsView) {
         let Some(sender) = &self.stats_volumes else { return };
         let (actual, version) = self.executor.actual();
-        let unchanged = self.last_claimed.as_ref().is_some_and(|(a, o, v)| {
-            *a == version && Arc::ptr_eq(o, &view.source) && *v == view.provisioned_version
-        });
+        let unchanged = self
+            .last_claimed
+            .as_ref()
+            .is_some_and(|(a, o, v)| *a == version && Arc::ptr_eq(o, &view.source) && *v == view.overlays);
         if unchanged {
             return;
         }
@@ -693,7 +756,7 @@ impl Loop<'_> {
             }
             changed
         });
-        self.last_claimed = Some((version, Arc::clone(&view.source), view.provisioned_version));
+        self.last_claimed = Some((version, Arc::clone(&view.source), view.overlays));
     }
 
     /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
@@ -718,7 +781,7 @@ impl Loop<'_> {
 struct ReportInputs {
     executor: u64,
     source: Arc<ObjectSet>,
-    provisioned: u64,
+    provisioned: Overlays,
     plugins: u64,
     problems: Vec<String>,
     /// A component restarted or turned healthy is news for the status.
@@ -741,11 +804,14 @@ impl PartialEq for ReportInputs {
     }
 }
 
+/// The versions of the provisioned volumes and of the runner's pods, laid over a source's set.
+type Overlays = (u64, u64);
+
 /// What resolutions are made from, as far as telling a change goes.
 #[derive(Debug)]
 struct ResolveKey {
     source: Arc<ObjectSet>,
-    provisioned: u64,
+    provisioned: Overlays,
     plugins: u64,
     migration: NodeMigration,
 }

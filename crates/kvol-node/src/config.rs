@@ -65,6 +65,9 @@ pub struct AgentConfig {
     /// Cluster mode: mints the service-account tokens CSIDrivers ask for (`tokenRequests`);
     /// `None` (standalone): a driver that asks for them cannot publish.
     pub tokens: Option<Arc<dyn kvol_csi::TokenSource>>,
+    /// Serve the runtime API (`kvol.runtime.v1alpha1`) on this unix socket, owner-only
+    /// (`<state dir>/runtime.sock` by default); `None`: no API.
+    pub runtime_socket: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -81,7 +84,6 @@ impl AgentConfig {
             manifests_dir: state_dir.join("manifests"),
             root_dir: root_dir.into(),
             volume_plugin_dir: volume_plugin_dir.into(),
-            state_dir,
             node_name: node_name.into(),
             gates: FeatureGates::default(),
             components: None,
@@ -98,6 +100,8 @@ impl AgentConfig {
             attachments: None,
             pod_events: None,
             tokens: None,
+            runtime_socket: Some(state_dir.join(kvol_runtime_api::SOCKET_NAME)),
+            state_dir,
         }
     }
 

@@ -369,6 +369,23 @@ impl Executor {
             }
             Operation::Unpublish { volume } => {
                 let mounter = plugin.mounter().ok_or_else(|| missing("unpublish"))?;
+                // The volume's subPath binds go first (kubelet's CleanSubPaths): a bind of a
+                // directory of the volume must not outlive it, nor its data be deleted under it.
+                let pod_dir = self.host.paths.pod_dir(&volume.key.pod_uid).map_err(Failed::from)?;
+                let volume_name = volume.key.volume.clone();
+                let cleaned = tokio::task::spawn_blocking(move || {
+                    kvol_plugin::subpath::clean_up(&pod_dir, Some(&volume_name))
+                })
+                .await
+                .map_err(|e| Failed::known(format!("the sub-path cleaner failed: {e}")))?
+                .map_err(|e| Failed::known(e.to_string()))?;
+                if !cleaned.is_clean() {
+                    let kept: Vec<String> = cleaned.kept.iter().map(ToString::to_string).collect();
+                    return Err(Failed::known(format!(
+                        "subPath binds of the volume stay: {}",
+                        kept.join("; ")
+                    )));
+                }
                 let request = UnpublishRequest {
                     pod_uid: &volume.key.pod_uid,
                     pod_volume_name: &volume.key.volume,

@@ -8,7 +8,9 @@
 //! - [`actual`]: what is — the journal ([`actual::store`]), what the node shows
 //!   ([`actual::observe`]), the state rebuilt after a crash ([`actual::rebuild`],
 //!   [`actual::reconstruct`]) and leftovers put right ([`actual::repair`]);
-//! - [`report`]: what is shown — status, metrics, volume stats, pod events, the node's storage.
+//! - [`report`]: what is shown — status, metrics, volume stats, pod events, the node's storage;
+//! - [`runtime`]: the handoff to whatever runs the containers — the local API, its view of the
+//!   node, and the runner's own pods.
 //!
 //! [`model`] is the vocabulary every room shares; [`config`] is how the agent runs. The
 //! standalone control plane (`kvol-claims`) and the component runtime
@@ -23,6 +25,7 @@ pub mod executor;
 pub mod model;
 pub mod reconciler;
 pub mod report;
+pub mod runtime;
 pub mod sources;
 pub use kvol_plugin::watched_dir;
 

@@ -134,13 +134,14 @@ fn plan_mount(
         (Some(p), Some(e)) if !p.is_empty() && !e.is_empty() => {
             return Err("subPath and subPathExpr are mutually exclusive".to_string());
         }
-        (_, Some(expr)) if !expr.is_empty() => expand(expr, env),
+        (_, Some(expr)) if !expr.is_empty() => kvol_api::subpath_expr::expand_sub_path_expr(expr, env)
+            .map_err(|why| format!("subPathExpr {expr:?}: {why}"))?,
         (path, _) => path.unwrap_or_default().to_string(),
     };
     let host = if sub_path.is_empty() {
         HostSide::Volume(volume.host_path.clone())
     } else {
-        check_sub_path(&sub_path)?;
+        kvol_api::subpath_expr::validate_sub_path(&sub_path)?;
         let dest = pod_dir.join("volume-subpaths").join(&mount.name).join(container).join(index.to_string());
         HostSide::SubPath { volume_dir: volume.host_path.clone(), sub_path, dest }
     };
@@ -176,50 +177,10 @@ pub fn propagation(mode: Option<&str>, privileged: bool) -> Result<Propagation, 
     }
 }
 
-/// A sub-path as kubelet takes it: relative, with no `..` element.
-pub fn check_sub_path(path: &str) -> Result<(), String> {
-    if path.starts_with('/') {
-        return Err(format!("subPath {path:?} must not be an absolute path"));
-    }
-    if path.split('/').any(|part| part == "..") {
-        return Err(format!("subPath {path:?} must not contain '..'"));
-    }
-    Ok(())
-}
-
-/// `$(VAR)` references expanded as Kubernetes expands them: a known variable replaced, an
-/// unknown one left as written, `$$` a literal `$`.
-pub fn expand(text: &str, env: &dyn Fn(&str) -> Option<String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(close) = inner.find(')')
-        {
-            let name = &inner[..close];
-            match env(name) {
-                Some(value) => out.push_str(&value),
-                None => out.push_str(&rest[at..at + 3 + close]),
-            }
-            rest = &inner[close + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 /// An environment variable of the container, as far as kvol can tell it without the runtime:
 /// a literal `value`, or a `fieldRef` to the pod's metadata, `spec.nodeName` or
 /// `spec.serviceAccountName`. Others (ConfigMap and Secret keys, resources, the pod's IP) are
-/// unknown here, and a `$(VAR)` of them stays as written.
+/// unknown here: a `subPathExpr` naming one is refused, as kubelet refuses an unset variable.
 fn env_value(pod: &Pod, container: &Container, var: &str) -> Option<String> {
     let entry = container.env.iter().flatten().rev().find(|e| e.name == var)?;
     if let Some(value) = &entry.value {

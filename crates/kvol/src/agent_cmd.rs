@@ -53,6 +53,10 @@ pub struct AgentArgs {
     /// Do not serve metrics.
     #[arg(long)]
     pub no_metrics: bool,
+    /// Do not serve the runtime API (`<state-dir>/runtime.sock`, for whatever runs the pods'
+    /// containers; see docs/runtime-api.md).
+    #[arg(long)]
+    pub no_runtime_api: bool,
     /// Run no storage components (the bundled CSI driver hostpath.csi.kvol.io among them),
     /// whatever the config's `storage` section says.
     #[arg(long, alias = "no-bundled-driver")]
@@ -155,6 +159,9 @@ pub fn run(
     }
     config.example_flex_drivers = !args.no_example_flex_drivers;
     config.metrics_address = (!args.no_metrics).then_some(args.metrics_address);
+    if args.no_runtime_api {
+        config.runtime_socket = None;
+    }
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));

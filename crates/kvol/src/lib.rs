@@ -12,6 +12,7 @@ pub mod gates_cmd;
 pub mod lvm_driver_cmd;
 pub mod migrate_cmd;
 pub mod plugins_cmd;
+pub mod pod_cmd;
 pub mod status_cmd;
 pub mod translate_cmd;
 
@@ -69,6 +70,10 @@ pub enum Command {
     /// CSI migration of in-tree volumes: `check` says what would migrate and what blocks it.
     #[command(subcommand)]
     Migrate(migrate_cmd::MigrateCommand),
+    /// The runtime API from a shell: wait for a pod's volumes, a container's mounts (CRI or
+    /// OCI), hand a pod over and take it back, watch.
+    #[command(subcommand)]
+    Pod(pod_cmd::PodCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -229,6 +234,7 @@ pub fn run(cli: Cli) -> ExitCode {
             lvm_driver_cmd::run(args, &node)
         }
         Command::Status(args) => status_cmd::run(args),
+        Command::Pod(command) => pod_cmd::run(command),
         Command::Components(components_cmd::ComponentsCommand::List(args)) => components_cmd::run_list(args),
         Command::Components(components_cmd::ComponentsCommand::Plan(args)) => {
             components_cmd::run_plan(args, &config.storage)

@@ -183,6 +183,7 @@ const NODE_ROOMS: &[(&str, &[&str])] = &[
     ("executor", &["actual", "report"]),
     ("actual", &["sources", "desired", "executor"]),
     ("report", &["reconciler", "executor"]),
+    ("runtime", &["report", "sources"]),
 ];
 
 #[test]

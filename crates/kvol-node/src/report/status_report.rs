@@ -66,6 +66,69 @@ pub fn status_report(
 ) -> StatusReport {
     let now = SystemTime::now();
     let ms = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let volumes = volume_statuses(desired, resolutions, exec);
+    let mut unique_names: Vec<&String> =
+        exec.actual.attached.keys().chain(exec.actual.staged.keys()).collect();
+    unique_names.sort();
+    unique_names.dedup();
+    let node_volumes = unique_names
+        .into_iter()
+        .map(|unique| {
+            let attached = exec.actual.attached.get(unique);
+            let staged = exec.actual.staged.get(unique);
+            let lock = format!("volume:{unique}");
+            let running = exec.running.get(&lock);
+            let failure = exec.failures.get(&lock);
+            let phase = match (running.map(|r| r.operation), failure) {
+                (Some("volume_attach"), _) => Phase::Attaching,
+                (Some("mount_device"), _) => Phase::Staging,
+                (Some(_), _) => Phase::TearingDown,
+                (None, Some(_)) => Phase::Failed,
+                (None, None) if staged.is_some() => Phase::Staged,
+                (None, None) => Phase::Attached,
+            };
+            NodeVolumeStatus {
+                unique_name: unique.clone(),
+                plugin: staged
+                    .map(|s| s.plugin.clone())
+                    .or_else(|| attached.map(|a| a.plugin.clone()))
+                    .unwrap_or_default(),
+                phase,
+                attached: attached.is_some(),
+                device_path: staged
+                    .and_then(|s| s.device_path.clone())
+                    .or_else(|| attached.and_then(|a| a.device_path.clone())),
+                staging_path: staged.map(|s| s.staging_path.clone()),
+                last_error: failure.map(describe_failure),
+                progress: running.map(|r| {
+                    format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())
+                }),
+            }
+        })
+        .collect();
+    StatusReport {
+        csi_node: None,
+        components: Vec::new(),
+        snapshots: Vec::new(),
+        node_volumes,
+        node: config.node_name.clone(),
+        pid: std::process::id(),
+        started_unix_ms: ms(started),
+        updated_unix_ms: ms(now),
+        metrics_address: metrics_address.clone(),
+        volumes,
+        problems,
+        plugins: snapshot.plugins().iter().map(|r| r.plugin.name().to_string()).collect(),
+    }
+}
+
+/// Every pod volume the node wants or has, with its phase, plugin, paths and why it is not
+/// published: what `kvol status` lists and the runtime API answers from.
+pub fn volume_statuses(
+    desired: &DesiredState,
+    resolutions: &Resolutions,
+    exec: &ExecSnapshot,
+) -> Vec<VolumeStatus> {
     let mut volumes = Vec::new();
     let mut keys: Vec<_> = desired.volumes.keys().cloned().collect();
     for key in exec.actual.published.keys() {
@@ -138,59 +201,7 @@ pub fn status_report(
                 .map(|r| format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())),
         });
     }
-    let mut unique_names: Vec<&String> =
-        exec.actual.attached.keys().chain(exec.actual.staged.keys()).collect();
-    unique_names.sort();
-    unique_names.dedup();
-    let node_volumes = unique_names
-        .into_iter()
-        .map(|unique| {
-            let attached = exec.actual.attached.get(unique);
-            let staged = exec.actual.staged.get(unique);
-            let lock = format!("volume:{unique}");
-            let running = exec.running.get(&lock);
-            let failure = exec.failures.get(&lock);
-            let phase = match (running.map(|r| r.operation), failure) {
-                (Some("volume_attach"), _) => Phase::Attaching,
-                (Some("mount_device"), _) => Phase::Staging,
-                (Some(_), _) => Phase::TearingDown,
-                (None, Some(_)) => Phase::Failed,
-                (None, None) if staged.is_some() => Phase::Staged,
-                (None, None) => Phase::Attached,
-            };
-            NodeVolumeStatus {
-                unique_name: unique.clone(),
-                plugin: staged
-                    .map(|s| s.plugin.clone())
-                    .or_else(|| attached.map(|a| a.plugin.clone()))
-                    .unwrap_or_default(),
-                phase,
-                attached: attached.is_some(),
-                device_path: staged
-                    .and_then(|s| s.device_path.clone())
-                    .or_else(|| attached.and_then(|a| a.device_path.clone())),
-                staging_path: staged.map(|s| s.staging_path.clone()),
-                last_error: failure.map(describe_failure),
-                progress: running.map(|r| {
-                    format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())
-                }),
-            }
-        })
-        .collect();
-    StatusReport {
-        csi_node: None,
-        components: Vec::new(),
-        snapshots: Vec::new(),
-        node_volumes,
-        node: config.node_name.clone(),
-        pid: std::process::id(),
-        started_unix_ms: ms(started),
-        updated_unix_ms: ms(now),
-        metrics_address: metrics_address.clone(),
-        volumes,
-        problems,
-        plugins: snapshot.plugins().iter().map(|r| r.plugin.name().to_string()).collect(),
-    }
+    volumes
 }
 
 /// A failure as status shows it: the operation, how often, the driver's words, and the backoff
