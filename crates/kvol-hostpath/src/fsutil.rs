@@ -29,6 +29,15 @@ pub fn remove_tree(path: &Path) -> Result<(), CsiError> {
     }
 }
 
+/// Removes `path` and everything below it without entering another mount: a mount found below
+/// is refused (what was on `path`'s own filesystem before it may be gone); a missing path is
+/// already removed. No symlink is followed.
+pub fn remove_tree_on_its_mount(path: &Path) -> Result<(), CsiError> {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let root = kvol_plugin::beneath::Root::open(parent).map_err(|e| CsiError::io("open", parent, e))?;
+    root.remove_all(path).map_err(|e| CsiError::io("remove", path, e))
+}
+
 /// The bytes the files below directory `path` take on disk (allocated blocks), counting
 /// nothing on another filesystem (mounts below it) and each hard-linked file once.
 pub fn disk_usage(path: &Path) -> Result<u64, CsiError> {

@@ -883,6 +883,39 @@ async fn ephemeral_volumes_live_from_publish_to_unpublish() {
 }
 
 #[tokio::test]
+async fn an_ephemeral_volume_with_a_mount_below_it_is_not_deleted_through_the_mount() {
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let id = "csi-0c0ffee0c4e4b2f1d5b33c1e";
+    let target = sb.path("pods/p/volumes/kubernetes.io~csi/scratch/mount");
+    let publish = csi::NodePublishVolumeRequest {
+        volume_context: HashMap::from([(EPHEMERAL_CONTEXT_KEY.to_string(), "true".to_string())]),
+        ..publish_req(id, Path::new(""), &target, false)
+    };
+    d.node.node_publish_volume(publish).await.unwrap();
+    let data = fs::read_dir(sb.path("state/ephemeral")).unwrap().next().unwrap().unwrap().path();
+    let below = data.join("deeper/mnt");
+    fs::create_dir_all(&below).unwrap();
+    nix::mount::mount(Some("tmpfs"), &below, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>)
+        .unwrap();
+    fs::write(below.join("precious"), "not the volume's").unwrap();
+
+    let refused = d.node.node_unpublish_volume(unpublish_req(id, &target)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("refusing to delete through the mount at"), "{}", refused.message());
+    assert_eq!(fs::read_to_string(below.join("precious")).unwrap(), "not the volume's");
+
+    nix::mount::umount(&below).unwrap();
+    d.node
+        .node_unpublish_volume(unpublish_req(id, &target))
+        .await
+        .expect("deleted once nothing is mounted below");
+    assert!(!data.exists());
+    d.stop().await;
+    sb.assert_nothing_mounted();
+}
+
+#[tokio::test]
 async fn volume_stats_report_the_filesystem_of_a_published_path() {
     let sb = Sandbox::new();
     let mut d = start(sb.config()).await;

@@ -244,7 +244,13 @@ async fn run(
     let mut objects_rx = source.subscribe();
     let wake = Arc::new(Notify::new());
     // The runtime API: a runner's pods in, the node's view out.
-    let runner = Arc::new(crate::runtime::runner_pods::RunnerPods::default());
+    let (runner, runner_problems) = crate::runtime::runner_pods::RunnerPods::open(
+        &config.state_dir.join(crate::runtime::runner_pods::RUNNER_PODS_DIR),
+    )?;
+    for problem in &runner_problems {
+        tracing::warn!(%problem, "runner pod not restored");
+    }
+    let runner = Arc::new(runner);
     let mut runner_rx = runner.subscribe();
     let (view_tx, view_rx) =
         tokio::sync::watch::channel(Arc::new(crate::runtime::view::RuntimeView::default()));

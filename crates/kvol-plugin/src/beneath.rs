@@ -270,8 +270,18 @@ fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
 
 /// Removes `name` in `parent` recursively; `mount` is the parent's, which a directory must share.
 fn remove_entry(parent: BorrowedFd<'_>, name: &OsStr, mount: (u64, u32, u32), path: &Path) -> io::Result<()> {
-    let st = statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS | StatxFlags::MNT_ID)
-        .map_err(errno)?;
+    // Without syncing: a mount of a filesystem that does not answer (a stopped FUSE daemon)
+    // is told by the VFS alone, and refused before anything opens it.
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT | AtFlags::STATX_DONT_SYNC;
+    let st = statx(parent, name, flags, StatxFlags::BASIC_STATS | StatxFlags::MNT_ID).map_err(errno)?;
+    let mount_root = st.stx_attributes_mask.contains(rustix::fs::StatxAttributes::MOUNT_ROOT)
+        && st.stx_attributes.contains(rustix::fs::StatxAttributes::MOUNT_ROOT);
+    if mount_root || (file_type(&st) == FileType::Directory && mount_of(&st) != mount) {
+        return Err(io::Error::other(format!(
+            "refusing to delete through the mount at {}: unmount it first",
+            path.display()
+        )));
+    }
     if file_type(&st) != FileType::Directory {
         return unlinkat(parent, name, AtFlags::empty()).map_err(errno);
     }

@@ -277,9 +277,72 @@ impl Mounter for SystemMounter {
 /// thread's.
 const MOUNTINFO: &str = "/proc/thread-self/mountinfo";
 
-fn read_mountinfo() -> Result<String, MountError> {
+/// This thread's mount table. One read serves every thread of the same mount namespace that
+/// asked before it started ([`shared_read`]): a thousand teardowns beside ten thousand container
+/// mounts make a handful of reads of the table, not a thousand (the kernel formats every mount
+/// at each read).
+fn read_mountinfo() -> Result<std::sync::Arc<String>, MountError> {
     let path = Path::new(MOUNTINFO);
-    std::fs::read_to_string(path).map_err(|e| MountError::new("read", path, e))
+    let namespace = std::fs::read_link("/proc/thread-self/ns/mnt").map(|l| l.to_string_lossy().into_owned());
+    let Ok(namespace) = namespace else {
+        return std::fs::read_to_string(path)
+            .map(std::sync::Arc::new)
+            .map_err(|e| MountError::new("read", path, e));
+    };
+    shared_read(&namespace, || std::fs::read_to_string(path))
+        .map_err(|(kind, message)| MountError::new("read", path, io::Error::new(kind, message)))
+}
+
+/// A read of a mount namespace's table under way or done: its generation and its outcome.
+#[derive(Default)]
+struct Flight {
+    state: std::sync::Mutex<FlightState>,
+    done: std::sync::Condvar,
+}
+
+type ReadOutcome = Result<std::sync::Arc<String>, (io::ErrorKind, String)>;
+
+#[derive(Default)]
+struct FlightState {
+    reading: bool,
+    started: u64,
+    finished: u64,
+    outcome: Option<ReadOutcome>,
+}
+
+/// `read`'s outcome from a read that started after this call did: the caller's own, or one
+/// another thread of the namespace started later and shares. Never an older one: a caller that
+/// has just unmounted something never sees a table from before.
+fn shared_read(namespace: &str, read: impl FnOnce() -> io::Result<String>) -> ReadOutcome {
+    static FLIGHTS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Flight>>>,
+    > = std::sync::OnceLock::new();
+    let flight = {
+        let mut flights = FLIGHTS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        std::sync::Arc::clone(flights.entry(namespace.to_string()).or_default())
+    };
+    let mut state = flight.state.lock().unwrap_or_else(|e| e.into_inner());
+    // A read already under way started before this call: only the next one will do.
+    let wanted = state.started + 1;
+    loop {
+        if state.finished >= wanted {
+            return state.outcome.clone().expect("a finished read has an outcome");
+        }
+        if !state.reading {
+            state.reading = true;
+            state.started += 1;
+            let generation = state.started;
+            drop(state);
+            let outcome = read().map(std::sync::Arc::new).map_err(|e| (e.kind(), e.to_string()));
+            let mut state = flight.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.reading = false;
+            state.finished = generation;
+            state.outcome = Some(outcome.clone());
+            flight.done.notify_all();
+            return outcome;
+        }
+        state = flight.done.wait(state).unwrap_or_else(|e| e.into_inner());
+    }
 }
 
 fn parse_error(reason: String) -> MountError {
@@ -473,6 +536,37 @@ impl Mounter for RecordingMounter {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_read_of_the_table_serves_every_caller_that_asked_before_it_started() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static STARTED: AtomicU64 = AtomicU64::new(0);
+        let read = || {
+            let n = STARTED.fetch_add(1, Ordering::SeqCst) + 1;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            Ok(n.to_string())
+        };
+        let callers: Vec<_> = (0..64)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let before = STARTED.load(Ordering::SeqCst);
+                    let got: u64 = super::shared_read("test-namespace", read).unwrap().parse().unwrap();
+                    (before, got)
+                })
+            })
+            .collect();
+        for caller in callers {
+            let (before, got) = caller.join().unwrap();
+            assert!(got > before, "read {got} started before the call (reads started then: {before})");
+        }
+        let reads = STARTED.load(Ordering::SeqCst);
+        assert!(reads < 16, "64 callers made {reads} reads");
+        // Another namespace has its own reads.
+        let other = super::shared_read("another-namespace", || Ok("x".to_string())).unwrap();
+        assert_eq!(other.as_str(), "x");
+        let failed = super::shared_read("a-third", || Err(std::io::Error::other("gone")));
+        assert_eq!(failed, Err((std::io::ErrorKind::Other, "gone".to_string())));
+    }
+
     use super::*;
 
     #[test]

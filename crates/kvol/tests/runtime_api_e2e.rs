@@ -167,3 +167,45 @@ fn a_misbehaving_runner_gets_clear_errors_and_leaks_nothing() {
         node.mounts().into_iter().filter(|m| m.target.starts_with(node.root.join("kubelet/pods"))).collect();
     assert!(left.is_empty(), "{left:#?}");
 }
+
+#[test]
+fn a_runners_pod_outlives_an_agent_killed_with_9_and_its_subpath_binds_go_with_it() {
+    let (mut node, runtime, mut api) = started();
+    let uid = "00000000-0000-4000-8000-000000000004";
+    runtime.block_on(api.admit_pod(AdmitPodRequest { pod_json: pod("kept", uid, "app") })).unwrap();
+    let wait = WaitRequest { pod_uid: uid.into(), timeout_ms: 30_000 };
+    assert!(runtime.block_on(api.wait_for_volumes(wait.clone())).unwrap().into_inner().ready);
+    let mounts = runtime
+        .block_on(api.container_mounts(ContainerMountsRequest { pod_uid: uid.into(), container: "c".into() }))
+        .unwrap()
+        .into_inner();
+    let bound = std::path::PathBuf::from(&mounts.mounts[0].host_path);
+    std::fs::write(bound.join("kept"), "through the bind").unwrap();
+
+    node.kill_9();
+    node.start();
+    let socket = node.root.join(kvol_runtime_api::SOCKET_NAME);
+    let mut api = runtime.block_on(async {
+        let start = Instant::now();
+        loop {
+            match kvol_runtime_api::connect(&socket).await {
+                Ok(api) => break api,
+                Err(e) => assert!(start.elapsed() < Duration::from_secs(30), "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    // The restarted agent has the pod from its first pass: nothing was torn down.
+    let again = runtime.block_on(api.wait_for_volumes(wait.clone())).unwrap().into_inner();
+    assert!(again.ready, "{again:#?}\n{}", node.agent_log());
+    assert_eq!(std::fs::read_to_string(bound.join("kept")).unwrap(), "through the bind");
+    assert!(!node.agent_log().contains("volume_unmount"), "nothing unpublished:\n{}", node.agent_log());
+
+    runtime.block_on(api.release_pod(ReleasePodRequest { pod_uid: uid.into() })).unwrap();
+    let gone = runtime.block_on(api.wait_for_volumes_gone(wait)).unwrap().into_inner();
+    assert!(gone.ready, "{gone:#?}");
+    let left: Vec<_> =
+        node.mounts().into_iter().filter(|m| m.target.starts_with(node.root.join("kubelet/pods"))).collect();
+    assert!(left.is_empty(), "{left:#?}");
+    assert!(!bound.exists(), "the bind's mount point is removed");
+}

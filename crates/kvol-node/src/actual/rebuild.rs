@@ -117,6 +117,16 @@ pub fn clear_empty_pod_dirs(
         if wanted.contains(uid.as_str()) || actual.published.keys().any(|k| k.pod_uid == uid) {
             continue;
         }
+        // SubPath binds a crash left (their volumes' unpublish takes them down otherwise):
+        // unmounted, their empty mount points removed, nothing else touched.
+        if pod_dir.join(kvol_plugin::subpath::SUBPATHS_DIR).exists() {
+            match kvol_plugin::subpath::clean_up(&pod_dir, None) {
+                Ok(report) => left.extend(report.kept.iter().map(|k| (k.path.clone(), k.reason.clone()))),
+                Err(e) => {
+                    left.push((pod_dir.clone(), format!("subPath binds of {} stay: {e}", pod_dir.display())))
+                }
+            }
+        }
         let volumes = pod_dir.join("volumes");
         for (_, plugin_dir) in subdirectories(&volumes).unwrap_or_default() {
             let _ = std::fs::remove_dir(&plugin_dir);

@@ -1,6 +1,12 @@
-//! The pods a runner hands kvol over the runtime API: a third object source beside the manifests directory and the API server, laid over their set.
+//! The pods a runner hands kvol over the runtime API: a third object source beside the manifests directory and the API server, laid over their set, and kept across restarts until taken back.
+//!
+//! A handed-over pod is written to `<state dir>/runner-pods/<uid>.json` before it is taken
+//! (synced), and that file is removed when the runner takes it back: a restarted agent has the
+//! runner's pods from its first pass, so it never tears down the volumes of running containers
+//! because the runner has not handed them over again yet.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -8,33 +14,60 @@ use tokio::sync::watch;
 
 use crate::model::ObjectSet;
 
-/// The runner's pods by uid, and a version that moves at every change (the loop wakes on it).
+/// The runner's pods by uid, where they are kept (`None`: in memory only), and a version that
+/// moves at every change (the loop wakes on it).
 #[derive(Debug)]
 pub struct RunnerPods {
     pods: Mutex<BTreeMap<String, Arc<Pod>>>,
+    dir: Option<PathBuf>,
     version: watch::Sender<u64>,
 }
 
 impl Default for RunnerPods {
     fn default() -> RunnerPods {
-        RunnerPods { pods: Mutex::new(BTreeMap::new()), version: watch::channel(0).0 }
+        RunnerPods { pods: Mutex::new(BTreeMap::new()), dir: None, version: watch::channel(0).0 }
     }
 }
 
+/// The directory of the runner's pods under the state directory.
+pub const RUNNER_PODS_DIR: &str = "runner-pods";
+
 impl RunnerPods {
+    /// The runner's pods kept in `dir` (made if missing); a file that is not a pod kvol takes
+    /// is left where it is and returned as a problem.
+    pub fn open(dir: &Path) -> Result<(RunnerPods, Vec<String>), String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let (mut pods, mut problems) = (BTreeMap::new(), Vec::new());
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            match one_pod(&text) {
+                Ok(pod) => {
+                    pods.insert(pod.metadata.uid.clone().unwrap_or_default(), pod);
+                }
+                Err(Refused::Invalid(why) | Refused::Exists(why) | Refused::Unsaved(why)) => {
+                    problems.push(format!("runner pod {} is left alone: {why}", path.display()))
+                }
+            }
+        }
+        let runner =
+            RunnerPods { pods: Mutex::new(pods), dir: Some(dir.to_path_buf()), version: watch::channel(0).0 };
+        Ok((runner, problems))
+    }
+
+    fn file_of(&self, uid: &str) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(format!("{uid}.json")))
+    }
+
     /// Takes `text` (a v1 Pod as JSON or YAML) as a runner's pod, checked and completed as a
     /// manifest's is; refused when `current` (the other sources' set) or the runner already has
     /// a pod of that namespace/name or uid. Returns its uid.
     pub fn admit(&self, text: &str, current: &ObjectSet) -> Result<String, Refused> {
-        let (objects, problems) = crate::sources::parse::parse_manifests("runtime api", text);
-        if let Some(problem) = problems.first() {
-            return Err(Refused::Invalid(problem.reason.clone()));
-        }
-        let pod = match objects.as_slice() {
-            [crate::sources::parse::Object::Pod(pod)] => Arc::clone(pod),
-            [other] => return Err(Refused::Invalid(format!("{other} is not a Pod"))),
-            _ => return Err(Refused::Invalid(format!("want one Pod, got {} objects", objects.len()))),
-        };
+        let pod = one_pod(text)?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let key = key_of(&pod);
         let mut pods = self.lock();
@@ -50,6 +83,11 @@ impl RunnerPods {
             let theirs = p.metadata.uid.clone().unwrap_or_default();
             return Err(Refused::Exists(format!("pod {key} was handed over already, with uid {theirs}")));
         }
+        if let Some(file) = self.file_of(&uid) {
+            let json = serde_json::to_vec(pod.as_ref()).map_err(|e| Refused::Invalid(e.to_string()))?;
+            kvol_plugin::atomic_file::replace(&file, &json, kvol_plugin::atomic_file::Durability::Synced)
+                .map_err(|e| Refused::Unsaved(e.to_string()))?;
+        }
         pods.insert(uid.clone(), pod);
         drop(pods);
         self.version.send_modify(|v| *v += 1);
@@ -59,6 +97,11 @@ impl RunnerPods {
     /// Takes a runner's pod back; `false` when the runner has no pod of that uid.
     pub fn release(&self, uid: &str) -> bool {
         let removed = self.lock().remove(uid).is_some();
+        if let Some(file) = self.file_of(uid).filter(|_| removed)
+            && let Err(e) = std::fs::remove_file(&file)
+        {
+            tracing::warn!(file = %file.display(), error = %e, "cannot remove a released runner pod's file");
+        }
         if removed {
             self.version.send_modify(|v| *v += 1);
         }
@@ -111,6 +154,21 @@ pub enum Refused {
     Invalid(String),
     /// A pod of that name or uid is there already.
     Exists(String),
+    /// It could not be kept on disk (and was not taken).
+    Unsaved(String),
+}
+
+/// The one pod `text` holds, checked and completed as a manifest's is.
+fn one_pod(text: &str) -> Result<Arc<Pod>, Refused> {
+    let (objects, problems) = crate::sources::parse::parse_manifests("runtime api", text);
+    if let Some(problem) = problems.first() {
+        return Err(Refused::Invalid(problem.reason.clone()));
+    }
+    match objects.as_slice() {
+        [crate::sources::parse::Object::Pod(pod)] => Ok(Arc::clone(pod)),
+        [other] => Err(Refused::Invalid(format!("{other} is not a Pod"))),
+        _ => Err(Refused::Invalid(format!("want one Pod, got {} objects", objects.len()))),
+    }
 }
 
 fn key_of(pod: &Pod) -> String {
@@ -143,6 +201,22 @@ mod tests {
         assert!(runner.release("u-1"));
         assert!(!runner.release("u-1"), "taken back already");
         assert_eq!(runner.version(), 2);
+    }
+
+    #[test]
+    fn handed_over_pods_are_kept_until_taken_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runner, problems) = RunnerPods::open(dir.path()).unwrap();
+        assert!(problems.is_empty());
+        runner.admit(POD, &ObjectSet::default()).unwrap();
+        std::fs::write(dir.path().join("junk.json"), "{").unwrap();
+        let (again, problems) = RunnerPods::open(dir.path()).unwrap();
+        assert!(again.holds("u-1"), "kept across a restart");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("junk.json") && problems[0].contains("left alone"), "{problems:?}");
+        assert!(again.release("u-1"));
+        let (after, _) = RunnerPods::open(dir.path()).unwrap();
+        assert!(!after.holds("u-1"), "gone once taken back");
     }
 
     #[test]

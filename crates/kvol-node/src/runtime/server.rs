@@ -266,6 +266,9 @@ impl PodVolumes for RuntimeService {
             Ok(pod_uid) => Ok(Response::new(AdmitPodResponse { pod_uid })),
             Err(Refused::Invalid(why)) => Err(Status::invalid_argument(why)),
             Err(Refused::Exists(why)) => Err(Status::already_exists(why)),
+            Err(Refused::Unsaved(why)) => {
+                Err(Status::unavailable(format!("the pod could not be kept: {why}")))
+            }
         }
     }
 
