@@ -185,6 +185,15 @@ pub fn project(
     node: &NodeResources,
 ) -> Option<Result<Projection, String>> {
     let kind = ProjectionKind::of(volume)?;
+    let config_map = |name: &str| {
+        (
+            format!("configmap {}/{name}", pod.namespace),
+            objects.config_map(pod.namespace, name).map(config_map_keys),
+        )
+    };
+    let secret = |name: &str| {
+        (format!("secret {}/{name}", pod.namespace), objects.secret(pod.namespace, name).map(secret_keys))
+    };
     let mut errors = Vec::new();
     let mut projection = Projection::default();
     match kind {
@@ -193,10 +202,10 @@ pub fn project(
             let name = source.name.as_str();
             let mode = default_mode(source.default_mode, &mut errors);
             let optional = source.optional.unwrap_or(false);
-            config_map_files(
-                objects,
-                pod.namespace,
-                name,
+            let (what, keys) = config_map(name);
+            object_files(
+                what,
+                keys,
                 source.items.as_deref(),
                 mode,
                 optional,
@@ -209,10 +218,10 @@ pub fn project(
             let name = source.secret_name.as_deref().unwrap_or_default();
             let mode = default_mode(source.default_mode, &mut errors);
             let optional = source.optional.unwrap_or(false);
-            secret_files(
-                objects,
-                pod.namespace,
-                name,
+            let (what, keys) = secret(name);
+            object_files(
+                what,
+                keys,
                 source.items.as_deref(),
                 mode,
                 optional,
@@ -240,10 +249,10 @@ pub fn project(
                 if let Some(s) = &part.config_map {
                     let name = s.name.as_str();
                     let optional = s.optional.unwrap_or(false);
-                    config_map_files(
-                        objects,
-                        pod.namespace,
-                        name,
+                    let (what, keys) = config_map(name);
+                    object_files(
+                        what,
+                        keys,
                         s.items.as_deref(),
                         mode,
                         optional,
@@ -253,10 +262,10 @@ pub fn project(
                 } else if let Some(s) = &part.secret {
                     let name = s.name.as_str();
                     let optional = s.optional.unwrap_or(false);
-                    secret_files(
-                        objects,
-                        pod.namespace,
-                        name,
+                    let (what, keys) = secret(name);
+                    object_files(
+                        what,
+                        keys,
                         s.items.as_deref(),
                         mode,
                         optional,
@@ -354,25 +363,23 @@ fn keyed_files(
     }
 }
 
+/// The files of the object a source names: `keys` is the object's keys when it exists; a
+/// missing object is an error unless the source is `optional`.
 #[allow(clippy::too_many_arguments)]
-fn config_map_files(
-    objects: &dyn ProjectionObjects,
-    namespace: &str,
-    name: &str,
+fn object_files(
+    what: String,
+    keys: Option<BTreeMap<String, Vec<u8>>>,
     items: Option<&[KeyToPath]>,
     mode: u32,
     optional: bool,
     files: &mut Payload,
     errors: &mut Vec<String>,
 ) {
-    let what = format!("configmap {namespace}/{name}");
-    let Some(config_map) = objects.config_map(namespace, name) else {
-        if !optional {
-            errors.push(format!("{what} does not exist"));
-        }
-        return;
-    };
-    keyed_files(&what, &config_map_keys(config_map), items, mode, optional, files, errors);
+    match keys {
+        Some(keys) => keyed_files(&what, &keys, items, mode, optional, files, errors),
+        None if optional => {}
+        None => errors.push(format!("{what} does not exist")),
+    }
 }
 
 /// A ConfigMap's keys: `binaryData`, then `data` over it (kubelet reads `data` first).
@@ -385,27 +392,6 @@ pub fn config_map_keys(config_map: &ConfigMap) -> BTreeMap<String, Vec<u8>> {
         keys.insert(key.clone(), value.clone().into_bytes());
     }
     keys
-}
-
-#[allow(clippy::too_many_arguments)]
-fn secret_files(
-    objects: &dyn ProjectionObjects,
-    namespace: &str,
-    name: &str,
-    items: Option<&[KeyToPath]>,
-    mode: u32,
-    optional: bool,
-    files: &mut Payload,
-    errors: &mut Vec<String>,
-) {
-    let what = format!("secret {namespace}/{name}");
-    let Some(secret) = objects.secret(namespace, name) else {
-        if !optional {
-            errors.push(format!("{what} does not exist"));
-        }
-        return;
-    };
-    keyed_files(&what, &secret_keys(secret), items, mode, optional, files, errors);
 }
 
 /// A Secret's keys: `data`, then `stringData` over it (as the API server merges them).

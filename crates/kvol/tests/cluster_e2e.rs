@@ -87,6 +87,29 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
                     {"name": "cache", "emptyDir": {}}]}})
 }
 
+/// `kvol agent --kubeconfig` as node [`NODE`] on a root below `dir` (its log beside it); the
+/// root and the agent.
+fn start_agent(dir: &kvol_test_support::ScratchRoot, kubeconfig: &Path) -> (PathBuf, Process) {
+    let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
+    let log = dir.path().join("agent.log");
+    let agent = Process {
+        what: "the agent",
+        child: Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", NODE, "--kubeconfig"])
+            .arg(kubeconfig)
+            .arg("--root")
+            .arg(&root)
+            .env("KVOL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+    (root, agent)
+}
+
 /// Waits (at most 60 s) until the agent's status file satisfies `ok`.
 fn wait_status(
     root: &Path,
@@ -190,23 +213,7 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
         .await;
     });
     let dir = kvol_test_support::ScratchRoot::new();
-    let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
-    let log = dir.path().join("agent.log");
-    let mut agent = Process {
-        what: "the agent",
-        child: Command::new(env!("CARGO_BIN_EXE_kvol"))
-            .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", NODE, "--kubeconfig"])
-            .arg(&server.kubeconfig)
-            .arg("--root")
-            .arg(&root)
-            .env("KVOL_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-        log,
-    };
+    let (root, mut agent) = start_agent(&dir, &server.kubeconfig);
 
     // Registration reaches the API: the CSINode lists the driver, the Node carries its node ID.
     runtime.block_on(async {
@@ -827,23 +834,7 @@ fn every_pods_api_access_volume_holds_a_token_the_api_server_accepts() {
         .await;
     });
     let dir = kvol_test_support::ScratchRoot::new();
-    let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap().join("node");
-    let log = dir.path().join("agent.log");
-    let mut agent = Process {
-        what: "the agent",
-        child: Command::new(env!("CARGO_BIN_EXE_kvol"))
-            .args(["agent", "--no-metrics", "--resync-seconds", "1", "--node-name", NODE, "--kubeconfig"])
-            .arg(&server.kubeconfig)
-            .arg("--root")
-            .arg(&root)
-            .env("KVOL_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-        log,
-    };
+    let (root, mut agent) = start_agent(&dir, &server.kubeconfig);
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     let created = Instant::now();
     let uid = runtime.block_on(async {

@@ -31,12 +31,7 @@ fn started() -> (Node, tokio::runtime::Runtime, PodVolumesClient<Channel>) {
     let mut node = Node::new();
     node.write("config.yaml", CONFIG);
     node.start();
-    let socket = node.root.join(kvol_runtime_api::SOCKET_NAME);
-    let start = Instant::now();
-    while !socket.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no runtime api socket\n{}", node.agent_log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let socket = node.runtime_socket();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let api = runtime.block_on(kvol_runtime_api::connect(&socket)).unwrap();
     (node, runtime, api)

@@ -8,7 +8,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvol_runtime_api::proto::{AdmitPodRequest, ContainerMountsRequest, ReleasePodRequest, WaitRequest};
 use serde_json::{Value, json};
@@ -143,12 +143,7 @@ fn a_runner_runs_a_real_container_on_kvols_volumes() {
     let mut node = Node::new();
     node.write("storage.yaml", STORAGE);
     node.start();
-    let socket = node.root.join(kvol_runtime_api::SOCKET_NAME);
-    let start = Instant::now();
-    while !socket.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no runtime api socket\n{}", node.agent_log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let socket = node.runtime_socket();
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "the socket is the owner's only");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -162,6 +162,18 @@ impl Node {
         }
     }
 
+    /// The agent's runtime API socket, once it is there (30 s at most).
+    #[allow(dead_code)] // not every test that shares this module uses it
+    pub fn runtime_socket(&self) -> PathBuf {
+        let socket = self.root.join("runtime.sock");
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(start.elapsed() < Duration::from_secs(30), "no runtime api socket\n{}", self.agent_log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        socket
+    }
+
     pub fn agent_log(&self) -> String {
         std::fs::read_to_string(self.agent_log_path()).unwrap_or_default()
     }
