@@ -7,8 +7,7 @@
 //! (`losetup -j <file>`), never remembered, so a restarted driver finds its devices again.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tonic::Status;
 
@@ -48,35 +47,9 @@ pub fn parse_associations(output: &str) -> Vec<PathBuf> {
 }
 
 /// Runs `losetup` with `args`, killed past its deadline; its stdout, or an error naming the
-/// command and what it said.
+/// command and what it said (or that util-linux's losetup is not installed).
 fn losetup(args: &[&str]) -> Result<String, Status> {
-    let shown = format!("losetup {}", args.join(" "));
-    let failed = |why: String| Status::internal(format!("{shown}: {why}"));
-    let mut child = Command::new("losetup")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| failed(format!("cannot run it: {e}")))?;
-    let started = Instant::now();
-    loop {
-        match child.try_wait().map_err(|e| failed(e.to_string()))? {
-            Some(_) => break,
-            None if started.elapsed() > LOSETUP_DEADLINE => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(failed(format!("no answer within {LOSETUP_DEADLINE:?}; killed")));
-            }
-            None => std::thread::sleep(Duration::from_millis(2)),
-        }
-    }
-    let output = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
-    if !output.status.success() {
-        let said = String::from_utf8_lossy(&output.stderr).trim().to_string();
-        return Err(failed(format!("{} ({said})", output.status)));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    crate::loopfs::run("losetup", args, LOSETUP_DEADLINE)
 }
 
 fn text(path: &Path) -> Result<&str, Status> {

@@ -1,18 +1,20 @@
 //! The hostpath driver's CSI Controller service: volumes and snapshots as directories, created and deleted idempotently by name and id.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
 
-use crate::HostpathConfig;
 use crate::capacity::{KIND_PARAMETER, available_capacity};
 use crate::driver::{Hostpath, Shared, internal, required};
 use crate::fsutil;
+use crate::loopfs::{self, FsType};
 use crate::state::{
     Attachment, ContentSource, SnapshotRecord, VolumeRecord, is_snapshot_id, is_volume_id,
     snapshot_id_for_name, volume_id_for_name,
 };
+use crate::{HostpathConfig, VolumeBacking};
 use csi::controller_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::{AccessType, access_mode::Mode};
 use csi::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
@@ -125,6 +127,18 @@ pub fn access_type_problem(block: bool, capability: &csi::VolumeCapability) -> O
         }
         _ => None,
     }
+}
+
+/// Why `capability` does not fit a volume holding a filesystem of `fs` (`None`: a directory,
+/// which takes any), if it does not: a mount capability naming another type.
+pub fn fs_type_problem(fs: Option<FsType>, capability: &csi::VolumeCapability) -> Option<String> {
+    let (Some(fs), Some(AccessType::Mount(m))) = (fs, &capability.access_type) else { return None };
+    (!m.fs_type.is_empty() && m.fs_type != fs.name())
+        .then(|| format!("it holds a {} filesystem, and {:?} was asked for", fs.name(), m.fs_type))
+}
+
+fn with_id(id: &str, status: Status) -> Status {
+    Status::new(status.code(), format!("volume {id}: {}", status.message()))
 }
 
 /// Whether capabilities ask for a block volume; both block and mount access is refused.
@@ -246,6 +260,15 @@ fn source_message(source: &ContentSource) -> csi::VolumeContentSource {
     csi::VolumeContentSource { r#type: Some(r#type) }
 }
 
+/// A volume's or snapshot's data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SourceData {
+    /// A directory tree.
+    Dir(PathBuf),
+    /// A filesystem image, and where it is mounted (a staged volume's staging path), if it is.
+    Image { path: PathBuf, fs: FsType, mounted_on: Option<PathBuf> },
+}
+
 pub(crate) fn now() -> (i64, i32) {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     (since.as_secs() as i64, since.subsec_nanos() as i32)
@@ -276,17 +299,55 @@ impl Hostpath {
         }
     }
 
-    /// The directory and size of a content source; NOT_FOUND when it does not exist.
-    fn source_dir(&self, source: &ContentSource) -> Result<(std::path::PathBuf, i64), Status> {
+    /// The data and size of a content source; NOT_FOUND when it does not exist.
+    fn source_data(&self, source: &ContentSource) -> Result<(SourceData, i64), Status> {
         match source {
             ContentSource::Snapshot(id) => match self.state.snapshots.get(id) {
-                Some(s) => Ok((self.layout.snapshot_dir(id), s.size_bytes)),
+                Some(s) => {
+                    let data = match s.fs_type {
+                        Some(fs) => {
+                            SourceData::Image { path: self.layout.snapshot_image(id), fs, mounted_on: None }
+                        }
+                        None => SourceData::Dir(self.layout.snapshot_dir(id)),
+                    };
+                    Ok((data, s.size_bytes))
+                }
                 None => Err(Status::not_found(format!("source snapshot {id} does not exist"))),
             },
             ContentSource::Volume(id) => match self.state.volumes.get(id) {
-                Some(v) => Ok((self.layout.volume_dir(id, v), v.capacity_bytes)),
+                Some(v) => Ok((self.volume_data(id, v), v.capacity_bytes)),
                 None => Err(Status::not_found(format!("source volume {id} does not exist"))),
             },
+        }
+    }
+
+    /// Where volume `id`'s data is: its directory, or its image (and where it is staged).
+    pub(crate) fn volume_data(&self, id: &str, record: &VolumeRecord) -> SourceData {
+        match record.fs_type {
+            Some(fs) => SourceData::Image {
+                path: self.layout.volume_image(id),
+                fs,
+                mounted_on: record.staged.iter().next().cloned(),
+            },
+            None => SourceData::Dir(self.layout.volume_dir(id, record)),
+        }
+    }
+
+    /// Makes the snapshot directory `dir` as a copy of volume `volume_id`'s data: its tree, or
+    /// its image (the filesystem frozen while it is copied when the volume is staged).
+    pub(crate) fn copy_to_snapshot(
+        &self,
+        dir: &Path,
+        volume_id: &str,
+        record: &VolumeRecord,
+    ) -> Result<(), Status> {
+        match self.volume_data(volume_id, record) {
+            SourceData::Dir(from) => self.make_dir(dir, Some(&from)),
+            SourceData::Image { path, mounted_on, .. } => self
+                .make_dir_with(dir, |tmp| {
+                    loopfs::copy_image(&path, &tmp.join(loopfs::SNAPSHOT_IMAGE), mounted_on.as_deref())
+                })
+                .map_err(|e| Status::new(e.code(), format!("volume {volume_id}: {}", e.message()))),
         }
     }
 
@@ -310,8 +371,23 @@ impl Hostpath {
         let block = wants_block(&req.volume_capabilities)
             .map_err(|p| Status::invalid_argument(format!("volume {name}: {p}")))?;
         let kind = req.parameters.get(KIND_PARAMETER).cloned().unwrap_or_default();
+        let requested_fs = if block {
+            None
+        } else {
+            loopfs::requested_fs_type(&req.volume_capabilities, &req.parameters)
+                .map_err(|p| Status::invalid_argument(format!("volume {name}: {p}")))?
+        };
         let id = volume_id_for_name(name);
         if let Some(existing) = self.state.volumes.get(&id) {
+            if let (Some(fs), Some(asked)) = (existing.fs_type, requested_fs)
+                && fs != asked
+            {
+                return Err(Status::already_exists(format!(
+                    "volume {name} exists as {id} with a {} filesystem, not {}",
+                    fs.name(),
+                    asked.name()
+                )));
+            }
             if existing.name != name {
                 return Err(Status::internal(format!(
                     "volume {name}: its id {id} is taken by volume {}",
@@ -343,14 +419,49 @@ impl Hostpath {
                 self.config.node_name
             )));
         }
-        let (source_dir, capacity) = match &source {
+        let (source_data, capacity) = match &source {
             None => (None, capacity_for(range)?),
             Some(s) => {
-                let (dir, size) = self.source_dir(s)?;
+                let (data, size) = self.source_data(s)?;
                 let capacity = restore_capacity(range, size)
                     .map_err(|st| Status::new(st.code(), format!("volume {name}: {}", st.message())))?;
-                (Some(dir), capacity)
+                (Some((data, size)), capacity)
             }
+        };
+        // The backing: a volume made from a source takes the source's; a new filesystem volume
+        // the configured one.
+        let fs_type = match &source_data {
+            _ if block => {
+                if let Some((SourceData::Image { .. }, _)) = &source_data {
+                    return Err(Status::invalid_argument(format!(
+                        "volume {name}: a block volume cannot be made from a filesystem image"
+                    )));
+                }
+                None
+            }
+            Some((SourceData::Image { fs, .. }, _)) => {
+                if let Some(asked) = requested_fs.filter(|a| a != fs) {
+                    return Err(Status::invalid_argument(format!(
+                        "volume {name}: its source holds a {} filesystem, not {}",
+                        fs.name(),
+                        asked.name()
+                    )));
+                }
+                Some(*fs)
+            }
+            Some((SourceData::Dir(_), _)) => None,
+            None if self.config.volume_backing == VolumeBacking::Loop => {
+                Some(requested_fs.unwrap_or(FsType::Ext4))
+            }
+            None => None,
+        };
+        let capacity = match (fs_type, &source_data) {
+            (Some(fs), None) => {
+                let limit = range.map_or(0, |r| r.limit_bytes);
+                loopfs::image_size(fs, capacity, limit)
+                    .map_err(|p| Status::out_of_range(format!("volume {name}: {p}")))?
+            }
+            _ => capacity,
         };
         let count = self.state.volumes.values().filter(|v| !v.ephemeral).count();
         if let Some(problem) =
@@ -358,15 +469,44 @@ impl Hostpath {
         {
             return Err(Status::resource_exhausted(format!("volume {name}: {problem}")));
         }
+        // A restored image's filesystem is the source's size until the node grows it at stage.
+        let node_size_bytes = match &source_data {
+            Some((SourceData::Image { .. }, size)) if fs_type.is_some() => (*size).min(capacity),
+            _ => capacity,
+        };
         let record = VolumeRecord {
             name: name.to_string(),
             capacity_bytes: capacity,
-            node_size_bytes: capacity,
+            node_size_bytes,
             kind,
             mutable_parameters: req.mutable_parameters.into_iter().collect(),
             source,
             block,
+            fs_type,
             ..VolumeRecord::default()
+        };
+        if let Some(fs) = fs_type {
+            let image = self.layout.volume_image(&id);
+            let from = match &source_data {
+                Some((SourceData::Image { path, mounted_on, .. }, _)) => {
+                    Some((path.as_path(), mounted_on.as_deref()))
+                }
+                _ => None,
+            };
+            loopfs::create_image(&image, capacity, fs, from)
+                .map_err(|e| Status::new(e.code(), format!("volume {name} ({id}): {}", e.message())))?;
+            let mut next = self.state.clone();
+            next.volumes.insert(id.clone(), record.clone());
+            if let Err(e) = self.commit(next) {
+                let _ = std::fs::remove_file(&image);
+                return Err(e);
+            }
+            tracing::info!(volume = %id, name, capacity, fs = fs.name(), "created loop-backed volume");
+            return Ok(csi::CreateVolumeResponse { volume: Some(self.volume_message(&id, &record)) });
+        }
+        let source_dir = match &source_data {
+            Some((SourceData::Dir(dir), _)) => Some(dir.clone()),
+            _ => None,
         };
         let dir = self.layout.volume_dir(&id, &record);
         self.make_dir(&dir, source_dir.as_deref())?;
@@ -412,6 +552,28 @@ impl Hostpath {
                 a.node
             )));
         }
+        if record.fs_type.is_some() {
+            let image = self.layout.volume_image(id);
+            if image.exists()
+                && let Some(device) =
+                    crate::block::devices_of(&image).map_err(|e| with_id(id, e))?.into_iter().next()
+            {
+                return Err(Status::failed_precondition(format!(
+                    "volume {id} is still attached: its image {} is on {}",
+                    image.display(),
+                    device.display()
+                )));
+            }
+            match std::fs::remove_file(&image) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Status::internal(format!(
+                        "volume {id}: cannot remove {}: {e}",
+                        image.display()
+                    )));
+                }
+                _ => {}
+            }
+        }
         let dir = self.layout.volume_dir(id, record);
         self.refuse_mounts_under(&dir)?;
         if record.block {
@@ -437,7 +599,9 @@ impl Hostpath {
             return Err(Status::not_found(format!("volume {id} does not exist")));
         };
         let problem = |c: &csi::VolumeCapability| {
-            capability_problem(c).or_else(|| access_type_problem(record.block, c))
+            capability_problem(c)
+                .or_else(|| access_type_problem(record.block, c))
+                .or_else(|| fs_type_problem(record.fs_type, c))
         };
         if let Some(problem) = req.volume_capabilities.iter().find_map(problem) {
             return Ok(csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: problem });
@@ -481,6 +645,10 @@ impl Hostpath {
         let capacity = expanded_capacity(record.capacity_bytes, req.capacity_range.as_ref())
             .map_err(|s| Status::new(s.code(), format!("volume {id}: {}", s.message())))?;
         if capacity != record.capacity_bytes {
+            if record.fs_type.is_some() {
+                let image = self.layout.volume_image(id);
+                loopfs::grow_image(&image, capacity).map_err(|e| with_id(id, e))?;
+            }
             let mut next = self.state.clone();
             if let Some(v) = next.volumes.get_mut(id) {
                 v.capacity_bytes = capacity;
@@ -520,7 +688,6 @@ impl Hostpath {
                 "snapshot {name}: source volume {source_id} does not exist"
             )));
         };
-        let from = self.layout.volume_dir(source_id, volume);
         let (created_seconds, created_nanos) = now();
         let record = SnapshotRecord {
             name: name.to_string(),
@@ -529,9 +696,10 @@ impl Hostpath {
             created_seconds,
             created_nanos,
             group_snapshot_id: String::new(),
+            fs_type: volume.fs_type,
         };
         let dir = self.layout.snapshot_dir(&id);
-        self.make_dir(&dir, Some(&from))?;
+        self.copy_to_snapshot(&dir, source_id, volume)?;
         let mut next = self.state.clone();
         next.snapshots.insert(id.clone(), record.clone());
         if let Err(e) = self.commit(next) {

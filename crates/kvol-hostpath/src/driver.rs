@@ -83,6 +83,21 @@ impl Hostpath {
     /// Makes `final_dir` as a copy of `source` (or empty with [`VOLUME_DIR_MODE`]) through a
     /// temporary directory beside it, so a crash never leaves a half-made `final_dir`.
     pub(crate) fn make_dir(&self, final_dir: &Path, source: Option<&Path>) -> Result<(), Status> {
+        self.make_dir_with(final_dir, |tmp| match source {
+            Some(from) => {
+                self.refuse_mounts_under(from).and_then(|()| fsutil::copy_tree(from, tmp).map_err(internal))
+            }
+            None => Ok(()),
+        })
+    }
+
+    /// Makes `final_dir` through a temporary directory beside it (mode [`VOLUME_DIR_MODE`])
+    /// that `fill` fills, so a crash never leaves a half-made `final_dir`.
+    pub(crate) fn make_dir_with(
+        &self,
+        final_dir: &Path,
+        fill: impl FnOnce(&Path) -> Result<(), Status>,
+    ) -> Result<(), Status> {
         let parent = final_dir.parent().unwrap_or(self.layout.root());
         let name = final_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let tmp = parent.join(format!(".new-{name}"));
@@ -92,12 +107,7 @@ impl Hostpath {
             fsutil::remove_tree(leftover).map_err(internal)?;
         }
         fsutil::create_dir_with_mode(&tmp, VOLUME_DIR_MODE).map_err(internal)?;
-        let filled = match source {
-            Some(from) => {
-                self.refuse_mounts_under(from).and_then(|()| fsutil::copy_tree(from, &tmp).map_err(internal))
-            }
-            None => Ok(()),
-        };
+        let filled = fill(&tmp);
         let renamed = filled.and_then(|()| {
             std::fs::rename(&tmp, final_dir).map_err(|e| {
                 Status::internal(format!("cannot rename {} to {}: {e}", tmp.display(), final_dir.display()))

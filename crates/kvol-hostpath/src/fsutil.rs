@@ -116,7 +116,7 @@ fn copy_dir_contents(from: &Path, to: &Path, device: u64) -> Result<(), CsiError
 
 /// Copies a regular file's data extents only, so a sparse file (a block volume's image) stays
 /// sparse: `fs::copy` writes every hole out as zeros (a 10 GiB image became 10 GiB on disk).
-fn copy_file_sparse(source: &Path, target: &Path) -> std::io::Result<()> {
+pub(crate) fn copy_file_sparse(source: &Path, target: &Path) -> std::io::Result<()> {
     use nix::unistd::{Whence, lseek};
     let input = fs::File::open(source)?;
     let output = fs::OpenOptions::new().write(true).create_new(true).open(target)?;

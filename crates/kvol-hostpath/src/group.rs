@@ -75,10 +75,7 @@ impl Hostpath {
     fn copy_members(&self, members: &[(String, String)]) -> Result<(), Status> {
         for (done, (volume_id, snapshot_id)) in members.iter().enumerate() {
             let copied = match self.state.volumes.get(volume_id) {
-                Some(v) => self.make_dir(
-                    &self.layout.snapshot_dir(snapshot_id),
-                    Some(&self.layout.volume_dir(volume_id, v)),
-                ),
+                Some(v) => self.copy_to_snapshot(&self.layout.snapshot_dir(snapshot_id), volume_id, v),
                 None => Err(Status::not_found(format!("source volume {volume_id} does not exist"))),
             };
             if let Err(e) = copied {
@@ -125,6 +122,7 @@ impl Hostpath {
         let mut next = self.state.clone();
         for (volume_id, snapshot_id) in &members {
             let size_bytes = self.state.volumes.get(volume_id).map_or(0, |v| v.capacity_bytes);
+            let fs_type = self.state.volumes.get(volume_id).and_then(|v| v.fs_type);
             next.snapshots.insert(
                 snapshot_id.clone(),
                 SnapshotRecord {
@@ -134,6 +132,7 @@ impl Hostpath {
                     created_seconds,
                     created_nanos,
                     group_snapshot_id: id.clone(),
+                    fs_type,
                 },
             );
         }

@@ -7,13 +7,16 @@
 //! ```text
 //! <state>/state.json            volumes, snapshots, and where each volume is staged and published
 //! <state>/volumes/<volume id>   a persistent volume's data (volume id = vol-<sha256(name)[..32]>)
+//! <state>/volumes/<id>.img      a loop-backed volume's filesystem image (`--volume-backing loop`)
 //! <state>/snapshots/<snap id>   a snapshot: a copy of its source volume's directory
 //! <state>/ephemeral/<hash>      a CSI ephemeral inline volume, from publish to unpublish
 //! <state>/static/<hash>         a volume taken on at its first stage (`static_volumes`)
 //! ```
 //!
-//! Capacity is recorded, never enforced: there are no quotas, and volume statistics are those of
-//! the filesystem holding the state directory.
+//! With the directory backing (the default), capacity is recorded, never enforced: there are
+//! no quotas, and volume statistics are those of the filesystem holding the state directory.
+//! With the loop backing ([`loopfs`]) a filesystem volume is an ext4 or xfs image on a loop
+//! device and holds its size and no more.
 
 pub mod block;
 pub mod capacity;
@@ -22,6 +25,7 @@ mod driver;
 mod fsutil;
 pub mod group;
 pub mod identity;
+pub mod loopfs;
 pub mod node;
 pub mod registrar;
 pub mod server;
@@ -83,6 +87,41 @@ pub struct HostpathConfig {
     /// of an unknown volume id takes it on as an empty filesystem volume, recorded like any
     /// other from then on. Off by default, when an unknown id is NotFound as the CSI spec asks.
     pub static_volumes: bool,
+    /// What backs a new filesystem volume (`--volume-backing`): a directory (the default;
+    /// sizes are recorded, not enforced) or a filesystem image on a loop device
+    /// ([`loopfs`]), which holds its size and no more.
+    pub volume_backing: VolumeBacking,
+}
+
+/// What backs a new filesystem volume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VolumeBacking {
+    /// A directory under the state directory.
+    #[default]
+    Directory,
+    /// A sparse image file formatted ext4 or xfs, mounted through a loop device ([`loopfs`]).
+    Loop,
+}
+
+impl VolumeBacking {
+    /// The names `--volume-backing` takes.
+    pub const NAMES: [&str; 2] = ["directory", "loop"];
+
+    /// The backing named `name` (`directory` or `loop`).
+    pub fn parse(name: &str) -> Result<VolumeBacking, String> {
+        match name {
+            "directory" => Ok(VolumeBacking::Directory),
+            "loop" => Ok(VolumeBacking::Loop),
+            other => Err(format!("volume backing {other:?} is not one of directory, loop")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeBacking::Directory => "directory",
+            VolumeBacking::Loop => "loop",
+        }
+    }
 }
 
 impl HostpathConfig {
@@ -103,6 +142,7 @@ impl HostpathConfig {
             capacity: BTreeMap::new(),
             exit_on_registration_failure: false,
             static_volumes: false,
+            volume_backing: VolumeBacking::Directory,
         }
     }
 
@@ -196,6 +236,16 @@ mod tests {
             }
         }
         assert_eq!(driver_name_problem(&"a".repeat(63)), None);
+    }
+
+    #[test]
+    fn volume_backings_are_named() {
+        for name in VolumeBacking::NAMES {
+            assert_eq!(VolumeBacking::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(VolumeBacking::default(), VolumeBacking::Directory);
+        let err = VolumeBacking::parse("Loop").unwrap_err();
+        assert_eq!(err, "volume backing \"Loop\" is not one of directory, loop");
     }
 
     #[test]

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use tonic::{Request, Response, Status};
 
 use crate::EPHEMERAL_CONTEXT_KEY;
-use crate::controller::{access_type_problem, capability_problem};
+use crate::controller::{access_type_problem, capability_problem, fs_type_problem};
 use crate::driver::{Hostpath, Shared, internal, required, required_path};
 use crate::fsutil;
+use crate::loopfs::{self, FsType};
 use crate::state::{Publication, VolumeRecord};
-use crate::usage::{block_usage, counters, volume_usage};
+use crate::usage::{block_usage, counters, usage, volume_usage};
 use csi::node_service_capability::rpc::Type as Rpc;
 use csi::volume_capability::access_mode::Mode;
 use kvol_csi::proto::csi::{self, node_server::Node};
@@ -226,6 +227,12 @@ impl Hostpath {
                 self.config.node_name
             )));
         }
+        if let Some(problem) = fs_type_problem(record.fs_type, cap) {
+            return Err(Status::invalid_argument(format!("volume {id}: {problem}")));
+        }
+        if let Some(fs) = record.fs_type {
+            return self.stage_loop(id, fs, staging);
+        }
         let source = self.layout.volume_dir(id, record);
         if record.block {
             return self.stage_block(id, &source, staging);
@@ -284,6 +291,132 @@ impl Hostpath {
         Ok(csi::NodeStageVolumeResponse {})
     }
 
+    /// Stages a loop-backed volume: its image attached to a loop device (the one already
+    /// holding it, after a restart), the device mounted on the staging path, the filesystem
+    /// grown when it is smaller than the image. Recorded before anything is attached.
+    fn stage_loop(
+        &mut self,
+        id: &str,
+        fs: FsType,
+        staging: PathBuf,
+    ) -> Result<csi::NodeStageVolumeResponse, Status> {
+        let mounted = self.is_mounted(&staging)?;
+        if stage_action(id, &staging, self.state.staged_on(&staging), mounted)? == MountAction::Done {
+            return Ok(csi::NodeStageVolumeResponse {});
+        }
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.staged.insert(staging.clone());
+        }
+        self.commit(next)?;
+        let image = self.layout.volume_image(id);
+        let shared =
+            self.state.volumes.get(id).is_some_and(|v| v.staged.len() > 1 || !v.published.is_empty());
+        match self.mount_image(id, fs, &image, &staging, shared) {
+            Ok(grown) => {
+                if grown {
+                    let mut next = self.state.clone();
+                    if let Some(v) = next.volumes.get_mut(id) {
+                        v.node_size_bytes = v.capacity_bytes;
+                    }
+                    self.commit(next)?;
+                }
+                tracing::info!(volume = %id, path = %staging.display(), fs = fs.name(), "staged loop-backed volume");
+                Ok(csi::NodeStageVolumeResponse {})
+            }
+            Err(e) => {
+                if !shared && let Err(d) = crate::block::detach(&image) {
+                    tracing::warn!(volume = %id, "cannot detach {}: {}", image.display(), d.message());
+                }
+                let mut next = self.state.clone();
+                if let Some(v) = next.volumes.get_mut(id) {
+                    v.staged.remove(&staging);
+                }
+                self.commit(next)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Attaches `image` and mounts its filesystem on `staging`, growing it to the image's size
+    /// when the record says it is smaller (true then): ext4 before it is mounted (unless
+    /// another staging path has it mounted already), xfs once mounted. A fresh filesystem's root (owned by
+    /// root, 0755, holding nothing but `lost+found`) is opened to every pod user (0777), as a
+    /// directory volume is.
+    fn mount_image(
+        &self,
+        id: &str,
+        fs: FsType,
+        image: &Path,
+        staging: &Path,
+        shared: bool,
+    ) -> Result<bool, Status> {
+        if !image.exists() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id}: its image {} is missing",
+                image.display()
+            )));
+        }
+        let device = crate::block::attach(image).map_err(|e| with_context(id, e))?;
+        std::fs::create_dir_all(staging).map_err(|e| {
+            Status::internal(format!("volume {id}: cannot create {}: {e}", staging.display()))
+        })?;
+        let record = self.persistent(id)?;
+        let grow = record.visible_size() < record.capacity_bytes;
+        let offline = grow && fs == FsType::Ext4 && !shared && !self.is_mounted(staging)?;
+        if offline {
+            loopfs::grow_unmounted_ext4(&device).map_err(|e| with_context(id, e))?;
+        }
+        let source = device.to_string_lossy();
+        self.mounter.mount(&source, staging, fs.name(), false, &[]).map_err(|e| {
+            Status::internal(format!(
+                "volume {id}: cannot mount {source} ({}) on {}: {}",
+                image.display(),
+                staging.display(),
+                e
+            ))
+        })?;
+        let done = open_fresh_root(staging)
+            .map_err(|e| Status::internal(format!("volume {id}: cannot open up {}: {e}", staging.display())))
+            .and_then(|()| {
+                if grow && !offline {
+                    loopfs::grow_filesystem(&device, staging, fs).map_err(|e| with_context(id, e))
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(e) = done {
+            let _ = self.mounter.unmount(staging);
+            return Err(e);
+        }
+        Ok(grow)
+    }
+
+    /// Unstages a loop-backed volume: unmounted, its loop device detached once no staging
+    /// path is left.
+    fn unstage_loop(&mut self, id: &str, staging: PathBuf) -> Result<csi::NodeUnstageVolumeResponse, Status> {
+        let mounted = self.is_mounted(&staging)?;
+        match unmount_action(id, self.state.staged_on(&staging), mounted) {
+            UnmountAction::Nothing => return Ok(csi::NodeUnstageVolumeResponse {}),
+            UnmountAction::Unmount => {
+                self.mounter.unmount(&staging).map_err(|e| with_context(id, internal(e)))?
+            }
+            UnmountAction::Forget => {}
+        }
+        let record = self.persistent(id)?;
+        if record.staged.len() == 1 && record.published.is_empty() {
+            crate::block::detach(&self.layout.volume_image(id)).map_err(|e| with_context(id, e))?;
+        }
+        let _ = std::fs::remove_dir(&staging);
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.staged.remove(&staging);
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, path = %staging.display(), "unstaged loop-backed volume");
+        Ok(csi::NodeUnstageVolumeResponse {})
+    }
+
     /// Unstages a block volume: its loop device detached once no staging path is left.
     fn unstage_block(
         &mut self,
@@ -329,6 +462,9 @@ impl Hostpath {
         let staging = required_path(&req.staging_target_path, "staging target path")
             .map_err(|s| with_context(id, s))?;
         let record = self.persistent(id)?;
+        if record.fs_type.is_some() {
+            return self.unstage_loop(id, staging);
+        }
         if record.block {
             return self.unstage_block(id, staging);
         }
@@ -521,6 +657,13 @@ impl Hostpath {
                 volume_condition,
             });
         }
+        if record.fs_type.is_some() {
+            // The volume's own filesystem: its figures are the volume's.
+            return Ok(csi::NodeGetVolumeStatsResponse {
+                usage: usage(counters(&path).map_err(|e| with_context(id, e))?),
+                volume_condition,
+            });
+        }
         let used = fsutil::disk_usage(&path).map_err(|e| with_context(id, internal(e)))?;
         let usage = volume_usage(counters(&path)?, record.visible_size(), used);
         Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition })
@@ -530,7 +673,13 @@ impl Hostpath {
     /// (removed behind the driver's back) is abnormal, and the message says which path.
     fn condition(&self, id: &str, record: &VolumeRecord) -> csi::VolumeCondition {
         let dir = self.layout.volume_dir(id, record);
-        let data = if record.block { crate::block::image(&dir) } else { dir };
+        let data = if record.fs_type.is_some() {
+            self.layout.volume_image(id)
+        } else if record.block {
+            crate::block::image(&dir)
+        } else {
+            dir
+        };
         match std::fs::symlink_metadata(&data) {
             Ok(_) => {
                 csi::VolumeCondition { abnormal: false, message: "the volume's data is in place".into() }
@@ -562,6 +711,9 @@ impl Hostpath {
         let size =
             node_expanded_size(record.capacity_bytes, record.visible_size(), req.capacity_range.as_ref())
                 .map_err(|s| with_context(id, s))?;
+        if let Some(fs) = record.fs_type {
+            return self.node_expand_loop(id, fs, &path);
+        }
         if size != record.visible_size() {
             let mut next = self.state.clone();
             if let Some(v) = next.volumes.get_mut(id) {
@@ -572,6 +724,60 @@ impl Hostpath {
         }
         Ok(csi::NodeExpandVolumeResponse { capacity_bytes: size })
     }
+}
+
+impl Hostpath {
+    /// Grows a loop-backed volume's filesystem online to its image's size: the loop device
+    /// rereads the size, then resize2fs (ext4) or xfs_growfs (xfs, on a mount point of it).
+    fn node_expand_loop(
+        &mut self,
+        id: &str,
+        fs: FsType,
+        path: &Path,
+    ) -> Result<csi::NodeExpandVolumeResponse, Status> {
+        if !self.is_mounted(path)? {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is not mounted on {}",
+                path.display()
+            )));
+        }
+        let record = self.persistent(id)?;
+        let image = self.layout.volume_image(id);
+        let Some(device) =
+            crate::block::devices_of(&image).map_err(|e| with_context(id, e))?.into_iter().next()
+        else {
+            return Err(Status::failed_precondition(format!(
+                "volume {id}: its image {} is on no loop device; stage it first",
+                image.display()
+            )));
+        };
+        let mount_point = record.staged.iter().next().cloned().unwrap_or_else(|| path.to_path_buf());
+        loopfs::grow_filesystem(&device, &mount_point, fs).map_err(|e| with_context(id, e))?;
+        let size = loopfs::image_len(&image).map_err(|e| with_context(id, e))?;
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.node_size_bytes = size.max(v.capacity_bytes);
+        }
+        self.commit(next)?;
+        tracing::info!(volume = %id, size, fs = fs.name(), "grew the filesystem on the node");
+        Ok(csi::NodeExpandVolumeResponse { capacity_bytes: size })
+    }
+}
+
+/// Opens a freshly made filesystem's root to every pod user (0777): only a root owned by root
+/// with mode 0755 holding nothing but `lost+found`, which is how mkfs leaves it.
+fn open_fresh_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(root)?;
+    if meta.uid() != 0 || meta.mode() & 0o7777 != 0o755 {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(root)? {
+        if entry?.file_name() != "lost+found" {
+            return Ok(());
+        }
+    }
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(crate::driver::VOLUME_DIR_MODE))
 }
 
 /// The Node service over the shared driver state.

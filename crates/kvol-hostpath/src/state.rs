@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::fsutil;
+use crate::loopfs::FsType;
 use kvol_csi::CsiError;
 
 /// The state file's format version; a file of another version is refused, never guessed at.
@@ -70,6 +71,10 @@ pub struct VolumeRecord {
     /// ([`crate::block`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub block: bool,
+    /// A filesystem volume on a loop device ([`crate::loopfs`]): its data is the image
+    /// `<state>/volumes/<id>.img` holding a filesystem of this type. `None`: a directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<FsType>,
     /// Staging paths the volume is bind-mounted on (for a block volume: its loop device is
     /// attached for them).
     #[serde(default)]
@@ -130,6 +135,10 @@ pub struct SnapshotRecord {
     /// The group snapshot this snapshot was taken in, if any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub group_snapshot_id: String,
+    /// A snapshot of a loop-backed volume: its directory holds the copied image
+    /// ([`crate::loopfs::SNAPSHOT_IMAGE`]) with a filesystem of this type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<FsType>,
 }
 
 /// One group snapshot: snapshots of several volumes, all recorded in one commit or none.
@@ -243,6 +252,16 @@ impl Layout {
         self.snapshots().join(id)
     }
 
+    /// The image of loop-backed volume `id`: `<state>/volumes/<id>.img`.
+    pub fn volume_image(&self, id: &str) -> PathBuf {
+        self.volumes().join(format!("{id}.img"))
+    }
+
+    /// The image in the snapshot `id` of a loop-backed volume.
+    pub fn snapshot_image(&self, id: &str) -> PathBuf {
+        self.snapshot_dir(id).join(crate::loopfs::SNAPSHOT_IMAGE)
+    }
+
     /// Creates the state directory and its subdirectories.
     pub fn create(&self) -> Result<(), CsiError> {
         for dir in [self.root.clone(), self.volumes(), self.snapshots(), self.ephemeral()] {
@@ -347,6 +366,7 @@ mod tests {
             name: "pvc".into(),
             capacity_bytes: 1 << 20,
             source: Some(ContentSource::Snapshot("snap-1".into())),
+            fs_type: Some(FsType::Ext4),
             ..VolumeRecord::default()
         };
         v.staged.insert("/stage".into());
@@ -361,6 +381,7 @@ mod tests {
                 created_seconds: 7,
                 created_nanos: 9,
                 group_snapshot_id: String::new(),
+                fs_type: Some(FsType::Xfs),
             },
         );
         state.save(&path).unwrap();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use kvol_hostpath::{
     DEFAULT_DRIVER_NAME, DEFAULT_REGISTRATION_DIR, DEFAULT_STATE_DIR, HostpathConfig, HostpathDriver,
-    default_csi_socket,
+    VolumeBacking, default_csi_socket,
 };
 use kvol_plugin::mount::SystemMounter;
 use tokio::signal::unix::{SignalKind, signal};
@@ -61,6 +61,15 @@ pub struct CsiDriverArgs {
     /// NodeStageVolume as an empty directory. Without it an unknown id is NotFound.
     #[arg(long)]
     pub static_volumes: bool,
+    /// What backs a new filesystem volume: `directory` (sizes are recorded, not enforced) or
+    /// `loop` (a sparse image file formatted ext4, or xfs when the fstype asks for it, mounted
+    /// through a loop device: a volume holds its size and no more).
+    #[arg(long, default_value = "directory", value_parser = parse_volume_backing)]
+    pub volume_backing: VolumeBacking,
+}
+
+fn parse_volume_backing(value: &str) -> Result<VolumeBacking, String> {
+    VolumeBacking::parse(value)
 }
 
 fn parse_capacity_arg(value: &str) -> Result<(String, i64), String> {
@@ -82,6 +91,7 @@ pub fn config(args: &CsiDriverArgs, node: &str) -> HostpathConfig {
         capacity: args.capacity.iter().cloned().collect(),
         exit_on_registration_failure: args.exit_on_registration_failure,
         static_volumes: args.static_volumes,
+        volume_backing: args.volume_backing,
     }
 }
 
@@ -181,6 +191,8 @@ mod tests {
             "4096",
             "--exit-on-registration-failure",
             "--static-volumes",
+            "--volume-backing",
+            "loop",
         ]);
         let c = config(&a, "n");
         assert_eq!(
@@ -198,8 +210,13 @@ mod tests {
                 capacity: [("slow".to_string(), 10 << 30), (String::new(), 4096)].into(),
                 exit_on_registration_failure: true,
                 static_volumes: true,
+                volume_backing: VolumeBacking::Loop,
             }
         );
+        assert_eq!(config(&args(&[]), "n").volume_backing, VolumeBacking::Directory);
+        let err =
+            Cli::try_parse_from(["kvol", "csi-driver", "--volume-backing=zfs"]).unwrap_err().to_string();
+        assert!(err.contains("volume backing \"zfs\" is not one of directory, loop"), "{err}");
         // Upstream's spelling of the volume limit works too.
         assert_eq!(config(&args(&["--maxvolumespernode=2"]), "n").max_volumes_per_node, 2);
         let err =
