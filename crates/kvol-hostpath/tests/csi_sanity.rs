@@ -118,3 +118,28 @@ async fn csi_sanity_passes_with_block_access() {
     assert_eq!(counts.failed, 0, "{counts:?}");
     assert!(counts.passed >= 73, "as many as with mount access: {counts:?}");
 }
+
+/// The loop backing: csi-sanity's filesystem volumes all ext4 images on loop devices, with
+/// default flags and with every feature on.
+#[tokio::test(flavor = "current_thread")]
+async fn csi_sanity_passes_with_the_loop_backing() {
+    let Some(sanity) = sanity_binary() else { return };
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: no /dev/loop-control on this machine");
+        return;
+    }
+    let on_loop =
+        |c: HostpathConfig| HostpathConfig { volume_backing: kvol_hostpath::VolumeBacking::Loop, ..c };
+    let counts = run_sanity(&sanity, on_loop, &[]).await;
+    assert_eq!(counts.failed, 0, "{counts:?}");
+    assert!(counts.passed >= 73, "as many as with the directory backing: {counts:?}");
+    let all = |c: HostpathConfig| HostpathConfig {
+        enable_attach: true,
+        enable_controller_modify_volume: true,
+        accepted_mutable_parameter_names: ["iops".to_string()].into(),
+        ..on_loop(c)
+    };
+    let counts = run_sanity(&sanity, all, &["-csi.testvolumemutableparameters={mutable}"]).await;
+    assert_eq!(counts.failed, 0, "{counts:?}");
+    assert!(counts.passed >= 89, "as many as with the directory backing: {counts:?}");
+}
