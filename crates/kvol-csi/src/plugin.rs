@@ -1248,7 +1248,8 @@ impl NodeExpander for CsiPlugin {
         let staging = self.capabilities.node.stage_unstage.then(|| self.stage_path(&csi.volume_handle));
         let request = NodeExpandVolumeRequest {
             volume_id: csi.volume_handle.clone(),
-            volume_path: path_field(mount_path)?,
+            // Where publish mounted it: `<pod volume directory>/mount`.
+            volume_path: path_field(&paths::publish_path(mount_path))?,
             capacity_range: Some(CapacityRange { required_bytes, limit_bytes: 0 }),
             staging_target_path: staging.as_deref().map(path_field).transpose()?.unwrap_or_default(),
             volume_capability: Some(self.pv_capability(pv, csi, &[], None)),

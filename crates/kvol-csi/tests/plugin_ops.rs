@@ -1427,9 +1427,11 @@ async fn node_expansion_sends_size_paths_and_secret() {
         &["ReadWriteOnce"],
         &[],
     );
+    // Given the pod volume directory, as the agent gives it; the driver is told where publish
+    // mounted the volume.
     let mount = f.target("pv-1").join("mount");
     let expander = f.plugin.node_expander().expect("EXPAND_VOLUME offers node expansion");
-    expander.expand_on_node(&spec, None, &mount, 2 << 30, 1 << 30).await.unwrap();
+    expander.expand_on_node(&spec, None, &f.target("pv-1"), 2 << 30, 1 << 30).await.unwrap();
     assert_eq!(
         f.volume_calls(),
         [Call::Expand(NodeExpandVolumeRequest {

@@ -34,7 +34,7 @@ use crate::desired::pods::{NodeContext, desired_state_on};
 use crate::desired::resolve_all;
 use crate::executor::Executor;
 use crate::model::{DesiredState, ObjectSet};
-use crate::reconciler::{Resolutions, plan, republish, waits_for_in_use};
+use crate::reconciler::{Resolutions, expansions, plan, republish, waits_for_in_use};
 use crate::report::metrics::Metrics;
 use crate::report::node_storage::may_report;
 use crate::report::status::{Phase, SnapshotStatus, StatusReport, write_status};
@@ -603,7 +603,7 @@ impl Loop<'_> {
             Instant::now(),
             self.config.republish,
         );
-        for op in due {
+        for op in due.into_iter().chain(expansions(desired, resolutions, &exec.actual)) {
             self.executor.submit(op);
         }
     }

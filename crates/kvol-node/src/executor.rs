@@ -311,9 +311,11 @@ impl Executor {
                     uncertain: true,
                 })
             }
-            Operation::Unpublish { .. } | Operation::Unstage { .. } | Operation::Detach { .. } => {
-                ActualChange::Nothing
-            }
+            // The record keeps the size it had: the expansion is planned again.
+            Operation::Unpublish { .. }
+            | Operation::Unstage { .. }
+            | Operation::Detach { .. }
+            | Operation::Expand { .. } => ActualChange::Nothing,
         }
     }
 
@@ -366,6 +368,22 @@ impl Executor {
                 };
                 mounter.publish(&request).await.map_err(Failed::from)?;
                 Ok(ActualChange::SetPublished(PublishedVolume { uncertain: false, ..volume.clone() }))
+            }
+            Operation::Expand { volume, new_size } => {
+                let expander =
+                    plugin.node_expander().ok_or_else(|| missing("expand a volume on the node"))?;
+                let old_size = volume.fs_size.unwrap_or_default();
+                expander
+                    .expand_on_node(
+                        &volume.spec,
+                        volume.device_path.as_deref(),
+                        &volume.target,
+                        *new_size,
+                        old_size,
+                    )
+                    .await
+                    .map_err(Failed::from)?;
+                Ok(ActualChange::SetPublished(PublishedVolume { fs_size: Some(*new_size), ..volume.clone() }))
             }
             Operation::Unpublish { volume } => {
                 let mounter = plugin.mounter().ok_or_else(|| missing("unpublish"))?;
@@ -484,7 +502,9 @@ impl From<kvol_plugin::PluginError> for Failed {
 
 fn spec_of(op: &Operation) -> &VolumeSpec {
     match op {
-        Operation::Unpublish { volume } | Operation::Publish { volume, .. } => &volume.spec,
+        Operation::Unpublish { volume }
+        | Operation::Publish { volume, .. }
+        | Operation::Expand { volume, .. } => &volume.spec,
         Operation::Unstage { volume } => &volume.spec,
         Operation::Detach { volume } => &volume.spec,
         Operation::Attach { spec, .. } | Operation::Stage { spec, .. } => spec,

@@ -106,6 +106,11 @@ pub struct PublishedVolume {
     /// so after a restart the first publish compares the files on disk instead.
     #[serde(skip)]
     pub projection: Option<std::sync::Arc<kvol_api::projection::Projection>>,
+    /// The size the node last made the volume's filesystem: its persistent volume's capacity
+    /// when it was published or last expanded on the node; `None` where there is none to
+    /// follow (an inline volume, a record from before kvol recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_size: Option<u64>,
 }
 
 /// Whether a published volume of `plugin` may be a plain directory on the node's disk, with
@@ -161,6 +166,12 @@ pub enum Operation {
         volume: PublishedVolume,
         mount_options: Vec<String>,
     },
+    /// The node's part of expansion (`NodeExpandVolume`): the published volume's filesystem
+    /// grown from `volume.fs_size` to `new_size` bytes.
+    Expand {
+        volume: PublishedVolume,
+        new_size: u64,
+    },
 }
 
 impl Operation {
@@ -173,6 +184,7 @@ impl Operation {
             Operation::Attach { .. } => "volume_attach",
             Operation::Stage { .. } => "mount_device",
             Operation::Publish { .. } => "volume_mount",
+            Operation::Expand { .. } => "volume_fs_resize",
         }
     }
 
@@ -180,7 +192,9 @@ impl Operation {
     /// unstage and detach are per unique volume; publish and unpublish per pod volume.
     pub fn lock_key(&self) -> String {
         match self {
-            Operation::Unpublish { volume } | Operation::Publish { volume, .. } => {
+            Operation::Unpublish { volume }
+            | Operation::Publish { volume, .. }
+            | Operation::Expand { volume, .. } => {
                 format!("pod:{}", volume.key)
             }
             Operation::Unstage { volume } => format!("volume:{}", volume.unique_name),
@@ -195,7 +209,9 @@ impl Operation {
     /// while it runs.
     pub fn claim(&self) -> Claim {
         match self {
-            Operation::Unpublish { volume } | Operation::Publish { volume, .. } => {
+            Operation::Unpublish { volume }
+            | Operation::Publish { volume, .. }
+            | Operation::Expand { volume, .. } => {
                 Claim { unique_name: volume.unique_name.clone(), pod: Some(volume.key.clone()) }
             }
             Operation::Unstage { volume } => Claim { unique_name: volume.unique_name.clone(), pod: None },
@@ -209,7 +225,9 @@ impl Operation {
     /// The plugin the operation runs through.
     pub fn plugin(&self) -> &str {
         match self {
-            Operation::Unpublish { volume } | Operation::Publish { volume, .. } => &volume.plugin,
+            Operation::Unpublish { volume }
+            | Operation::Publish { volume, .. }
+            | Operation::Expand { volume, .. } => &volume.plugin,
             Operation::Unstage { volume } => &volume.plugin,
             Operation::Detach { volume } => &volume.plugin,
             Operation::Attach { plugin, .. } | Operation::Stage { plugin, .. } => plugin,

@@ -26,6 +26,9 @@ pub struct Resolution {
     /// Whether the plugin wants the volume published again periodically (CSI
     /// `requiresRepublish`).
     pub republish: bool,
+    /// Whether the plugin grows a published filesystem on the node (CSI `EXPAND_VOLUME`, a
+    /// filesystem volume).
+    pub node_expand: bool,
 }
 
 /// The resolution of each wanted volume that has a spec, or why it could not be resolved (no
@@ -181,6 +184,7 @@ fn next_step(
     Operation::Publish {
         volume: PublishedVolume {
             projection: volume.projection.clone(),
+            fs_size: capacity(&r.spec),
             key: key.clone(),
             pod: volume.pod.clone(),
             pod_name: volume.pod_name.clone(),
@@ -249,6 +253,37 @@ pub fn republish(
         .collect()
 }
 
+/// The node's part of expansion, kubelet's: a published filesystem volume whose persistent
+/// volume's capacity grew past the size the node last made its filesystem is grown to it
+/// (`NodeExpandVolume`), online, by its plugin. Only certain records of volumes still wanted as
+/// they are published, of a plugin that expands on the node; a record that knows no size (from
+/// before kvol recorded it) takes the capacity it has as its size. Pure.
+pub fn expansions(desired: &DesiredState, resolutions: &Resolutions, actual: &ActualState) -> Vec<Operation> {
+    actual
+        .published
+        .iter()
+        .filter_map(|(key, published)| {
+            desired.volumes.get(key)?;
+            let r = resolutions.get(key)?.as_ref().ok()?;
+            let same = r.plugin == published.plugin
+                && r.unique_name == published.unique_name
+                && !published.uncertain;
+            let wanted = capacity(&r.spec)?;
+            let grown = published.fs_size.is_some_and(|size| wanted > size);
+            (same && r.node_expand && grown).then(|| Operation::Expand {
+                volume: PublishedVolume { spec: r.spec.clone(), ..published.clone() },
+                new_size: wanted,
+            })
+        })
+        .collect()
+}
+
+/// A persistent volume's capacity in bytes (`spec.capacity.storage`).
+pub fn capacity(spec: &VolumeSpec) -> Option<u64> {
+    let quantity = spec.pv()?.spec.as_ref()?.capacity.as_ref()?.get("storage")?;
+    kvol_api::quantity::parse_bytes(&quantity.0).ok()
+}
+
 /// Whether `record` (the spec a staged or attached record holds, translated if migrated) may be
 /// the volume `wanted` (a pod's spec, as written) names: both persistent with the same PV name,
 /// or both inline with the same volume name in the same namespace.
@@ -311,12 +346,14 @@ mod tests {
             staging_path: stage.then(|| PathBuf::from(format!("/stage/{unique}"))),
             target: PathBuf::from(format!("/pods/{pod}/{volume}")),
             republish: false,
+            node_expand: false,
         }
     }
 
     fn published(r: &Resolution, pod: &str, volume: &str) -> PublishedVolume {
         PublishedVolume {
             projection: None,
+            fs_size: None,
             key: key(pod, volume),
             pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),
@@ -431,6 +468,7 @@ mod tests {
             staging_path: None,
             target: "/pods/p1/cache".into(),
             republish: false,
+            node_expand: false,
         };
         let mut desired = DesiredState::default();
         want(&mut desired, "p1", "cache", spec);
@@ -841,5 +879,74 @@ mod tests {
         assert_eq!(names(&plan(&empty, &none, &p1_leaving, &[])), ["volume_unmount pod:p1/data"]);
         assert!(plan(&empty, &none, &staged_only, &[busy("v1", Some(("p1", "data")))]).is_empty());
         assert_eq!(names(&plan(&empty, &none, &staged_only, &[])), ["unmount_device volume:v1"]);
+    }
+
+    /// `spec` with `spec.capacity.storage` set to `size`.
+    fn sized(spec: &VolumeSpec, size: &str) -> VolumeSpec {
+        let mut pv = spec.pv().unwrap().clone();
+        let quantity = k8s_openapi::apimachinery::pkg::api::resource::Quantity(size.to_string());
+        pv.spec.as_mut().unwrap().capacity = Some([("storage".to_string(), quantity)].into());
+        VolumeSpec::persistent(pv)
+    }
+
+    #[test]
+    fn a_grown_volume_is_expanded_on_the_node_once_and_only_when_it_may_be() {
+        // (what, recorded size, the PV's capacity now, plugin expands on the node, uncertain, expected new size)
+        type Case = (&'static str, Option<u64>, &'static str, bool, bool, Option<u64>);
+        let cases: &[Case] = &[
+            ("grown: expanded to the new capacity", Some(16 << 20), "32Mi", true, false, Some(32 << 20)),
+            ("the same size: nothing", Some(32 << 20), "32Mi", true, false, None),
+            ("shrunk (refused upstream of here): nothing", Some(32 << 20), "16Mi", true, false, None),
+            (
+                "a plugin that does not expand on the node: nothing",
+                Some(16 << 20),
+                "32Mi",
+                false,
+                false,
+                None,
+            ),
+            ("an uncertain record: published again first", Some(16 << 20), "32Mi", true, true, None),
+            ("no size recorded (an older journal): nothing", None, "32Mi", true, false, None),
+        ];
+        for (what, recorded, now, expands, uncertain, want) in cases {
+            let mut r = res("v1", false, true, "p", "data");
+            r.spec = sized(&r.spec, now);
+            r.node_expand = *expands;
+            let mut desired = DesiredState::default();
+            want_volume(&mut desired, &r);
+            let mut actual = ActualState::default();
+            let record =
+                PublishedVolume { fs_size: *recorded, uncertain: *uncertain, ..published(&r, "p", "data") };
+            actual.published.insert(key("p", "data"), record);
+            let resolutions: Resolutions = [(key("p", "data"), Ok(r.clone()))].into();
+            let got: Vec<u64> = expansions(&desired, &resolutions, &actual)
+                .into_iter()
+                .map(|op| match op {
+                    Operation::Expand { volume, new_size } => {
+                        assert_eq!(volume.fs_size, *recorded, "{what}: the old size travels with the record");
+                        assert_eq!(
+                            capacity(&volume.spec),
+                            Some(new_size),
+                            "{what}: the spec of the new size"
+                        );
+                        new_size
+                    }
+                    other => panic!("{what}: {other:?}"),
+                })
+                .collect();
+            assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{what}");
+        }
+        // A volume no pod wants any more is torn down, not expanded.
+        let r = res("v1", false, true, "p", "data");
+        let mut actual = ActualState::default();
+        actual
+            .published
+            .insert(key("p", "data"), PublishedVolume { fs_size: Some(1), ..published(&r, "p", "data") });
+        let resolutions: Resolutions = [(key("p", "data"), Ok(r))].into();
+        assert!(expansions(&DesiredState::default(), &resolutions, &actual).is_empty());
+    }
+
+    fn want_volume(desired: &mut DesiredState, r: &Resolution) {
+        want(desired, "p", "data", r.spec.clone());
     }
 }

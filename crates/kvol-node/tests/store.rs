@@ -47,6 +47,7 @@ fn published_at(paths: &NodePaths, pod: &str, plugin: &str, volume: &str) -> Pub
     let spec = if plugin == EMPTY_DIR { inline_empty_dir(volume) } else { csi_pv(volume, "d.csi") };
     PublishedVolume {
         projection: None,
+        fs_size: None,
         key: PodVolumeKey { pod_uid: pod.into(), volume: volume.into() },
         pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
         pod_name: format!("ns/{pod}"),

@@ -337,7 +337,8 @@ pub trait ControllerExpander: Send + Sync {
     fn requires_node_expansion(&self) -> bool;
 }
 
-/// Grows a volume's filesystem on the node.
+/// Grows a volume's filesystem on the node; `mount_path` is the pod volume directory the volume
+/// was published into ([`PublishRequest::target`]).
 #[async_trait]
 pub trait NodeExpander: Send + Sync {
     async fn expand_on_node(

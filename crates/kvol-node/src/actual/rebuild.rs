@@ -200,6 +200,14 @@ pub fn rebuild(stored: &ActualState, incomplete: &[JournalEntry], seen: &NodeObs
                     actual.published.insert(volume.key.clone(), record);
                 }
             }
+            // The record keeps its old size: the expansion is planned again, and growing a
+            // filesystem to a size it has is done at once.
+            Operation::Expand { volume, new_size } => {
+                notes.push(format!(
+                    "interrupted expansion of {} to {new_size} bytes (journal entry {id}): expanded again",
+                    volume.key
+                ));
+            }
             Operation::Unpublish { volume } => {
                 journaled.insert(volume.key.clone());
                 let target = volume.target.display();
@@ -359,6 +367,7 @@ mod tests {
         let spec = if plugin == EMPTY_DIR { inline_empty_dir(volume) } else { csi_pv(volume, "d.csi") };
         PublishedVolume {
             projection: None,
+            fs_size: None,
             key: PodVolumeKey { pod_uid: pod.into(), volume: volume.into() },
             pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),

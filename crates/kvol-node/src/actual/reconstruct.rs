@@ -82,6 +82,7 @@ pub fn attribute(
     };
     Ok(PublishedVolume {
         projection: None,
+        fs_size: None,
         key: PodVolumeKey { pod_uid: dir.pod_uid.clone(), volume: dir.volume.clone() },
         pod: PodInfo { uid: dir.pod_uid.clone(), ..PodInfo::default() },
         pod_name: String::new(),

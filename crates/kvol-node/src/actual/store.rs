@@ -751,6 +751,9 @@ pub fn convert_v1_names(actual: &ActualState, journal: &[JournalEntry]) -> (Actu
         Operation::Publish { volume, mount_options } => {
             Operation::Publish { volume: published(volume), mount_options: mount_options.clone() }
         }
+        Operation::Expand { volume, new_size } => {
+            Operation::Expand { volume: published(volume), new_size: *new_size }
+        }
         Operation::Unstage { volume } => Operation::Unstage { volume: staged(volume) },
         Operation::Detach { volume } => Operation::Detach { volume: attached(volume) },
         Operation::Attach { unique_name, plugin, spec } => Operation::Attach {

@@ -58,6 +58,7 @@ fn resolve_one(
         unique_name,
         attach,
         republish: plugin.requires_remount(&spec),
+        node_expand: plugin.node_expander().is_some() && spec.is_persistent() && !spec.is_block(),
         staging_path,
         target: kvol_plugin::block::publish_target(paths, plugin.as_ref(), &spec, &volume.pod.uid)
             .map_err(|e| e.to_string())?,

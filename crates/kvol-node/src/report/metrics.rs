@@ -389,6 +389,7 @@ mod tests {
         let spec = VolumeSpec::inline(volume, "default");
         let record = |pod: &str, uncertain: bool| PublishedVolume {
             projection: None,
+            fs_size: None,
             key: PodVolumeKey { pod_uid: pod.into(), volume: "v".into() },
             pod: kvol_plugin::plugin::PodInfo::default(),
             pod_name: format!("default/{pod}"),

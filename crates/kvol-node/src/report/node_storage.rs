@@ -113,6 +113,7 @@ mod tests {
             staging_path: None,
             target: "/t".into(),
             republish: false,
+            node_expand: false,
         })
     }
 

@@ -155,6 +155,8 @@ pub fn volume_statuses(
                 "volume_attach" => Phase::Attaching,
                 "mount_device" => Phase::Staging,
                 "volume_mount" => Phase::Publishing,
+                // Growing a published filesystem: it stays published, and says so in progress.
+                "volume_fs_resize" => Phase::Published,
                 _ => Phase::TearingDown,
             }
         } else if want.is_none() {

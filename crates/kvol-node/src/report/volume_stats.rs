@@ -202,6 +202,7 @@ mod tests {
         let key = PodVolumeKey { pod_uid: uid.into(), volume: volume.into() };
         let record = PublishedVolume {
             projection: None,
+            fs_size: None,
             key: key.clone(),
             pod: PodInfo { name: pod.into(), namespace: "ns".into(), uid: uid.into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),

@@ -1,0 +1,128 @@
+//! The node's part of expansion through the real `kvol agent` and its bundled driver: a published claim's PersistentVolume grows (as the external-resizer grows it after ControllerExpandVolume), and the agent calls NodeExpandVolume on the published volume without unpublishing it — once, and not again after a `kill -9`.
+
+#[allow(dead_code)]
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvol_csi::proto::csi::controller_client::ControllerClient;
+use kvol_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+use kvol_csi::proto::csi::{
+    CapacityRange, ControllerExpandVolumeRequest, CreateVolumeRequest, VolumeCapability,
+};
+use kvol_node::report::status::Phase;
+use support::{Node, enter_private_mount_namespace};
+
+const DRIVER: &str = "hostpath.csi.kvol.io";
+
+fn storage(handle: &str, size: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-grow}}
+spec:
+  capacity: {{storage: {size}}}
+  accessModes: [ReadWriteOnce]
+  csi: {{driver: {DRIVER}, volumeHandle: {handle}}}
+  claimRef: {{namespace: default, name: grow}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: grow, namespace: default}}
+spec: {{volumeName: pv-grow, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {size}}}}}}}
+"#
+    )
+}
+
+const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: db, namespace: default}\n\
+                   spec: {containers: [{name: c, image: busybox}], volumes: [{name: data, persistentVolumeClaim: {claimName: grow}}]}\n";
+
+async fn controller(socket: &Path) -> ControllerClient<tonic::transport::Channel> {
+    let start = Instant::now();
+    loop {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display())).unwrap();
+        match endpoint.connect().await {
+            Ok(channel) => return ControllerClient::new(channel),
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(30), "the bundled driver's socket: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn expansions_in(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("operation succeeded") && l.contains("volume_fs_resize")).count()
+}
+
+#[test]
+fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.start();
+    let socket = node.root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut driver = runtime.block_on(controller(&socket));
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let handle = runtime
+        .block_on(driver.create_volume(CreateVolumeRequest {
+            name: "grow".into(),
+            capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
+            volume_capabilities: vec![capability],
+            ..CreateVolumeRequest::default()
+        }))
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    node.write("storage.yaml", &storage(&handle, "16Mi"));
+    node.write("pod.yaml", POD);
+    let published = |r: &kvol_node::report::status::StatusReport| {
+        r.volumes.iter().any(|v| v.volume == "data" && v.phase == Phase::Published)
+    };
+    let report = node
+        .wait(Duration::from_secs(30), published)
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let target = report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap();
+    std::fs::write(target.join("mount/kept"), "written before the expansion").unwrap();
+    assert_eq!(expansions_in(&node.agent_log()), 0, "nothing to expand yet");
+
+    // The resizer's part: the driver grows the volume, then the PV says so.
+    let expanded = runtime
+        .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: handle.clone(),
+            capacity_range: Some(CapacityRange { required_bytes: 32 << 20, limit_bytes: 0 }),
+            ..ControllerExpandVolumeRequest::default()
+        }))
+        .unwrap()
+        .into_inner();
+    assert!(expanded.node_expansion_required, "{expanded:?}");
+    let changed = Instant::now();
+    node.write("storage.yaml", &storage(&handle, "32Mi"));
+    while expansions_in(&node.agent_log()) == 0 {
+        assert!(changed.elapsed() < Duration::from_secs(30), "never expanded:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("PV grown → NodeExpandVolume done in {:?}", changed.elapsed());
+    let log = node.agent_log();
+    assert!(!log.contains("volume_unmount"), "the volume was never unpublished:\n{log}");
+    assert_eq!(std::fs::read_to_string(target.join("mount/kept")).unwrap(), "written before the expansion");
+    let report = node.status().unwrap();
+    assert!(published(&report), "{report:#?}");
+
+    // Expanded once: the size the node made is journalled, a restart does not expand again.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(expansions_in(&node.agent_log()), 1, "{}", node.agent_log());
+    node.kill_9();
+    node.start();
+    node.wait(Duration::from_secs(30), published).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(expansions_in(&node.agent_log()), 1, "not again after the restart:\n{}", node.agent_log());
+
+    node.remove("pod.yaml");
+    node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
+}
