@@ -126,3 +126,111 @@ fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
     node.remove("pod.yaml");
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
 }
+
+/// The filesystem size at `path` (statvfs).
+fn fs_bytes(path: &Path) -> u64 {
+    let fs = nix::sys::statvfs::statvfs(path).unwrap();
+    fs.blocks() as u64 * fs.fragment_size() as u64
+}
+
+#[test]
+fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() {
+    const LOOP_DRIVER: &str = "grow.csi.kvol.test";
+    if !Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: no /dev/loop-control on this machine");
+        return;
+    }
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.agent_args = vec!["--no-components".into()];
+    node.write(
+        "driver.yaml",
+        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {LOOP_DRIVER}}}\nspec: {{attachRequired: false}}\n"),
+    );
+    node.start();
+    let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
+    let _driver = support::Daemon::spawn(
+        "the loop-backed driver",
+        {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"));
+            c.args([
+                "csi-driver",
+                "--name",
+                LOOP_DRIVER,
+                "--node-name",
+                "node-a",
+                "--volume-backing",
+                "loop",
+            ])
+            .arg("--state-dir")
+            .arg(node.root.join("loop-driver"))
+            .arg("--csi-socket")
+            .arg(&socket)
+            .arg("--registration-dir")
+            .arg(node.registration_dir());
+            c
+        },
+        &node.root.join("loop-driver.log"),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut driver = runtime.block_on(controller(&socket));
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..MountVolume::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let size = 300u64 << 20;
+    let handle = runtime
+        .block_on(driver.create_volume(CreateVolumeRequest {
+            name: "grow-xfs".into(),
+            capacity_range: Some(CapacityRange { required_bytes: size as i64, limit_bytes: 0 }),
+            volume_capabilities: vec![capability],
+            ..CreateVolumeRequest::default()
+        }))
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let pv = |bytes: u64| {
+        storage(&handle, &bytes.to_string())
+            .replace(&format!("driver: {DRIVER}"), &format!("driver: {LOOP_DRIVER}, fsType: xfs"))
+    };
+    node.write("storage.yaml", &pv(size));
+    node.write("pod.yaml", POD);
+    let published = |r: &kvol_node::report::status::StatusReport| {
+        r.volumes.iter().any(|v| v.volume == "data" && v.phase == Phase::Published)
+    };
+    let report = node
+        .wait(Duration::from_secs(60), published)
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let mount =
+        report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap().join("mount");
+    let before = fs_bytes(&mount);
+    assert!(before <= size, "a {size}-byte volume shows {before} bytes");
+
+    let grown = size + (64 << 20);
+    runtime
+        .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: handle.clone(),
+            capacity_range: Some(CapacityRange { required_bytes: grown as i64, limit_bytes: 0 }),
+            ..ControllerExpandVolumeRequest::default()
+        }))
+        .unwrap();
+    let changed = Instant::now();
+    node.write("storage.yaml", &pv(grown));
+    while fs_bytes(&mount) <= before {
+        assert!(changed.elapsed() < Duration::from_secs(30), "never grew:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = fs_bytes(&mount);
+    eprintln!(
+        "PV grown → the pod's filesystem {} MiB → {} MiB in {:?} (loop device, xfs_growfs, no unpublish)",
+        before >> 20,
+        after >> 20,
+        changed.elapsed()
+    );
+    assert!(after > before + (48 << 20), "{before} → {after}");
+    assert!(!node.agent_log().contains("volume_unmount"), "{}", node.agent_log());
+    node.remove("pod.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+}
