@@ -140,6 +140,12 @@ fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() 
         eprintln!("skipped: no /dev/loop-control on this machine");
         return;
     }
+    let has_mkfs_xfs =
+        std::process::Command::new("mkfs.xfs").arg("-V").output().is_ok_and(|o| o.status.success());
+    if !has_mkfs_xfs {
+        eprintln!("skipped: mkfs.xfs (xfsprogs) is not installed");
+        return;
+    }
     enter_private_mount_namespace();
     let mut node = Node::new();
     node.agent_args = vec!["--no-components".into()];
