@@ -187,13 +187,13 @@ fn the_four_volumes_are_kubelets_follow_their_objects_and_go() {
             }
         })
     };
-    let updates = 200;
+    let updates = 1000;
     let mut latencies = Vec::new();
     for n in 0..updates {
         let written = Instant::now();
         node.write("config.yaml", &config_map(&format!("a-{n}"), &format!("b-{n}")));
-        // Every tenth update is waited for, to measure; the rest follow at once.
-        if n % 10 == 9 || n == updates - 1 {
+        // Every fiftieth update is waited for, to measure; the rest follow at once.
+        if n % 50 == 49 || n == updates - 1 {
             let want = format!("a-{n}");
             wait_for("the update", Duration::from_secs(10), || read(&proj.join("cm/a.txt")) == want);
             latencies.push(written.elapsed());
