@@ -15,6 +15,7 @@
 //! controllers do these jobs.
 
 pub mod provision;
+pub mod resize;
 pub mod snapshots;
 
 #[cfg(feature = "runner")]

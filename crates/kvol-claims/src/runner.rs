@@ -73,6 +73,7 @@ impl ClaimsController {
         snapshots_on: bool,
     ) {
         start_provisioning((&self.node_name, &self.gates), objects, drivers, &self.state, &self.wake);
+        start_expanding(objects, drivers, &self.state, &self.wake);
         start_reclaiming(source, in_use, drivers, &self.state, &self.wake);
         if snapshots_on {
             start_snapshotting(objects, drivers, &self.state, &self.wake);
@@ -107,6 +108,12 @@ impl ClaimsController {
     pub fn snapshot_records(&self) -> Vec<(String, SnapshotRecord)> {
         let book = self.state.snapshots.lock().unwrap_or_else(|p| p.into_inner());
         book.records.iter().map(|(k, r)| (k.clone(), r.clone())).collect()
+    }
+
+    /// Why claims' edits of their size are refused (a shrink, a class without expansion).
+    pub fn expansion_problems(&self, objects: &ObjectSet) -> Vec<String> {
+        let done = self.state.done.lock().unwrap_or_else(|p| p.into_inner());
+        crate::resize::claims_to_expand(objects, &done.records).1
     }
 
     /// The claims whose last provisioning or reclaiming call failed, with the error.
@@ -316,6 +323,91 @@ fn start_provisioning(
             wake.notify_one();
         });
     }
+}
+
+/// Grows, through their drivers (`ControllerExpandVolume`), the provisioned volumes whose claim
+/// asks for more (one task per claim at a time), then records the new capacity; the node grows
+/// the filesystem from there. A failure is kept as the claim's problem and retried.
+fn start_expanding(
+    objects: &ObjectSet,
+    drivers: &[RegisteredDriver],
+    state: &Provisioning,
+    wake: &Arc<Notify>,
+) {
+    let Provisioning { done: provisioned, calls, dir, channels, .. } = state;
+    let requests = {
+        let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+        crate::resize::claims_to_expand(objects, &done.records).0
+    };
+    for request in requests {
+        let Some(endpoint) = drivers.iter().find(|d| d.name == request.driver).map(|d| d.endpoint.clone())
+        else {
+            continue;
+        };
+        let slot = format!("{} (expansion)", request.claim_key);
+        if !calls.begin(&slot) {
+            continue;
+        }
+        let (provisioned, calls, dir, wake, channels) =
+            (Arc::clone(provisioned), calls.clone(), dir.to_path_buf(), Arc::clone(wake), channels.clone());
+        tokio::spawn(async move {
+            let outcome = match async { expand_one(&request, channels.get(&endpoint)?).await }.await {
+                Ok(bytes) => {
+                    let current = provisioned
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .records
+                        .get(&request.claim_key)
+                        .cloned();
+                    match current {
+                        Some(pv) => {
+                            let grown = crate::resize::with_capacity(&pv, bytes);
+                            let record = crate::records::record_path(&dir, &request.claim_key);
+                            let saved = kvol_plugin::blocking::shared()
+                                .run(&record.clone(), RECORD_WRITE_DEADLINE, move || {
+                                    crate::records::save_record(&record, &grown).map(|()| grown)
+                                })
+                                .await;
+                            saved.unwrap_or_else(|e| Err(format!("cannot save the expanded record: {e}")))
+                        }
+                        None => Err("its record is gone".to_string()),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(pv) => {
+                    tracing::info!(claim = %request.claim_key, volume = %request.pv_name, from = request.from, to = request.to, "volume expanded by its driver");
+                    let mut done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+                    done.records.insert(request.claim_key.clone(), Arc::new(pv));
+                    done.version += 1;
+                    drop(done);
+                    calls.succeeded(&slot);
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %request.claim_key, error = %e, "expansion failed");
+                    calls.failed(&slot, e, &wake).await;
+                }
+            }
+            wake.notify_one();
+        });
+    }
+}
+
+async fn expand_one(
+    request: &crate::resize::ExpandRequest,
+    channel: tonic::transport::Channel,
+) -> Result<u64, String> {
+    let to = i64::try_from(request.to).map_err(|_| format!("{} bytes are too many for csi", request.to))?;
+    let expand = kvol_csi::proto::csi::ControllerExpandVolumeRequest {
+        volume_id: request.volume_handle.clone(),
+        capacity_range: Some(kvol_csi::proto::csi::CapacityRange { required_bytes: to, limit_bytes: 0 }),
+        ..Default::default()
+    };
+    let what = format!("csi driver {}: ControllerExpandVolume of {}", request.driver, request.pv_name);
+    let answer = controller_call(what, controller(channel).controller_expand_volume(expand)).await?;
+    // A driver that says less than asked (0: it did not say) has grown it to what was asked.
+    Ok(u64::try_from(answer.capacity_bytes).unwrap_or(0).max(request.to))
 }
 
 /// Deletes, through their drivers, the provisioned volumes whose claims are gone (one task per

@@ -639,6 +639,7 @@ impl Loop<'_> {
         }
         problems.extend(self.pod_dirs_left.iter().map(|(_, reason)| reason.clone()));
         let claims = self.claims;
+        problems.extend(claims.map(|c| c.expansion_problems(objects)).unwrap_or_default());
         let failures = claims.map(ClaimsController::provisioning_failures).unwrap_or_default();
         problems.extend(failures.into_iter().map(|(claim, reason)| {
             crate::model::SourceProblem {

@@ -240,3 +240,75 @@ fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() 
     node.remove("pod.yaml");
     node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
 }
+
+fn claims(data: &str, fixed: &str) -> String {
+    format!(
+        r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: grows}}
+provisioner: {DRIVER}
+allowVolumeExpansion: true
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: fixed}}
+provisioner: {DRIVER}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data, namespace: default}}
+spec: {{storageClassName: grows, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {data}}}}}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: other, namespace: default}}
+spec: {{storageClassName: fixed, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {fixed}}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: app, namespace: default}}
+spec:
+  containers: [{{name: c, image: busybox}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}, {{name: other, persistentVolumeClaim: {{claimName: other}}}}]
+"#
+    )
+}
+
+#[test]
+fn a_claim_edited_to_more_is_grown_by_its_driver_and_then_on_the_node_standalone() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("claims.yaml", &claims("16Mi", "16Mi"));
+    node.start();
+    let both = |r: &kvol_node::report::status::StatusReport| {
+        r.volumes.iter().filter(|v| v.phase == Phase::Published).count() == 2
+    };
+    node.wait(Duration::from_secs(30), both).unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+
+    // Grown, in a class that allows it: ControllerExpandVolume, then NodeExpandVolume.
+    let edited = Instant::now();
+    node.write("claims.yaml", &claims("32Mi", "16Mi"));
+    while expansions_in(&node.agent_log()) == 0 {
+        assert!(edited.elapsed() < Duration::from_secs(30), "never expanded:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("claim edited → grown by the driver and on the node in {:?}", edited.elapsed());
+    let log = node.agent_log();
+    assert!(log.contains("volume expanded by its driver"), "{log}");
+    assert!(!log.contains("volume_unmount"), "{log}");
+
+    // A shrink, and a growth its class does not allow: refused, each with a status line.
+    node.write("claims.yaml", &claims("8Mi", "32Mi"));
+    let report = node
+        .wait(Duration::from_secs(30), |r| {
+            let said = |s: &str| r.problems.iter().any(|p| p.contains(s));
+            said("persistentvolumeclaim default/data asks for 8388608 bytes, less than")
+                && said("persistentvolumeclaim default/other asks for 33554432 bytes")
+                && said("does not allow volume expansion")
+        })
+        .unwrap_or_else(|last| panic!("no refusal in status: {last}"));
+    assert!(both(&report), "the volumes stay published: {report:#?}");
+    assert_eq!(expansions_in(&node.agent_log()), 1, "nothing more was expanded");
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
+}
