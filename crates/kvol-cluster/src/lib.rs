@@ -13,6 +13,7 @@
 
 pub mod attachments;
 pub mod bundles;
+pub mod claims;
 pub mod client;
 pub mod events;
 mod follow;

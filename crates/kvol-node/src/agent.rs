@@ -460,7 +460,13 @@ impl Loop<'_> {
         let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
         let written = match status_write(changed, since, REPORT_REFRESH, self.executor.is_idle()) {
             StatusWrite::Now => {
-                let written = self.report(inputs.problems.clone(), &view.desired, &resolutions, &snapshot);
+                let written = self.report(
+                    inputs.problems.clone(),
+                    &view.objects,
+                    &view.desired,
+                    &resolutions,
+                    &snapshot,
+                );
                 self.last_report = Some((inputs, Instant::now()));
                 written
             }
@@ -662,6 +668,7 @@ impl Loop<'_> {
     fn report(
         &mut self,
         problems: Vec<String>,
+        objects: &ObjectSet,
         desired: &DesiredState,
         resolutions: &Resolutions,
         snapshot: &Snapshot,
@@ -687,6 +694,9 @@ impl Loop<'_> {
                 volumes_in_use: crate::report::node_storage::volumes_in_use(resolutions, &exec.actual),
                 topology_labels: self.handler.topology_labels(),
             });
+        }
+        if let Some(sink) = &self.config.claim_status {
+            sink.report(&crate::report::claim_status::resized_claims(objects, &exec.actual));
         }
         if let Some(sink) = &self.config.pod_events {
             sink.report(&crate::report::pod_events::volume_failures(desired, resolutions, &exec));

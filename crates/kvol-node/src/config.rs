@@ -62,6 +62,8 @@ pub struct AgentConfig {
     pub attachments: Option<Arc<dyn kvol_csi::AttachmentSource>>,
     /// Cluster mode: told the failing pod volumes after every pass, for the pods' Events.
     pub pod_events: Option<Arc<dyn crate::report::pod_events::PodEventSink>>,
+    /// Cluster mode: told the claims whose filesystem the node grew, for their status.
+    pub claim_status: Option<Arc<dyn crate::report::claim_status::ClaimStatusSink>>,
     /// Cluster mode: mints the service-account tokens CSIDrivers ask for (`tokenRequests`);
     /// `None` (standalone): a driver that asks for them cannot publish.
     pub tokens: Option<Arc<dyn kvol_csi::TokenSource>>,
@@ -99,6 +101,7 @@ impl AgentConfig {
             node_storage: None,
             attachments: None,
             pod_events: None,
+            claim_status: None,
             tokens: None,
             runtime_socket: Some(state_dir.join(kvol_runtime_api::SOCKET_NAME)),
             state_dir,

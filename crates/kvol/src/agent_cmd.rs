@@ -243,6 +243,8 @@ impl ClusterMode {
             Some(std::sync::Arc::new(kvol_cluster::attachments::ApiAttachments::new(client.clone())));
         config.tokens = Some(std::sync::Arc::new(kvol_cluster::tokens::ApiTokens::new(client.clone())));
         let events = std::sync::Arc::new(kvol_cluster::events::ApiNodeEvents::new(client.clone()));
+        config.claim_status =
+            Some(std::sync::Arc::new(kvol_cluster::claims::ClaimStatusWriter::new(client.clone())));
         config.pod_events =
             Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));
         let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));

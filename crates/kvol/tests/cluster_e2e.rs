@@ -902,3 +902,113 @@ fn every_pods_api_access_volume_holds_a_token_the_api_server_accepts() {
     assert!(!mounted(&volume, &root), "{} is still mounted", volume.display());
     agent.assert_running();
 }
+
+#[test]
+fn a_claim_the_resizer_grew_is_grown_on_the_node_and_its_status_says_so() {
+    use kube::api::{Patch, PatchParams};
+    use kvol_csi::proto::csi::controller_client::ControllerClient;
+    use kvol_csi::proto::csi::{CapacityRange, ControllerExpandVolumeRequest};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    runtime.block_on(async {
+        create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
+        create(
+            &Api::<CSIDriver>::all(client.clone()),
+            json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false}}),
+        )
+        .await;
+    });
+    let dir = kvol_test_support::ScratchRoot::new();
+    let (root, mut agent) = start_agent(&dir, &server.kubeconfig);
+    let socket = root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no bundled driver");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let handle = runtime.block_on(create_volume(&socket, "grown"));
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    runtime.block_on(async {
+        bound_claim(
+            &client,
+            "pv-grown",
+            "grown",
+            "1Mi",
+            json!({}),
+            json!({"csi": {"driver": DRIVER, "volumeHandle": handle}}),
+        )
+        .await;
+        let status = json!({"status": {"phase": "Bound", "capacity": {"storage": "1Mi"}}});
+        claims.patch_status("grown", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+        create(
+            &pods,
+            json!({"metadata": {"name": "db", "namespace": "default"}, "spec": {"nodeName": NODE,
+                "containers": [{"name": "c", "image": "none"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "grown"}}]}}),
+        )
+        .await;
+    });
+    wait_status(&root, &mut agent, "published the claim", |r| published(r, "default/db", "data"));
+
+    // What the external-resizer does: the volume grown by its driver, the PV's capacity
+    // raised, the claim marked FileSystemResizePending.
+    let asked = Instant::now();
+    runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        ControllerClient::new(channel)
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: handle.clone(),
+                capacity_range: Some(CapacityRange { required_bytes: 2 << 20, limit_bytes: 0 }),
+                ..ControllerExpandVolumeRequest::default()
+            })
+            .await
+            .unwrap();
+        let pv = json!({"spec": {"capacity": {"storage": "2Mi"}}});
+        Api::<PersistentVolume>::all(client.clone())
+            .patch("pv-grown", &PatchParams::default(), &Patch::Merge(&pv))
+            .await
+            .unwrap();
+        let pending =
+            json!({"status": {"conditions": [{"type": "FileSystemResizePending", "status": "True"}]}});
+        claims.patch_status("grown", &PatchParams::default(), &Patch::Merge(&pending)).await.unwrap();
+    });
+    // The node grows it and says so on the claim, as kubelet does.
+    let status = runtime.block_on(async {
+        loop {
+            let claim = claims.get("grown").await.unwrap();
+            let status = claim.status.unwrap_or_default();
+            let capacity = status.capacity.as_ref().and_then(|c| c.get("storage")).map(|q| q.0.clone());
+            let pending = status.conditions.iter().flatten().any(|c| c.type_ == "FileSystemResizePending");
+            if capacity.as_deref() == Some("2097152") && !pending {
+                return status;
+            }
+            assert!(
+                asked.elapsed() < Duration::from_secs(120),
+                "the claim's status never said so: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    eprintln!(
+        "resizer done → the claim's status says 2Mi, condition cleared, {:?} later (the PV is read again every 30 s)",
+        asked.elapsed()
+    );
+    assert!(status.conditions.iter().flatten().all(|c| c.type_ != "FileSystemResizePending"));
+    let log = std::fs::read_to_string(&agent.log).unwrap();
+    assert!(log.contains("volume_fs_resize"), "{log}");
+    assert!(!log.contains("volume_unmount"), "never unpublished: {log}");
+    let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+    runtime.block_on(async { pods.delete("db", &now).await.unwrap() });
+    wait_status(&root, &mut agent, "tore db down", |r| r.volumes.is_empty());
+    agent.assert_running();
+}

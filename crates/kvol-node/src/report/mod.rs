@@ -3,6 +3,7 @@
 //! May import `model`, the reconciler's resolutions and the executor's snapshot; nothing in
 //! the loop's other rooms imports this one except the executor (its operation metrics).
 
+pub mod claim_status;
 pub mod metrics;
 pub mod node_storage;
 pub mod pod_events;
