@@ -76,8 +76,9 @@ mod tests {
         }))
         .unwrap();
         let pending = serde_json::json!([{"type": "FileSystemResizePending", "status": "True"}, {"type": "Other", "status": "True"}]);
-        // (what, the node's size, the claim's status, expected capacity and conditions left)
-        let cases: Vec<(&str, Option<u64>, serde_json::Value, Option<(u64, Vec<&str>)>)> = vec![
+        /// (what, the node's size, the claim's status, expected capacity and conditions left)
+        type Case = (&'static str, Option<u64>, serde_json::Value, Option<(u64, Vec<&'static str>)>);
+        let cases: Vec<Case> = vec![
             (
                 "grown, pending: told, condition gone",
                 Some(32 << 20),
