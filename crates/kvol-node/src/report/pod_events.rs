@@ -6,7 +6,8 @@
 //! `FailedMount` / "MountVolume.SetUp failed for volume …". A raw block volume (`volumeMode:
 //! Block`) is mapped, not mounted, and kubelet says so: `FailedMapVolume` /
 //! "MapVolume.SetUpDevice failed …" for its stage, "MapVolume.MapPodDevice failed …" for its
-//! publish. The prefixes are kept as kubelet
+//! publish; a failed online expansion on the node (`volume_fs_resize`, as kubelet names it)
+//! `VolumeResizeFailed` / "NodeExpandVolume.NodeExpandVolume failed …". The prefixes are kept as kubelet
 //! writes them so that what people search for in `kubectl describe pod` is found. Teardown
 //! failures are node-side, not the pod's (the pod may be gone), and are not reported.
 
@@ -46,6 +47,7 @@ pub fn kubelet_reason(operation: &str, block: bool) -> Option<(&'static str, &'s
         ("volume_mount", false) => Some(("FailedMount", "MountVolume.SetUp failed")),
         ("mount_device", true) => Some(("FailedMapVolume", "MapVolume.SetUpDevice failed")),
         ("volume_mount", true) => Some(("FailedMapVolume", "MapVolume.MapPodDevice failed")),
+        ("volume_fs_resize", _) => Some(("VolumeResizeFailed", "NodeExpandVolume.NodeExpandVolume failed")),
         _ => None,
     }
 }
@@ -180,6 +182,11 @@ mod tests {
             ("volume_mount", false, Some(("FailedMount", "MountVolume.SetUp failed"))),
             ("mount_device", true, Some(("FailedMapVolume", "MapVolume.SetUpDevice failed"))),
             ("volume_mount", true, Some(("FailedMapVolume", "MapVolume.MapPodDevice failed"))),
+            (
+                "volume_fs_resize",
+                false,
+                Some(("VolumeResizeFailed", "NodeExpandVolume.NodeExpandVolume failed")),
+            ),
             ("volume_unmount", false, None),
             ("volume_unmount", true, None),
             ("unmount_device", false, None),
