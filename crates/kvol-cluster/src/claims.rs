@@ -1,4 +1,4 @@
-//! Claims' status after the node grew their filesystem, written as kubelet writes it: [`ClaimStatusWriter`] merge-patches `status.capacity` and the conditions without `FileSystemResizePending`, each change once.
+//! Claims' status after the node grew their filesystem, written as kubelet writes it: [`ClaimStatusWriter`] merge-patches `status.capacity` and the conditions without `FileSystemResizePending`, once per version of the claim.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -8,8 +8,10 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kvol_node::report::claim_status::{ClaimResized, ClaimStatusSink};
 
-/// Patches claims' status through the API server; a change already written is not written
-/// again, a failed one is tried again at the next report.
+/// Patches claims' status through the API server; the same change for the same version of the
+/// claim is not written again (the source's copy lags the write), a failed one is tried again at
+/// the next report, and a claim changed since (the resizer marked it pending after the write)
+/// is written again.
 pub struct ClaimStatusWriter {
     client: Client,
     written: Arc<Mutex<BTreeMap<String, ClaimResized>>>,
@@ -77,6 +79,7 @@ mod tests {
             conditions: vec![
                 serde_json::from_value(serde_json::json!({"type": "Other", "status": "True"})).unwrap(),
             ],
+            resource_version: Some("7".into()),
         };
         assert_eq!(
             status_patch(&resized),

@@ -21,9 +21,7 @@ use kvol_csi::proto::registration::{
 };
 use kvol_hostpath::state::{snapshot_id_for_name, volume_id_for_name};
 use kvol_hostpath::{EPHEMERAL_CONTEXT_KEY, HostpathConfig, HostpathDriver, RegistrationOutcome};
-use kvol_plugin::mount::{MountPoint, Mounter, SystemMounter};
-use nix::mount::{MntFlags, MsFlags};
-use nix::sched::CloneFlags;
+use kvol_plugin::mount::{Mounter, SystemMounter};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -31,35 +29,11 @@ use tonic::transport::{Channel, Endpoint};
 
 const MIB: i64 = 1 << 20;
 
-/// Moves the calling thread into a mount namespace of its own whose mounts propagate nowhere.
-/// Called first in every test: the async body, and so the driver, then runs on this thread.
-fn enter_private_mount_namespace() {
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS)
-        .expect("unshare the mount namespace (these tests need root)");
-    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .expect("make every mount private");
-}
+mod support;
 
-/// A temporary root holding the driver's state, sockets, staging and target paths. Dropping it
-/// detaches whatever a failed test left mounted below it before deleting it, so deletion can
-/// never reach through a mount.
-struct Sandbox {
-    root: PathBuf,
-    _dir: kvol_test_support::ScratchRoot,
-}
+use support::Sandbox;
 
 impl Sandbox {
-    fn new() -> Sandbox {
-        enter_private_mount_namespace();
-        let dir = kvol_test_support::ScratchRoot::new();
-        let root = fs::canonicalize(dir.path()).expect("canonical root");
-        Sandbox { root, _dir: dir }
-    }
-
-    fn path(&self, relative: &str) -> PathBuf {
-        self.root.join(relative)
-    }
-
     fn config(&self) -> HostpathConfig {
         HostpathConfig {
             state_dir: self.path("state"),
@@ -67,29 +41,6 @@ impl Sandbox {
             registration_dir: Some(self.path("plugins_registry")),
             max_volumes_per_node: 7,
             ..HostpathConfig::new("hostpath.csi.kvol.io", "node-a")
-        }
-    }
-
-    fn mounts(&self) -> Vec<MountPoint> {
-        SystemMounter.mounts_under(&self.root).expect("read the mount table")
-    }
-
-    fn mounts_on(&self, path: &Path) -> Vec<MountPoint> {
-        self.mounts().into_iter().filter(|m| m.target == path).collect()
-    }
-
-    fn assert_nothing_mounted(&self) {
-        let left = self.mounts();
-        assert!(left.is_empty(), "mounts left under the root: {left:?}");
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let mut left = self.mounts();
-        left.reverse();
-        for m in left {
-            let _ = nix::mount::umount2(&m.target, MntFlags::MNT_DETACH);
         }
     }
 }

@@ -17,9 +17,7 @@ use kvol_csi::proto::csi::node_client::NodeClient;
 use kvol_csi::proto::csi::{self, volume_capability::access_mode::Mode};
 use kvol_hostpath::loopfs::FSTYPE_PARAMETER;
 use kvol_hostpath::{HostpathConfig, HostpathDriver, VolumeBacking};
-use kvol_plugin::mount::{MountPoint, Mounter, SystemMounter};
-use nix::mount::{MntFlags, MsFlags};
-use nix::sched::CloneFlags;
+use kvol_plugin::mount::SystemMounter;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -27,33 +25,11 @@ use tonic::transport::{Channel, Endpoint};
 
 const MIB: i64 = 1 << 20;
 
-/// A private mount namespace and a scratch root (which detaches loop devices backed by files
-/// under it, and unmounts what is left, when dropped).
-struct Sandbox {
-    root: PathBuf,
-    _dir: kvol_test_support::ScratchRoot,
-}
+mod support;
+
+use support::Sandbox;
 
 impl Sandbox {
-    fn new() -> Sandbox {
-        nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
-        nix::mount::mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .expect("make every mount private");
-        let dir = kvol_test_support::ScratchRoot::new();
-        let root = fs::canonicalize(dir.path()).expect("canonical root");
-        Sandbox { root, _dir: dir }
-    }
-
-    fn path(&self, relative: &str) -> PathBuf {
-        self.root.join(relative)
-    }
-
     fn config(&self) -> HostpathConfig {
         HostpathConfig {
             state_dir: self.path("state"),
@@ -61,18 +37,6 @@ impl Sandbox {
             registration_dir: None,
             volume_backing: VolumeBacking::Loop,
             ..HostpathConfig::new("hostpath.csi.kvol.io", "node-a")
-        }
-    }
-
-    fn mounts(&self) -> Vec<MountPoint> {
-        SystemMounter.mounts_under(&self.root).expect("read the mount table")
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        for m in self.mounts().iter().rev() {
-            let _ = nix::mount::umount2(&m.target, MntFlags::MNT_DETACH);
         }
     }
 }

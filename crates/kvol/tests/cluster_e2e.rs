@@ -87,6 +87,19 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
                     {"name": "cache", "emptyDir": {}}]}})
 }
 
+/// This thread in a mount namespace of its own (the agent inherits it), a runtime, a real
+/// kube-apiserver and its admin client; `None` (the reason printed) without the binaries.
+fn private_cluster() -> Option<(tokio::runtime::Runtime, support::ApiServer, kube::Client)> {
+    let (apiserver, etcd) = support::binaries()?;
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .expect("make every mount private");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = support::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    Some((runtime, server, client))
+}
+
 /// `kvol agent --kubeconfig` as node [`NODE`] on a root below `dir` (its log beside it); the
 /// root and the agent.
 fn start_agent(dir: &kvol_test_support::ScratchRoot, kubeconfig: &Path) -> (PathBuf, Process) {
@@ -194,13 +207,7 @@ fn mounted(path: &Path, root: &Path) -> bool {
 
 #[test]
 fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage() {
-    let Some((apiserver, etcd)) = support::binaries() else { return };
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
-    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .expect("make every mount private");
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let mut server = support::ApiServer::start(&apiserver, &etcd);
-    let client = runtime.block_on(server.client());
+    let Some((runtime, mut server, client)) = private_cluster() else { return };
     runtime.block_on(async {
         for node in [NODE, "n2"] {
             create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": node}})).await;
@@ -811,13 +818,7 @@ fn kube_api_access() -> serde_json::Value {
 fn every_pods_api_access_volume_holds_a_token_the_api_server_accepts() {
     use k8s_openapi::api::authentication::v1::TokenReview;
     use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-    let Some((apiserver, etcd)) = support::binaries() else { return };
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
-    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .expect("make every mount private");
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let server = support::ApiServer::start(&apiserver, &etcd);
-    let client = runtime.block_on(server.client());
+    let Some((runtime, server, client)) = private_cluster() else { return };
     let roots = Api::<ConfigMap>::namespaced(client.clone(), "default");
     runtime.block_on(async {
         create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
@@ -908,13 +909,7 @@ fn a_claim_the_resizer_grew_is_grown_on_the_node_and_its_status_says_so() {
     use kube::api::{Patch, PatchParams};
     use kvol_csi::proto::csi::controller_client::ControllerClient;
     use kvol_csi::proto::csi::{CapacityRange, ControllerExpandVolumeRequest};
-    let Some((apiserver, etcd)) = support::binaries() else { return };
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare the mount namespace (needs root)");
-    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .expect("make every mount private");
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let server = support::ApiServer::start(&apiserver, &etcd);
-    let client = runtime.block_on(server.client());
+    let Some((runtime, server, client)) = private_cluster() else { return };
     runtime.block_on(async {
         create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
         create(

@@ -14,6 +14,9 @@ pub struct ClaimResized {
     /// The claim's conditions without `FileSystemResizePending` (a merge patch replaces the
     /// list whole).
     pub conditions: Vec<k8s_openapi::api::core::v1::PersistentVolumeClaimCondition>,
+    /// The claim's version this was decided from: a claim changed since (the resizer marked it
+    /// pending after kvol wrote) is written again.
+    pub resource_version: Option<String>,
 }
 
 /// Receives the claims to update after every pass; the cluster's writer patches their status.
@@ -46,10 +49,9 @@ pub fn resized_claims(objects: &ObjectSet, actual: &ActualState) -> Vec<ClaimRes
             continue;
         }
         let kept = conditions.into_iter().filter(|c| c.type_ != RESIZE_PENDING).collect();
-        out.insert(
-            key,
-            ClaimResized { namespace, name, capacity_bytes: size.max(shown.unwrap_or(0)), conditions: kept },
-        );
+        let resource_version = claim.metadata.resource_version.clone();
+        let capacity_bytes = size.max(shown.unwrap_or(0));
+        out.insert(key, ClaimResized { namespace, name, capacity_bytes, conditions: kept, resource_version });
     }
     out.into_values().collect()
 }
