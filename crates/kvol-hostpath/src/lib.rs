@@ -91,6 +91,10 @@ pub struct HostpathConfig {
     /// sizes are recorded, not enforced) or a filesystem image on a loop device
     /// ([`loopfs`]), which holds its size and no more.
     pub volume_backing: VolumeBacking,
+    /// Grow volumes offline only (`--offline-expansion`): the plugin capability says
+    /// `OFFLINE`, and ControllerExpandVolume of a volume staged or published on the node is
+    /// FailedPrecondition, as a driver that cannot grow a volume in use answers.
+    pub offline_expansion: bool,
 }
 
 /// What backs a new filesystem volume.
@@ -143,6 +147,7 @@ impl HostpathConfig {
             exit_on_registration_failure: false,
             static_volumes: false,
             volume_backing: VolumeBacking::Directory,
+            offline_expansion: false,
         }
     }
 

@@ -66,6 +66,10 @@ pub struct CsiDriverArgs {
     /// through a loop device: a volume holds its size and no more).
     #[arg(long, default_value = "directory", value_parser = parse_volume_backing)]
     pub volume_backing: VolumeBacking,
+    /// Grow volumes offline only: the plugin capability says OFFLINE, and ControllerExpandVolume
+    /// of a volume in use on the node fails (FailedPrecondition); online by default.
+    #[arg(long)]
+    pub offline_expansion: bool,
 }
 
 fn parse_volume_backing(value: &str) -> Result<VolumeBacking, String> {
@@ -92,6 +96,7 @@ pub fn config(args: &CsiDriverArgs, node: &str) -> HostpathConfig {
         exit_on_registration_failure: args.exit_on_registration_failure,
         static_volumes: args.static_volumes,
         volume_backing: args.volume_backing,
+        offline_expansion: args.offline_expansion,
     }
 }
 
@@ -193,6 +198,7 @@ mod tests {
             "--static-volumes",
             "--volume-backing",
             "loop",
+            "--offline-expansion",
         ]);
         let c = config(&a, "n");
         assert_eq!(
@@ -211,6 +217,7 @@ mod tests {
                 exit_on_registration_failure: true,
                 static_volumes: true,
                 volume_backing: VolumeBacking::Loop,
+                offline_expansion: true,
             }
         );
         assert_eq!(config(&args(&[]), "n").volume_backing, VolumeBacking::Directory);
