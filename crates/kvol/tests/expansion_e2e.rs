@@ -312,3 +312,250 @@ fn a_claim_edited_to_more_is_grown_by_its_driver_and_then_on_the_node_standalone
     node.remove("claims.yaml");
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
 }
+
+/// Whether this process may grow a mounted ext4 (`EXT4_IOC_RESIZE_FS` needs
+/// `CAP_SYS_RESOURCE`), from the effective capability set in `/proc/self/status`.
+fn may_grow_mounted_ext4() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
+    effective.and_then(|hex| u64::from_str_radix(hex, 16).ok()).is_some_and(|caps| caps & (1 << 24) != 0)
+}
+
+/// Why the loop backing cannot be shown here, if it cannot: no loop devices, or no mkfs for `fs`.
+fn loop_backing_missing(fs: &str) -> Option<String> {
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no /dev/loop-control on this machine".into());
+    }
+    let mkfs = format!("mkfs.{fs}");
+    let present = std::process::Command::new(&mkfs).arg("-V").output().is_ok_and(|o| o.status.success());
+    (!present).then(|| format!("{mkfs} is not installed"))
+}
+
+const LOOP_DRIVER: &str = "grow.csi.kvol.test";
+
+/// A node whose agent runs without components, beside the bundled driver on loop-backed
+/// volumes as `LOOP_DRIVER` (with `extra` arguments), the standalone control plane
+/// provisioning and growing its claims.
+fn loop_node(extra: &[&str]) -> (Node, support::Daemon) {
+    let mut node = Node::new();
+    node.agent_args = vec!["--no-components".into()];
+    node.write(
+        "driver.yaml",
+        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {LOOP_DRIVER}}}\nspec: {{attachRequired: false}}\n"),
+    );
+    node.start();
+    let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"));
+    command
+        .args(["csi-driver", "--name", LOOP_DRIVER, "--node-name", "node-a", "--volume-backing", "loop"])
+        .args(extra)
+        .arg("--state-dir")
+        .arg(node.root.join("loop-driver"))
+        .arg("--csi-socket")
+        .arg(&socket)
+        .arg("--registration-dir")
+        .arg(node.registration_dir());
+    let driver =
+        support::Daemon::spawn("the loop-backed driver", command, &node.root.join("loop-driver.log"));
+    (node, driver)
+}
+
+/// A class of `LOOP_DRIVER` that allows expansion, a claim of `size` formatted `fs`, and (with
+/// `pod`) a pod using it.
+fn loop_claim(fs: &str, size: &str, pod: bool) -> String {
+    let mut text = format!(
+        r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: grows}}
+provisioner: {LOOP_DRIVER}
+allowVolumeExpansion: true
+parameters: {{csi.storage.k8s.io/fstype: {fs}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data, namespace: default}}
+spec: {{storageClassName: grows, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {size}}}}}}}
+"#
+    );
+    if pod {
+        text.push_str(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\n\
+             spec: {containers: [{name: c, image: busybox}], volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]}\n",
+        );
+    }
+    text
+}
+
+/// Fills the filesystem at `dir` to within 2 MiB of full with one file, `fill`; the bytes
+/// written.
+fn fill_near_full(dir: &Path) -> u64 {
+    let fs = nix::sys::statvfs::statvfs(dir).unwrap();
+    let free = fs.blocks_available() as u64 * fs.fragment_size() as u64;
+    let bytes = free.saturating_sub(2 << 20);
+    let file = std::fs::File::create(dir.join("fill")).unwrap();
+    let chunk = vec![0x5a_u8; 1 << 20];
+    let mut written = 0;
+    let mut writer = std::io::BufWriter::new(file);
+    while written < bytes {
+        let n = chunk.len().min((bytes - written) as usize);
+        std::io::Write::write_all(&mut writer, &chunk[..n]).unwrap();
+        written += n as u64;
+    }
+    std::io::Write::flush(&mut writer).unwrap();
+    writer.get_ref().sync_all().unwrap();
+    written
+}
+
+/// The published `data` volume's `mount` directory in `report`, if published.
+fn data_mount(report: &kvol_node::report::status::StatusReport) -> Option<std::path::PathBuf> {
+    let v = report.volumes.iter().find(|v| v.volume == "data" && v.phase == Phase::Published)?;
+    Some(v.target.clone()?.join("mount"))
+}
+
+/// A claim of a loop-backed `fs` volume, written near full, edited to twice its size while its
+/// pod keeps it published: the pod's filesystem shows the new size (statvfs) without an
+/// unpublish, the claim's status says so, and the data is intact.
+fn a_claim_edited_to_twice_its_size_grows_the_pods_filesystem(fs: &str) {
+    if let Some(why) = loop_backing_missing(fs) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if fs == "ext4" && !may_grow_mounted_ext4() {
+        eprintln!("skipped: growing a mounted ext4 needs CAP_SYS_RESOURCE, which this process lacks");
+        return;
+    }
+    enter_private_mount_namespace();
+    let (node, _driver) = loop_node(&[]);
+    node.write("claims.yaml", &loop_claim(fs, "300Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| data_mount(r).is_some())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let mount = data_mount(&report).unwrap();
+    let before = fs_bytes(&mount);
+    assert!(before <= 300 << 20, "a 300Mi {fs} volume shows {before} bytes");
+    let filled = fill_near_full(&mount);
+    let overflow = std::fs::write(mount.join("more"), vec![0u8; 8 << 20]);
+    assert!(overflow.is_err(), "a full {fs} volume took 8 MiB more: it does not hold its size");
+    let _ = std::fs::remove_file(mount.join("more"));
+
+    let edited = Instant::now();
+    node.write("claims.yaml", &loop_claim(fs, "600Mi", true));
+    while fs_bytes(&mount) <= before {
+        assert!(edited.elapsed() < Duration::from_secs(60), "never grew:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = fs_bytes(&mount);
+    eprintln!(
+        "{fs}: claim edited 300Mi → 600Mi with {} MiB written: the pod's filesystem {} → {} MiB in {:?}",
+        filled >> 20,
+        before >> 20,
+        after >> 20,
+        edited.elapsed()
+    );
+    assert!(after > 500 << 20, "{fs}: {before} → {after}");
+    std::fs::write(mount.join("more"), vec![0u8; 64 << 20]).expect("the grown volume takes more");
+    assert_eq!(
+        std::fs::metadata(mount.join("fill")).unwrap().len(),
+        filled,
+        "the data written before is kept"
+    );
+    let log = node.agent_log();
+    assert!(!log.contains("volume_unmount"), "the volume was never unpublished:\n{log}");
+    let report = node
+        .wait(Duration::from_secs(30), |r| {
+            r.claims.iter().any(|c| c.name == "default/data" && c.capacity_bytes == Some(600 << 20))
+        })
+        .unwrap_or_else(|last| panic!("the claim's status never said 600Mi: {last}"));
+    let claim = report.claims.iter().find(|c| c.name == "default/data").unwrap();
+    assert!(claim.conditions.is_empty(), "{claim:?}");
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+}
+
+#[test]
+fn a_claim_of_a_loop_backed_xfs_volume_edited_to_twice_its_size_grows_online() {
+    a_claim_edited_to_twice_its_size_grows_the_pods_filesystem("xfs");
+}
+
+#[test]
+fn a_claim_of_a_loop_backed_ext4_volume_edited_to_twice_its_size_grows_online() {
+    a_claim_edited_to_twice_its_size_grows_the_pods_filesystem("ext4");
+}
+
+/// A driver that grows volumes offline only: the claim's edit waits (with a status line)
+/// while its pod uses the volume; once the pod is gone the driver grows it, the agent is
+/// killed (-9) between that controller step and the node's, and when the pod comes back the
+/// restarted agent grows the ext4 filesystem at its publish: statvfs shows the new size, the
+/// data written near full is kept, the claim's status leaves `FileSystemResizePending`.
+#[test]
+fn an_offline_only_drivers_volume_grows_when_no_pod_uses_it_across_a_kill_9() {
+    if let Some(why) = loop_backing_missing("ext4") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    enter_private_mount_namespace();
+    let (mut node, _driver) = loop_node(&["--offline-expansion"]);
+    node.write("claims.yaml", &loop_claim("ext4", "64Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| data_mount(r).is_some())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let mount = data_mount(&report).unwrap();
+    let before = fs_bytes(&mount);
+    let filled = fill_near_full(&mount);
+
+    // In use: the edit waits, and says why.
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", true));
+    let report = node
+        .wait(Duration::from_secs(30), |r| {
+            r.problems.iter().any(|p| p.contains("grows volumes offline only"))
+        })
+        .unwrap_or_else(|last| panic!("no waiting line: {last}"));
+    let claim = report.claims.iter().find(|c| c.name == "default/data").unwrap();
+    assert_eq!((claim.requested_bytes, claim.capacity_bytes), (Some(128 << 20), Some(64 << 20)), "{claim:?}");
+    assert!(!node.agent_log().contains("volume expanded by its driver"), "{}", node.agent_log());
+
+    // The pod goes: the driver grows the volume, the claim waits for the node.
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", false));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            r.volumes.is_empty()
+                && r.claims.iter().any(|c| {
+                    c.name == "default/data"
+                        && c.volume_bytes == Some(128 << 20)
+                        && c.conditions.iter().any(|t| t == "FileSystemResizePending")
+                })
+        })
+        .unwrap_or_else(|last| panic!("never grown by the driver: {last}\n{}", node.agent_log()));
+    assert!(report.problems.iter().all(|p| !p.contains("offline only")), "{:?}", report.problems);
+
+    // Killed between the controller's step and the node's; the pod comes back after.
+    node.kill_9();
+    node.start();
+    let back = Instant::now();
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            data_mount(r).is_some_and(|m| fs_bytes(&m) > before)
+                && r.claims.iter().any(|c| {
+                    c.name == "default/data" && c.capacity_bytes == Some(128 << 20) && c.conditions.is_empty()
+                })
+        })
+        .unwrap_or_else(|last| panic!("never grown on the node: {last}\n{}", node.agent_log()));
+    let mount = data_mount(&report).unwrap();
+    let after = fs_bytes(&mount);
+    eprintln!(
+        "offline ext4: pod back → published and grown {} → {} MiB, claim status 128Mi, in {:?}",
+        before >> 20,
+        after >> 20,
+        back.elapsed()
+    );
+    assert!(after > 100 << 20, "{before} → {after}");
+    assert_eq!(
+        std::fs::metadata(mount.join("fill")).unwrap().len(),
+        filled,
+        "the data written before is kept"
+    );
+    std::fs::write(mount.join("more"), vec![0u8; 32 << 20]).expect("the grown volume takes more");
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+}
