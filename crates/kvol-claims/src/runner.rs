@@ -4,7 +4,7 @@
 //! provisioned PersistentVolumes ([`ClaimsController::overlay`]) and problems out. A failed call is
 //! shown at once and waits out [`RETRY_PAUSE`] before its key is tried again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,9 +60,10 @@ impl ClaimsController {
                     records,
                     statuses,
                     waiting: Vec::new(),
+                    saving: BTreeSet::new(),
                     version: 0,
                 })),
-                statuses_dir,
+                statuses: StatusFiles { dir: statuses_dir, writing: Arc::default() },
                 recovery,
                 calls: CallSlots::default(),
                 dir,
@@ -127,14 +128,20 @@ impl ClaimsController {
                 .collect()
         };
         for (key, status) in changed {
-            let (done, dir, wake) =
-                (Arc::clone(&self.state.done), self.state.statuses_dir.clone(), Arc::clone(&self.wake));
+            if !self.state.done.lock().unwrap_or_else(|p| p.into_inner()).saving.insert(key.clone()) {
+                continue;
+            }
+            let (done, files, wake) =
+                (Arc::clone(&self.state.done), self.state.statuses.clone(), Arc::clone(&self.wake));
             tokio::spawn(async move {
-                if save_status(&dir, &key, &status).await.is_ok() {
-                    let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+                let saved = save_status(&files, &key, &status).await.is_ok();
+                let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+                done.saving.remove(&key);
+                if saved {
                     done.statuses.insert(key, status);
                     done.version += 1;
                 }
+                drop(done);
                 wake.notify_one();
             });
         }
@@ -215,6 +222,8 @@ struct Provisioned {
     statuses: BTreeMap<String, KeptClaimStatus>,
     /// Why claims whose volumes grow offline only wait, from the last pass.
     waiting: Vec<String>,
+    /// The claims whose status the node's report is being saved for.
+    saving: BTreeSet<String>,
     version: u64,
 }
 
@@ -232,9 +241,18 @@ impl Provisioned {
     }
 }
 
+/// Where the claims' kept status is written, one write at a time (two writers of one record
+/// would share its temporary file).
+#[derive(Clone, Debug)]
+struct StatusFiles {
+    dir: PathBuf,
+    writing: Arc<tokio::sync::Mutex<()>>,
+}
+
 /// Writes a claim's kept status durably, on a blocking thread.
-async fn save_status(dir: &Path, key: &str, status: &KeptClaimStatus) -> Result<(), String> {
-    let (path, status) = (crate::records::record_path(dir, key), status.clone());
+async fn save_status(files: &StatusFiles, key: &str, status: &KeptClaimStatus) -> Result<(), String> {
+    let _one_at_a_time = files.writing.lock().await;
+    let (path, status) = (crate::records::record_path(&files.dir, key), status.clone());
     let saved = kvol_plugin::blocking::shared()
         .run(&path.clone(), RECORD_WRITE_DEADLINE, move || crate::records::save_record(&path, &status))
         .await;
@@ -254,7 +272,7 @@ struct Provisioning {
     calls: CallSlots,
     dir: PathBuf,
     /// Where the claims' kept status lives (`claim-status/`).
-    statuses_dir: PathBuf,
+    statuses: StatusFiles,
     recovery: Recovery,
     channels: ControllerChannels,
     /// The snapshots taken (the `snapshot-controller` component, when it runs).
@@ -424,7 +442,7 @@ fn start_expanding(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, calls, dir, channels, statuses_dir, recovery, .. } = state;
+    let Provisioning { done: provisioned, calls, dir, channels, statuses, recovery, .. } = state;
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
         crate::resize::claims_to_expand(objects, &done.records).0
@@ -450,7 +468,7 @@ fn start_expanding(
         }
         let (provisioned, calls, dir, wake, channels) =
             (Arc::clone(provisioned), calls.clone(), dir.to_path_buf(), Arc::clone(wake), channels.clone());
-        let (statuses_dir, recovery) = (statuses_dir.clone(), *recovery);
+        let (statuses, recovery) = (statuses.clone(), *recovery);
         tokio::spawn(async move {
             let key = request.claim_key.clone();
             let kept = || provisioned.lock().unwrap_or_else(|p| p.into_inner()).kept_statuses().remove(&key);
@@ -463,7 +481,7 @@ fn start_expanding(
                 && let Some(now) = kept()
             {
                 let started = now.controller_started(request.to, recovery);
-                if save_status(&statuses_dir, &key, &started).await.is_ok() {
+                if save_status(&statuses, &key, &started).await.is_ok() {
                     keep(started);
                 }
             }
@@ -473,7 +491,7 @@ fn start_expanding(
                     let current =
                         provisioned.lock().unwrap_or_else(|p| p.into_inner()).records.get(&key).cloned();
                     match (current, status) {
-                        (Some(pv), Some(status)) => match save_status(&statuses_dir, &key, &status).await {
+                        (Some(pv), Some(status)) => match save_status(&statuses, &key, &status).await {
                             Ok(()) => {
                                 keep(status);
                                 let grown = crate::resize::with_capacity(&pv, bytes);
@@ -507,7 +525,7 @@ fn start_expanding(
                         && let Some(now) = kept()
                     {
                         let failed = now.controller_failed(recovery);
-                        if save_status(&statuses_dir, &key, &failed).await.is_ok() {
+                        if save_status(&statuses, &key, &failed).await.is_ok() {
                             keep(failed);
                         }
                     }
@@ -547,7 +565,7 @@ fn start_reclaiming(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, calls, dir, channels, statuses_dir, .. } = state;
+    let Provisioning { done: provisioned, calls, dir, channels, statuses, .. } = state;
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
         if done.records.keys().all(|claim| source.claims.contains_key(claim)) {
@@ -572,7 +590,7 @@ fn start_reclaiming(
             Arc::clone(wake),
             channels.get(&endpoint),
         );
-        let statuses_dir = statuses_dir.clone();
+        let statuses_dir = statuses.dir.clone();
         tokio::spawn(async move {
             let claim = request.claim_key.clone();
             let outcome = async { delete_one(&request, channel?).await }

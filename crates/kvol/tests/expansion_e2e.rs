@@ -12,6 +12,10 @@ use kvol_csi::proto::csi::{
     CapacityRange, ControllerExpandVolumeRequest, CreateVolumeRequest, VolumeCapability,
 };
 use kvol_node::report::status::Phase;
+use support::grow::{
+    LOOP_DRIVER, data_mount, fill_near_full, fs_bytes, loop_backing_missing, loop_claim, loop_node,
+    may_grow_mounted_ext4,
+};
 use support::{Node, enter_private_mount_namespace};
 
 const DRIVER: &str = "hostpath.csi.kvol.io";
@@ -127,15 +131,8 @@ fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
 }
 
-/// The filesystem size at `path` (statvfs).
-fn fs_bytes(path: &Path) -> u64 {
-    let fs = nix::sys::statvfs::statvfs(path).unwrap();
-    fs.blocks() as u64 * fs.fragment_size() as u64
-}
-
 #[test]
 fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() {
-    const LOOP_DRIVER: &str = "grow.csi.kvol.test";
     if !Path::new("/dev/loop-control").exists() {
         eprintln!("skipped: no /dev/loop-control on this machine");
         return;
@@ -313,105 +310,6 @@ fn a_claim_edited_to_more_is_grown_by_its_driver_and_then_on_the_node_standalone
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
 }
 
-/// Whether this process may grow a mounted ext4 (`EXT4_IOC_RESIZE_FS` needs
-/// `CAP_SYS_RESOURCE`), from the effective capability set in `/proc/self/status`.
-fn may_grow_mounted_ext4() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
-    effective.and_then(|hex| u64::from_str_radix(hex, 16).ok()).is_some_and(|caps| caps & (1 << 24) != 0)
-}
-
-/// Why the loop backing cannot be shown here, if it cannot: no loop devices, or no mkfs for `fs`.
-fn loop_backing_missing(fs: &str) -> Option<String> {
-    if !Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control on this machine".into());
-    }
-    let mkfs = format!("mkfs.{fs}");
-    let present = std::process::Command::new(&mkfs).arg("-V").output().is_ok_and(|o| o.status.success());
-    (!present).then(|| format!("{mkfs} is not installed"))
-}
-
-const LOOP_DRIVER: &str = "grow.csi.kvol.test";
-
-/// A node whose agent runs without components, beside the bundled driver on loop-backed
-/// volumes as `LOOP_DRIVER` (with `extra` arguments), the standalone control plane
-/// provisioning and growing its claims.
-fn loop_node(extra: &[&str]) -> (Node, support::Daemon) {
-    let mut node = Node::new();
-    node.agent_args = vec!["--no-components".into()];
-    node.write(
-        "driver.yaml",
-        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {LOOP_DRIVER}}}\nspec: {{attachRequired: false}}\n"),
-    );
-    node.start();
-    let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"));
-    command
-        .args(["csi-driver", "--name", LOOP_DRIVER, "--node-name", "node-a", "--volume-backing", "loop"])
-        .args(extra)
-        .arg("--state-dir")
-        .arg(node.root.join("loop-driver"))
-        .arg("--csi-socket")
-        .arg(&socket)
-        .arg("--registration-dir")
-        .arg(node.registration_dir());
-    let driver =
-        support::Daemon::spawn("the loop-backed driver", command, &node.root.join("loop-driver.log"));
-    (node, driver)
-}
-
-/// A class of `LOOP_DRIVER` that allows expansion, a claim of `size` formatted `fs`, and (with
-/// `pod`) a pod using it.
-fn loop_claim(fs: &str, size: &str, pod: bool) -> String {
-    let mut text = format!(
-        r#"apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {{name: grows}}
-provisioner: {LOOP_DRIVER}
-allowVolumeExpansion: true
-parameters: {{csi.storage.k8s.io/fstype: {fs}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: data, namespace: default}}
-spec: {{storageClassName: grows, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {size}}}}}}}
-"#
-    );
-    if pod {
-        text.push_str(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\n\
-             spec: {containers: [{name: c, image: busybox}], volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]}\n",
-        );
-    }
-    text
-}
-
-/// Fills the filesystem at `dir` to within 2 MiB of full with one file, `fill`; the bytes
-/// written.
-fn fill_near_full(dir: &Path) -> u64 {
-    let fs = nix::sys::statvfs::statvfs(dir).unwrap();
-    let free = fs.blocks_available() as u64 * fs.fragment_size() as u64;
-    let bytes = free.saturating_sub(2 << 20);
-    let file = std::fs::File::create(dir.join("fill")).unwrap();
-    let chunk = vec![0x5a_u8; 1 << 20];
-    let mut written = 0;
-    let mut writer = std::io::BufWriter::new(file);
-    while written < bytes {
-        let n = chunk.len().min((bytes - written) as usize);
-        std::io::Write::write_all(&mut writer, &chunk[..n]).unwrap();
-        written += n as u64;
-    }
-    std::io::Write::flush(&mut writer).unwrap();
-    writer.get_ref().sync_all().unwrap();
-    written
-}
-
-/// The published `data` volume's `mount` directory in `report`, if published.
-fn data_mount(report: &kvol_node::report::status::StatusReport) -> Option<std::path::PathBuf> {
-    let v = report.volumes.iter().find(|v| v.volume == "data" && v.phase == Phase::Published)?;
-    Some(v.target.clone()?.join("mount"))
-}
-
 /// A claim of a loop-backed `fs` volume, written near full, edited to twice its size while its
 /// pod keeps it published: the pod's filesystem shows the new size (statvfs) without an
 /// unpublish, the claim's status says so, and the data is intact.
@@ -461,6 +359,7 @@ fn a_claim_edited_to_twice_its_size_grows_the_pods_filesystem(fs: &str) {
     );
     let log = node.agent_log();
     assert!(!log.contains("volume_unmount"), "the volume was never unpublished:\n{log}");
+    assert!(!log.contains(" WARN "), "nothing went wrong on the way:\n{log}");
     let report = node
         .wait(Duration::from_secs(30), |r| {
             r.claims.iter().any(|c| c.name == "default/data" && c.capacity_bytes == Some(600 << 20))
