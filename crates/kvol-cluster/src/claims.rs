@@ -19,6 +19,10 @@ use crate::events::NodeEvents;
 pub struct ClaimStatusWriter {
     client: Client,
     written: Arc<Mutex<BTreeMap<String, ClaimResized>>>,
+    /// The size each claim's pods were last told of: a claim written twice for one growth
+    /// (the resizer's condition arrived after the first write) is told once, as kubelet tells
+    /// once per expansion.
+    told: Arc<Mutex<BTreeMap<String, u64>>>,
     node: String,
     /// `RecoverVolumeExpansionFailure` is on: `resizeStatus` is cleared too.
     recovery: bool,
@@ -39,7 +43,7 @@ impl ClaimStatusWriter {
         recovery: bool,
         events: Arc<dyn NodeEvents>,
     ) -> ClaimStatusWriter {
-        ClaimStatusWriter { client, written: Arc::new(Mutex::new(BTreeMap::new())), node, recovery, events }
+        ClaimStatusWriter { client, written: Arc::default(), told: Arc::default(), node, recovery, events }
     }
 }
 
@@ -102,14 +106,20 @@ impl ClaimStatusSink for ClaimStatusWriter {
             }
             let (client, written, claim) = (self.client.clone(), Arc::clone(&self.written), claim.clone());
             let (node, events, recovery) = (self.node.clone(), Arc::clone(&self.events), self.recovery);
+            let told = Arc::clone(&self.told);
             tokio::spawn(async move {
                 let api: Api<PersistentVolumeClaim> = Api::namespaced(client, &claim.namespace);
                 let patch = status_patch(&claim, recovery);
                 match api.patch_status(&claim.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                     Ok(_) => {
                         tracing::info!(claim = %key, bytes = claim.capacity_bytes, "claim status: filesystem resized");
+                        let first = told
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(key.clone(), claim.capacity_bytes)
+                            != Some(claim.capacity_bytes);
                         let now = Time(k8s_openapi::jiff::Timestamp::now());
-                        for event in resize_events(&claim, &node, now) {
+                        for event in resize_events(&claim, &node, now).into_iter().filter(|_| first) {
                             if let Err(e) = events.create(event).await {
                                 tracing::warn!(claim = %key, error = %e, "cannot write a resize event; dropped");
                             }

@@ -43,7 +43,8 @@ pub trait ClaimStatusSink: Send + Sync + std::fmt::Debug {
 pub const RESIZE_PENDING: &str = "FileSystemResizePending";
 
 /// The claims of published volumes the node has grown whose status does not say so yet: a
-/// smaller `status.capacity`, or a `FileSystemResizePending` condition. Pure.
+/// smaller `status.capacity`, or a `FileSystemResizePending` condition — once the node has
+/// grown the filesystem to the volume's capacity, never before. Pure.
 pub fn resized_claims(objects: &ObjectSet, actual: &ActualState) -> Vec<ClaimResized> {
     let mut out: BTreeMap<String, ClaimResized> = BTreeMap::new();
     for published in actual.published.values().filter(|p| !p.uncertain) {
@@ -61,6 +62,13 @@ pub fn resized_claims(objects: &ObjectSet, actual: &ActualState) -> Vec<ClaimRes
         let conditions = status.and_then(|s| s.conditions.clone()).unwrap_or_default();
         let pending = conditions.iter().any(|c| c.type_ == RESIZE_PENDING);
         if shown.is_some_and(|s| s >= size) && !pending {
+            continue;
+        }
+        // The node has its part still to do (the volume as the objects have it now is larger):
+        // the condition stays until it has grown it.
+        let current = pv.metadata.name.as_ref().and_then(|n| objects.persistent_volumes.get(n));
+        let wanted = current.and_then(|pv| pv.spec.as_ref()?.capacity.as_ref()?.get("storage").cloned());
+        if wanted.and_then(|q| kvol_api::quantity::parse_bytes(&q.0).ok()).is_some_and(|w| w > size) {
             continue;
         }
         let user = ClaimUser {
@@ -223,10 +231,17 @@ mod tests {
                 None,
             ),
             ("no size known: nothing", None, serde_json::json!({"capacity": {"storage": "16Mi"}}), None),
+            (
+                "pending, the node not grown yet (the volume is 32Mi): the condition stays",
+                Some(16 << 20),
+                serde_json::json!({"capacity": {"storage": "16Mi"}, "conditions": pending}),
+                None,
+            ),
         ];
         for (what, size, status, want) in cases {
             let mut objects = ObjectSet::default();
             objects.claims.insert("ns/c".into(), claim(status));
+            objects.persistent_volumes.insert("pv".into(), Arc::new(pv.clone()));
             let mut actual = ActualState::default();
             let key = PodVolumeKey { pod_uid: "u".into(), volume: "v".into() };
             let record = PublishedVolume {
