@@ -458,3 +458,67 @@ fn an_offline_only_drivers_volume_grows_when_no_pod_uses_it_across_a_kill_9() {
     node.remove("claims.yaml");
     node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
 }
+
+/// The upstream hostpath driver (`KVOL_UPSTREAM_HOSTPATH`, registered by the upstream
+/// `node-driver-registrar`): a claim it provisioned for the standalone control plane, edited to
+/// twice its size while its pod keeps it published, is grown by its ControllerExpandVolume
+/// and NodeExpandVolume, and the claim's status says the new size.
+#[test]
+fn the_upstream_hostpath_driver_grows_a_claim_through_the_agent() {
+    const UPSTREAM: &str = "hostpath.csi.k8s.io";
+    let Some((driver, registrar)) = support::upstream_hostpath_and_registrar() else { return };
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.agent_args = vec!["--no-components".into()];
+    node.write(
+        "driver.yaml",
+        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {UPSTREAM}}}\nspec: {{attachRequired: false}}\n"),
+    );
+    node.start();
+    let socket = node.root.join("kubelet/plugins").join(UPSTREAM).join("csi.sock");
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let mut command = std::process::Command::new(driver);
+    command
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .args(["--nodeid=node-a", &format!("--drivername={UPSTREAM}")])
+        .arg(format!("--statedir={}", node.root.join("upstream-state").display()));
+    let _driver = support::Daemon::spawn("hostpathplugin", command, &node.root.join("hostpathplugin.log"));
+    support::wait_for_path(&socket, "hostpathplugin", Duration::from_secs(30));
+    let mut command = std::process::Command::new(registrar);
+    command
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubelet-registration-path={}", socket.display()))
+        .arg(format!("--plugin-registration-path={}", node.registration_dir().display()));
+    let _registrar =
+        support::Daemon::spawn("node-driver-registrar", command, &node.root.join("registrar.log"));
+    let claim = |size: &str| loop_claim("ext4", size, true).replace(LOOP_DRIVER, UPSTREAM);
+    node.write("claims.yaml", &claim("16Mi"));
+    node.wait(Duration::from_secs(60), |r| data_mount(r).is_some()).unwrap_or_else(|last| {
+        panic!("never published through the upstream driver: {last}\n{}", node.agent_log())
+    });
+
+    let edited = Instant::now();
+    node.write("claims.yaml", &claim("32Mi"));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            r.claims.iter().any(|c| {
+                c.name == "default/data"
+                    && c.volume_bytes == Some(32 << 20)
+                    && c.capacity_bytes == Some(32 << 20)
+                    && c.conditions.is_empty()
+            })
+        })
+        .unwrap_or_else(|last| panic!("never grown: {last}\n{}", node.agent_log()));
+    eprintln!(
+        "upstream hostpath: claim edited 16Mi → 32Mi, grown by the driver and on the node in {:?}",
+        edited.elapsed()
+    );
+    let log = node.agent_log();
+    assert_eq!(expansions_in(&log), 1, "one NodeExpandVolume:\n{log}");
+    assert!(log.contains("volume expanded by its driver"), "{log}");
+    assert!(!log.contains("volume_unmount"), "never unpublished:\n{log}");
+    assert!(data_mount(&report).is_some());
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty() && r.node_volumes.is_empty())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+}
