@@ -145,15 +145,53 @@ impl Drop for LoopGuard {
     }
 }
 
+/// Whether the loop tests can run here (`/dev/loop-control` and each of `tools`); says why not.
+fn loop_tests_can_run(tools: &[&str]) -> bool {
+    let missing =
+        |t: &&str| std::process::Command::new("which").arg(t).output().map_or(true, |o| !o.status.success());
+    if !Path::new("/dev/loop-control").exists() || tools.iter().any(missing) {
+        eprintln!("skipped: needs /dev/loop-control and {}", tools.join(", "));
+        return false;
+    }
+    true
+}
+
+/// Publishes the staged `spec` (on `device`, at `staging`) into the test pod's directory for
+/// `volume`, through `plugin`; that directory.
+async fn publish_to_pod(
+    node: &Node,
+    plugin: &dyn kvol_plugin::VolumePlugin,
+    spec: &VolumeSpec,
+    volume: &str,
+    (device, staging): (&str, &Path),
+) -> std::path::PathBuf {
+    let pod = pod();
+    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), volume).unwrap();
+    let request = PublishRequest {
+        spec,
+        pod: &pod,
+        pod_volume_name: volume,
+        target: &target,
+        staging_path: Some(staging),
+        device_path: Some(device),
+        read_only: false,
+        mount_options: &[],
+        projection: None,
+    };
+    // The driver answers mount with "Not supported": kvol binds the staged filesystem itself.
+    plugin.mounter().unwrap().publish(&request).await.unwrap();
+    target
+}
+
+/// Takes `volume` out of the test pod's directory `target` again.
+async fn unpublish_from_pod(plugin: &dyn kvol_plugin::VolumePlugin, volume: &str, target: &Path) {
+    let request = UnpublishRequest { pod_uid: &pod().uid, pod_volume_name: volume, target, spec: None };
+    plugin.mounter().unwrap().unpublish(&request).await.unwrap();
+}
+
 #[tokio::test]
 async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
-    let tools = ["losetup", "mkfs.ext4", "blkid"];
-    if !Path::new("/dev/loop-control").exists()
-        || tools.iter().any(|t| {
-            std::process::Command::new("which").arg(t).output().map_or(true, |o| !o.status.success())
-        })
-    {
-        eprintln!("skipped: needs /dev/loop-control, losetup, mkfs.ext4 and blkid");
+    if !loop_tests_can_run(&["losetup", "mkfs.ext4", "blkid"]) {
         return;
     }
     let _one_at_a_time = LOOP_TESTS.lock().await;
@@ -183,27 +221,11 @@ async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
         SystemMounter.mount_points().unwrap().into_iter().find(|m| m.target == staging).expect("staged");
     assert_eq!((staged.fstype.as_str(), staged.source.as_str()), ("ext4", device.as_str()));
 
-    let pod = pod();
-    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), &volume).unwrap();
-    let request = PublishRequest {
-        spec,
-        pod: &pod,
-        pod_volume_name: &volume,
-        target: &target,
-        staging_path: Some(&staging),
-        device_path: Some(&device),
-        read_only: false,
-        mount_options: &[],
-        projection: None,
-    };
-    // The driver answers mount with "Not supported": kvol binds the staged filesystem itself.
-    plugin.mounter().unwrap().publish(&request).await.unwrap();
+    let target = publish_to_pod(&node, plugin.as_ref(), spec, &volume, (&device, &staging)).await;
     std::fs::write(target.join("kept"), b"on the loop device").unwrap();
     assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"on the loop device");
 
-    let unpublish =
-        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: &volume, target: &target, spec: None };
-    plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
+    unpublish_from_pod(plugin.as_ref(), &volume, &target).await;
     stager.unstage(&staging).await.unwrap();
     assert!(!SystemMounter.is_mount_point(&staging).unwrap());
     attacher.detach(&plugin.volume_name(spec).unwrap(), "node-a").await.unwrap();
@@ -226,13 +248,7 @@ fn fs_bytes(path: &Path) -> u64 {
 /// filesystem shows the new size with its data.
 #[tokio::test]
 async fn the_loop_driver_grows_its_device_and_kvol_grows_the_filesystem_on_the_node() {
-    let tools = ["losetup", "mkfs.xfs", "blkid", "xfs_growfs"];
-    if !Path::new("/dev/loop-control").exists()
-        || tools.iter().any(|t| {
-            std::process::Command::new("which").arg(t).output().map_or(true, |o| !o.status.success())
-        })
-    {
-        eprintln!("skipped: needs /dev/loop-control, losetup, mkfs.xfs, blkid and xfs_growfs");
+    if !loop_tests_can_run(&["losetup", "mkfs.xfs", "blkid", "xfs_growfs"]) {
         return;
     }
     let _one_at_a_time = LOOP_TESTS.lock().await;
@@ -257,20 +273,7 @@ async fn the_loop_driver_grows_its_device_and_kvol_grows_the_filesystem_on_the_n
     let stager = plugin.device_mounter().unwrap();
     let staging = stager.device_mount_path(spec).unwrap();
     stager.stage(spec, Some(&device), &staging).await.unwrap();
-    let pod = pod();
-    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), &volume).unwrap();
-    let request = PublishRequest {
-        spec,
-        pod: &pod,
-        pod_volume_name: &volume,
-        target: &target,
-        staging_path: Some(&staging),
-        device_path: Some(&device),
-        read_only: false,
-        mount_options: &[],
-        projection: None,
-    };
-    plugin.mounter().unwrap().publish(&request).await.unwrap();
+    let target = publish_to_pod(&node, plugin.as_ref(), spec, &volume, (&device, &staging)).await;
     std::fs::write(target.join("kept"), b"before the growth").unwrap();
     let before = fs_bytes(&target);
 
@@ -293,9 +296,7 @@ async fn the_loop_driver_grows_its_device_and_kvol_grows_the_filesystem_on_the_n
     assert!(after > before + (250 << 20), "{before} → {after}");
     assert_eq!(std::fs::read(target.join("kept")).unwrap(), b"before the growth");
 
-    let unpublish =
-        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: &volume, target: &target, spec: None };
-    plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
+    unpublish_from_pod(plugin.as_ref(), &volume, &target).await;
     stager.unstage(&staging).await.unwrap();
     attacher.detach(&plugin.volume_name(spec).unwrap(), "node-a").await.unwrap();
     node.prober.unwrap().shutdown().await;

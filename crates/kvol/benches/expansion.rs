@@ -16,32 +16,14 @@ use std::time::{Duration, Instant};
 
 use support::Node;
 use support::grow::{
-    LOOP_DRIVER, data_mount, fs_bytes, loop_backing_missing, loop_node, may_grow_mounted_ext4,
+    LOOP_DRIVER, claim_of, data_mount, fs_bytes, loop_backing_missing, loop_node, may_grow_mounted_ext4,
 };
 
 const MI: u64 = 1 << 20;
 
-/// A claim of `size` MiB of `class` (made by `driver`, formatted `fs`), in a pod.
+/// A claim of `size` MiB of driver `driver`'s class, formatted `fs`, in a pod.
 fn claim(driver: &str, fs: &str, size: u64) -> String {
-    format!(
-        r#"apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {{name: grows}}
-provisioner: {driver}
-allowVolumeExpansion: true
-parameters: {{csi.storage.k8s.io/fstype: {fs}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: data, namespace: default}}
-spec: {{storageClassName: grows, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {size}Mi}}}}}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: app, namespace: default}}
-spec: {{containers: [{{name: c, image: busybox}}], volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]}}
-"#
-    )
+    claim_of(driver, fs, &format!("{size}Mi"), true)
 }
 
 fn node_expansions(node: &Node) -> usize {

@@ -13,8 +13,8 @@ use kvol_csi::proto::csi::{
 };
 use kvol_node::report::status::Phase;
 use support::grow::{
-    LOOP_DRIVER, data_mount, fill_near_full, fs_bytes, loop_backing_missing, loop_claim, loop_node,
-    may_grow_mounted_ext4,
+    LOOP_DRIVER, claim_of, data_mount, fill_near_full, fs_bytes, loop_backing_missing, loop_claim, loop_node,
+    may_grow_mounted_ext4, node_for,
 };
 use support::{Node, enter_private_mount_namespace};
 
@@ -144,37 +144,8 @@ fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() 
         return;
     }
     enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.agent_args = vec!["--no-components".into()];
-    node.write(
-        "driver.yaml",
-        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {LOOP_DRIVER}}}\nspec: {{attachRequired: false}}\n"),
-    );
-    node.start();
+    let (node, _driver) = loop_node(&[]);
     let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
-    let _driver = support::Daemon::spawn(
-        "the loop-backed driver",
-        {
-            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"));
-            c.args([
-                "csi-driver",
-                "--name",
-                LOOP_DRIVER,
-                "--node-name",
-                "node-a",
-                "--volume-backing",
-                "loop",
-            ])
-            .arg("--state-dir")
-            .arg(node.root.join("loop-driver"))
-            .arg("--csi-socket")
-            .arg(&socket)
-            .arg("--registration-dir")
-            .arg(node.registration_dir());
-            c
-        },
-        &node.root.join("loop-driver.log"),
-    );
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut driver = runtime.block_on(controller(&socket));
     let capability = VolumeCapability {
@@ -468,13 +439,7 @@ fn the_upstream_hostpath_driver_grows_a_claim_through_the_agent() {
     const UPSTREAM: &str = "hostpath.csi.k8s.io";
     let Some((driver, registrar)) = support::upstream_hostpath_and_registrar() else { return };
     enter_private_mount_namespace();
-    let mut node = Node::new();
-    node.agent_args = vec!["--no-components".into()];
-    node.write(
-        "driver.yaml",
-        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {UPSTREAM}}}\nspec: {{attachRequired: false}}\n"),
-    );
-    node.start();
+    let node = node_for(UPSTREAM);
     let socket = node.root.join("kubelet/plugins").join(UPSTREAM).join("csi.sock");
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     let mut command = std::process::Command::new(driver);
@@ -491,7 +456,7 @@ fn the_upstream_hostpath_driver_grows_a_claim_through_the_agent() {
         .arg(format!("--plugin-registration-path={}", node.registration_dir().display()));
     let _registrar =
         support::Daemon::spawn("node-driver-registrar", command, &node.root.join("registrar.log"));
-    let claim = |size: &str| loop_claim("ext4", size, true).replace(LOOP_DRIVER, UPSTREAM);
+    let claim = |size: &str| claim_of(UPSTREAM, "ext4", size, true);
     node.write("claims.yaml", &claim("16Mi"));
     node.wait(Duration::from_secs(60), |r| data_mount(r).is_some()).unwrap_or_else(|last| {
         panic!("never published through the upstream driver: {last}\n{}", node.agent_log())

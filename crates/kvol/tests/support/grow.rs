@@ -38,13 +38,7 @@ pub const LOOP_DRIVER: &str = "grow.csi.kvol.test";
 /// volumes as `LOOP_DRIVER` (with `extra` arguments), the standalone control plane
 /// provisioning and growing its claims.
 pub fn loop_node(extra: &[&str]) -> (Node, Daemon) {
-    let mut node = Node::new();
-    node.agent_args = vec!["--no-components".into()];
-    node.write(
-        "driver.yaml",
-        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {LOOP_DRIVER}}}\nspec: {{attachRequired: false}}\n"),
-    );
-    node.start();
+    let node = node_for(LOOP_DRIVER);
     let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"));
     command
@@ -60,14 +54,32 @@ pub fn loop_node(extra: &[&str]) -> (Node, Daemon) {
     (node, driver)
 }
 
+/// A started agent without components whose manifests say CSI driver `driver` attaches
+/// nothing; the driver itself is the caller's to start.
+pub fn node_for(driver: &str) -> Node {
+    let mut node = Node::new();
+    node.agent_args = vec!["--no-components".into()];
+    node.write(
+        "driver.yaml",
+        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false}}\n"),
+    );
+    node.start();
+    node
+}
+
 /// A class of `LOOP_DRIVER` that allows expansion, a claim of `size` formatted `fs`, and (with
 /// `pod`) a pod using it.
 pub fn loop_claim(fs: &str, size: &str, pod: bool) -> String {
+    claim_of(LOOP_DRIVER, fs, size, pod)
+}
+
+/// As [`loop_claim`], for the class of CSI driver `driver`.
+pub fn claim_of(driver: &str, fs: &str, size: &str, pod: bool) -> String {
     let mut text = format!(
         r#"apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {{name: grows}}
-provisioner: {LOOP_DRIVER}
+provisioner: {driver}
 allowVolumeExpansion: true
 parameters: {{csi.storage.k8s.io/fstype: {fs}}}
 ---
