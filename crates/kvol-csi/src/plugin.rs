@@ -221,6 +221,16 @@ impl CsiPlugin {
         paths::stage_path(&self.host.paths, &self.driver, volume_handle)
     }
 
+    /// Where NodePublishVolume put the volume kvol published at `target`: a raw block volume's
+    /// publish file (`…/volumeDevices/publish/<spec>/<pod uid>`) for a pod device path, else
+    /// `<pod volume directory>/mount`.
+    fn published_path(&self, spec: &VolumeSpec, target: &Path) -> PathBuf {
+        match kvol_plugin::block::PodDevice::parse(target) {
+            Some(device) => paths::block_publish_dir(&self.host.paths, spec.name()).join(device.pod_uid),
+            None => paths::publish_path(target),
+        }
+    }
+
     /// Where a spec is staged: the block stage path for a Block spec, else the filesystem one.
     fn stage_path_of(&self, spec: &VolumeSpec, volume_handle: &str) -> PathBuf {
         if spec.is_block() {
@@ -1226,7 +1236,9 @@ impl VolumeMounter for CsiPlugin {
 
 #[async_trait]
 impl NodeExpander for CsiPlugin {
-    /// `NodeExpandVolume` of the volume published at `mount_path` to `new_size` bytes.
+    /// `NodeExpandVolume` of the volume published at `mount_path` to `new_size` bytes: on a
+    /// filesystem volume's `mount` directory there, or a raw block volume's publish file (the
+    /// driver may need to see the grown device; there is no filesystem to grow).
     async fn expand_on_node(
         &self,
         spec: &VolumeSpec,
@@ -1245,11 +1257,12 @@ impl NodeExpander for CsiPlugin {
         let required_bytes = i64::try_from(new_size).map_err(|_| {
             PluginError::invalid(spec, format!("the requested size {new_size} is too large for csi"))
         })?;
-        let staging = self.capabilities.node.stage_unstage.then(|| self.stage_path(&csi.volume_handle));
+        let staging =
+            self.capabilities.node.stage_unstage.then(|| self.stage_path_of(spec, &csi.volume_handle));
+        let published = self.published_path(spec, mount_path);
         let request = NodeExpandVolumeRequest {
             volume_id: csi.volume_handle.clone(),
-            // Where publish mounted it: `<pod volume directory>/mount`.
-            volume_path: path_field(&paths::publish_path(mount_path))?,
+            volume_path: path_field(&published)?,
             capacity_range: Some(CapacityRange { required_bytes, limit_bytes: 0 }),
             staging_target_path: staging.as_deref().map(path_field).transpose()?.unwrap_or_default(),
             volume_capability: Some(self.pv_capability(pv, csi, &[], None)),
@@ -1281,10 +1294,7 @@ impl StatsReader for CsiPlugin {
             }
             Source::Ephemeral { .. } => (ephemeral_volume_handle(req.pod_uid, spec.name()), None),
         };
-        let volume_path = match kvol_plugin::block::PodDevice::parse(req.target) {
-            Some(_) => paths::block_publish_dir(&self.host.paths, spec.name()).join(req.pod_uid),
-            None => paths::publish_path(req.target),
-        };
+        let volume_path = self.published_path(spec, req.target);
         let response = self.client.node_get_volume_stats(&handle, &volume_path, staging.as_deref()).await?;
         let condition = self.capabilities.node.volume_condition.then_some(response.volume_condition);
         Ok(stats_from_usage(&response.usage, condition.flatten().map(|c| c.abnormal)))

@@ -487,3 +487,77 @@ fn the_upstream_hostpath_driver_grows_a_claim_through_the_agent() {
     node.wait(Duration::from_secs(60), |r| r.volumes.is_empty() && r.node_volumes.is_empty())
         .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
 }
+
+/// A raw block volume whose PersistentVolume grew: the node tells the driver
+/// (`NodeExpandVolume` on the block publish file, no filesystem to grow) without unmapping it,
+/// as kubelet does, and once.
+#[test]
+fn a_grown_block_volume_is_told_to_its_driver_while_it_stays_mapped() {
+    if !Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: the bundled driver's block volumes are loop devices; no /dev/loop-control here");
+        return;
+    }
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.start();
+    let socket = node.root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut driver = runtime.block_on(controller(&socket));
+    use kvol_csi::proto::csi::volume_capability::BlockVolume;
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume::default())),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let handle = runtime
+        .block_on(driver.create_volume(CreateVolumeRequest {
+            name: "grow-block".into(),
+            capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
+            volume_capabilities: vec![capability],
+            ..CreateVolumeRequest::default()
+        }))
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let block = |size: &str| {
+        storage(&handle, size)
+            .replace(
+                "accessModes: [ReadWriteOnce]\n  csi:",
+                "accessModes: [ReadWriteOnce]\n  volumeMode: Block\n  csi:",
+            )
+            .replace("spec: {volumeName: pv-grow,", "spec: {volumeName: pv-grow, volumeMode: Block,")
+    };
+    node.write("storage.yaml", &block("16Mi"));
+    node.write(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: db, namespace: default}\n\
+         spec: {containers: [{name: c, image: busybox, volumeDevices: [{name: data, devicePath: /dev/xvda}]}], \
+         volumes: [{name: data, persistentVolumeClaim: {claimName: grow}}]}\n",
+    );
+    let published = |r: &kvol_node::report::status::StatusReport| {
+        r.volumes.iter().any(|v| v.volume == "data" && v.phase == Phase::Published)
+    };
+    node.wait(Duration::from_secs(30), published)
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    runtime
+        .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: handle.clone(),
+            capacity_range: Some(CapacityRange { required_bytes: 32 << 20, limit_bytes: 0 }),
+            ..ControllerExpandVolumeRequest::default()
+        }))
+        .unwrap();
+    let changed = Instant::now();
+    node.write("storage.yaml", &block("32Mi"));
+    while expansions_in(&node.agent_log()) == 0 {
+        assert!(changed.elapsed() < Duration::from_secs(30), "never told:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("block PV grown → NodeExpandVolume on the publish file in {:?}", changed.elapsed());
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = node.agent_log();
+    assert_eq!(expansions_in(&log), 1, "once:\n{log}");
+    assert!(!log.contains("volume_unmount") && !log.contains("unmap"), "never unmapped:\n{log}");
+    node.remove("pod.yaml");
+    node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
+}

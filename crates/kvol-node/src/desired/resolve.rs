@@ -66,17 +66,14 @@ fn resolve_one(
     })
 }
 
-/// Whether the node grows `spec`'s filesystem when its volume grows, as kubelet decides it: a
-/// persistent filesystem volume, not mounted read-only (kubelet skips those: "requested
-/// read-only file system"), of a plugin that expands on the node and, when it also expands on
-/// the controller, says the node must follow (a Flexvolume driver's `requiresFSResize`).
+/// Whether the node takes its step when `spec`'s volume grows, as kubelet decides it: a
+/// persistent volume, not mounted read-only (kubelet skips those: "requested read-only file
+/// system"), of a plugin that expands on the node and, when it also expands on the controller,
+/// says the node must follow (a Flexvolume driver's `requiresFSResize`). A raw block volume is
+/// told too (CSI `NodeExpandVolume` on its publish file), with no filesystem to grow.
 fn grows_on_the_node(plugin: &dyn kvol_plugin::VolumePlugin, spec: &kvol_plugin::VolumeSpec) -> bool {
     let required = plugin.controller_expander().is_none_or(|c| c.requires_node_expansion());
-    plugin.node_expander().is_some()
-        && required
-        && spec.is_persistent()
-        && !spec.is_block()
-        && !spec.read_only
+    plugin.node_expander().is_some() && required && spec.is_persistent() && !spec.read_only
 }
 
 /// Whether `plugin` attaches or stages `spec` (its unique name is then node-wide); `None` when
