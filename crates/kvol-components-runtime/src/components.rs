@@ -504,7 +504,9 @@ mod tests {
                 "--csi-socket",
                 "/var/lib/kubelet/plugins/hostpath.csi.kvol.io/csi.sock",
                 "--registration-dir",
-                "/var/lib/kubelet/plugins_registry"
+                "/var/lib/kubelet/plugins_registry",
+                "--volume-backing",
+                "auto"
             ]
         );
         assert_eq!(

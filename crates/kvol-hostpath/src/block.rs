@@ -78,6 +78,34 @@ pub fn attach(file: &Path) -> Result<PathBuf, Status> {
     Ok(PathBuf::from(device))
 }
 
+/// Has the kernel detach `device`, which a mount holds, once nothing holds it any more: a
+/// `losetup -d` of a device in use only sets its autoclear flag (the kernel's lazy detach,
+/// since Linux 3.7). So unmounting its filesystem detaches it — also when the mount goes
+/// without an unmount, with a mount namespace that dies or a driver killed before it could
+/// unstage. Never for a device nothing holds: that one it would detach at once.
+pub fn detach_when_unused(device: &Path) -> Result<(), Status> {
+    losetup(&["-d", text(device)?])?;
+    match autoclear(device) {
+        Some(true) => Ok(()),
+        Some(false) => Err(Status::internal(format!(
+            "losetup -d {} left the device without its autoclear flag",
+            device.display()
+        ))),
+        None => Err(Status::internal(format!(
+            "losetup -d {} detached the device at once: nothing held it",
+            device.display()
+        ))),
+    }
+}
+
+/// Whether loop `device` is set to detach when its last user closes it
+/// (`/sys/block/loopN/loop/autoclear`); `None` when it is not attached.
+pub fn autoclear(device: &Path) -> Option<bool> {
+    let name = device.file_name()?.to_str()?;
+    let said = std::fs::read_to_string(format!("/sys/block/{name}/loop/autoclear")).ok()?;
+    Some(said.trim() == "1")
+}
+
 /// Detaches every loop device holding `file`; none is success.
 pub fn detach(file: &Path) -> Result<(), Status> {
     if !file.exists() {

@@ -13,11 +13,13 @@
 //! <state>/static/<hash>         a volume taken on at its first stage (`static_volumes`)
 //! ```
 //!
-//! With the directory backing (the default), capacity is recorded, never enforced: there are
-//! no quotas, and volume statistics are those of the filesystem holding the state directory.
-//! With the loop backing ([`loopfs`]) a filesystem volume is an ext4 or xfs image on a loop
-//! device and holds its size and no more.
+//! With the directory backing, capacity is recorded, never enforced: there are no quotas, and
+//! volume statistics are those of the filesystem holding the state directory. With the loop
+//! backing ([`loopfs`]) a filesystem volume is an ext4 or xfs image on a loop device and holds
+//! its size and no more. `auto` (what `kvol csi-driver` runs by default) is decided once, at
+//! start, by [`backing`]: loop where loop devices can be made, else directories, said why.
 
+pub mod backing;
 pub mod block;
 pub mod capacity;
 pub mod controller;
@@ -87,15 +89,20 @@ pub struct HostpathConfig {
     /// of an unknown volume id takes it on as an empty filesystem volume, recorded like any
     /// other from then on. Off by default, when an unknown id is NotFound as the CSI spec asks.
     pub static_volumes: bool,
-    /// What backs a new filesystem volume (`--volume-backing`): a directory (the default;
-    /// sizes are recorded, not enforced) or a filesystem image on a loop device
-    /// ([`loopfs`]), which holds its size and no more.
+    /// What backs a new filesystem volume (`--volume-backing`): a directory (this type's
+    /// default; sizes are recorded, not enforced), a filesystem image on a loop device
+    /// ([`loopfs`]), which holds its size and no more, or `Auto`, which [`HostpathDriver::bind`]
+    /// turns into one of the two ([`backing::resolve`]). A volume keeps the backing it was
+    /// made with, whatever this says later.
     pub volume_backing: VolumeBacking,
 }
 
 /// What backs a new filesystem volume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum VolumeBacking {
+    /// Loop where loop devices can be made here, else directories: decided once, at start
+    /// ([`backing::resolve`]); a running driver never has this backing.
+    Auto,
     /// A directory under the state directory.
     #[default]
     Directory,
@@ -105,19 +112,21 @@ pub enum VolumeBacking {
 
 impl VolumeBacking {
     /// The names `--volume-backing` takes.
-    pub const NAMES: [&str; 2] = ["directory", "loop"];
+    pub const NAMES: [&str; 3] = ["auto", "directory", "loop"];
 
-    /// The backing named `name` (`directory` or `loop`).
+    /// The backing named `name` (`auto`, `directory` or `loop`).
     pub fn parse(name: &str) -> Result<VolumeBacking, String> {
         match name {
+            "auto" => Ok(VolumeBacking::Auto),
             "directory" => Ok(VolumeBacking::Directory),
             "loop" => Ok(VolumeBacking::Loop),
-            other => Err(format!("volume backing {other:?} is not one of directory, loop")),
+            other => Err(format!("volume backing {other:?} is not one of auto, directory, loop")),
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
+            VolumeBacking::Auto => "auto",
             VolumeBacking::Directory => "directory",
             VolumeBacking::Loop => "loop",
         }
@@ -245,7 +254,7 @@ mod tests {
         }
         assert_eq!(VolumeBacking::default(), VolumeBacking::Directory);
         let err = VolumeBacking::parse("Loop").unwrap_err();
-        assert_eq!(err, "volume backing \"Loop\" is not one of directory, loop");
+        assert_eq!(err, "volume backing \"Loop\" is not one of auto, directory, loop");
     }
 
     #[test]
