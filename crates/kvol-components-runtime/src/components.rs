@@ -504,9 +504,7 @@ mod tests {
                 "--csi-socket",
                 "/var/lib/kubelet/plugins/hostpath.csi.kvol.io/csi.sock",
                 "--registration-dir",
-                "/var/lib/kubelet/plugins_registry",
-                "--volume-backing",
-                "auto"
+                "/var/lib/kubelet/plugins_registry"
             ]
         );
         assert_eq!(

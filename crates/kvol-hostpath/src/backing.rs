@@ -1,12 +1,15 @@
 //! Which backing a driver runs with: `auto` becomes loop where loop devices can be made here and directories elsewhere, decided once at start from a cheap probe, the reason kept to be said.
 //!
 //! [`probe`] is the only I/O: it opens `/dev/loop-control` read-write, asks `losetup -f` for a
-//! free loop device and opens that node read-write, and looks for `mkfs.ext4` in `PATH`. It
-//! attaches, formats and mounts nothing, so it leaves nothing behind (`losetup -f`, like the
-//! kernel's `LOOP_CTL_GET_FREE` under it, may make an unbound device node when none is free,
-//! as any later attach would). [`decide`] turns what it found, and what was asked for, into a
-//! [`BackingChoice`]: the backing and why, which the driver logs at start and reports in its
-//! `GetPluginInfo` manifest under [`MANIFEST_KEY`], where `kvol status` shows it.
+//! free loop device and opens that node read-write, looks for `mkfs.ext4` in `PATH`, and reads
+//! whether this process may grow a mounted ext4 filesystem (`CAP_SYS_RESOURCE`). It attaches,
+//! formats and mounts nothing, so it leaves nothing behind (`losetup -f`, like the kernel's
+//! `LOOP_CTL_GET_FREE` under it, may make an unbound device node when none is free, as any
+//! later attach would). [`decide`] turns what it found, and what was asked for, into a
+//! [`BackingChoice`]: the backing and why, which the driver says at start and in its
+//! `GetPluginInfo` manifest under [`MANIFEST_KEY`], where `kvol status` shows it. Without
+//! `CAP_SYS_RESOURCE` loop is still chosen, saying that ext4 volumes then grow only when
+//! staged again (xfs ones grow online all the same).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,6 +32,9 @@ pub struct LoopFacts {
     pub free_device: Result<PathBuf, String>,
     /// Where `mkfs.ext4` is in `PATH`.
     pub mkfs_ext4: Result<PathBuf, String>,
+    /// Whether a mounted ext4 filesystem can be grown (the kernel asks for `CAP_SYS_RESOURCE`);
+    /// it does not decide the backing, only what the reason says.
+    pub ext4_online_growth: Result<(), String>,
 }
 
 impl LoopFacts {
@@ -69,7 +75,14 @@ impl BackingChoice {
 /// directory asked for needs no probe). Pure. `auto` is loop only when every fact is good; a
 /// loop asked for stays loop, its reason saying what the probe found wrong.
 pub fn decide(requested: VolumeBacking, facts: Option<&LoopFacts>) -> BackingChoice {
-    let choice = |backing, reason: String| BackingChoice { backing, reason };
+    let growth = facts.and_then(|f| f.ext4_online_growth.clone().err());
+    let choice = |backing, reason: String| match (&growth, backing) {
+        (Some(why), VolumeBacking::Loop) => BackingChoice {
+            backing,
+            reason: format!("{reason}; {why}: ext4 volumes grow when staged again, xfs ones online"),
+        },
+        _ => BackingChoice { backing, reason },
+    };
     let problems = facts.map(LoopFacts::problems);
     match (requested, facts, problems) {
         (VolumeBacking::Directory, _, _) => choice(VolumeBacking::Directory, "asked for".into()),
@@ -117,7 +130,24 @@ pub fn probe() -> LoopFacts {
         loop_control: open_read_write(Path::new(LOOP_CONTROL)),
         free_device: free_loop_device(),
         mkfs_ext4: find_program("mkfs.ext4"),
+        ext4_online_growth: match std::fs::read_to_string("/proc/self/status") {
+            Ok(status) if has_capability(&status, CAP_SYS_RESOURCE) => Ok(()),
+            Ok(_) => Err("mounted ext4 filesystems cannot grow here (no CAP_SYS_RESOURCE)".to_string()),
+            Err(e) => Err(format!("/proc/self/status: {}", describe_io(&e))),
+        },
     }
+}
+
+/// The capability the kernel asks of whoever grows a mounted ext4 filesystem.
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether the effective set in a `/proc/<pid>/status` text holds capability `bit`. Pure.
+fn has_capability(status: &str, bit: u32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << bit) != 0)
 }
 
 /// Opens `path` read-write and closes it again; why not, naming the path.
@@ -179,6 +209,7 @@ mod tests {
             loop_control: control.map_or(Ok(()), |e| Err(e.to_string())),
             free_device: free.map_or(Ok(PathBuf::from("/dev/loop3")), |e| Err(e.to_string())),
             mkfs_ext4: mkfs.map_or(Ok(PathBuf::from("/usr/sbin/mkfs.ext4")), |e| Err(e.to_string())),
+            ext4_online_growth: Ok(()),
         }
     }
 
@@ -193,6 +224,12 @@ mod tests {
         );
         let no_mkfs = facts(None, None, Some("mkfs.ext4 is not installed (not found in PATH)"));
         let no_node = facts(None, Some("/dev/loop9: no such file or directory"), None);
+        let no_growth = LoopFacts {
+            ext4_online_growth: Err("mounted ext4 filesystems cannot grow here (no CAP_SYS_RESOURCE)".into()),
+            ..good.clone()
+        };
+        let nothing_but_growth =
+            LoopFacts { ext4_online_growth: no_growth.ext4_online_growth.clone(), ..denied.clone() };
         let cases: &[(VolumeBacking, Option<&LoopFacts>, VolumeBacking, &str)] = &[
             (
                 Auto,
@@ -230,6 +267,36 @@ mod tests {
                 "directory (chosen automatically, though nothing was probed); volumes' sizes are not \
                  enforced",
             ),
+            (
+                Auto,
+                Some(&no_growth),
+                Loop,
+                "loop (chosen automatically: loop devices can be made here (/dev/loop-control and \
+                 /dev/loop3 open, mkfs.ext4 is /usr/sbin/mkfs.ext4); mounted ext4 filesystems cannot grow \
+                 here (no CAP_SYS_RESOURCE): ext4 volumes grow when staged again, xfs ones online); a \
+                 volume holds its size and no more",
+            ),
+            (
+                Auto,
+                Some(&nothing_but_growth),
+                Directory,
+                "directory (loop devices cannot be made here: /dev/loop-control: permission denied; \
+                 losetup -f: exit status: 1 (losetup: cannot find an unused loop device)); volumes' \
+                 sizes are not enforced",
+            ),
+            (
+                Loop,
+                Some(&no_growth),
+                Loop,
+                "loop (asked for; mounted ext4 filesystems cannot grow here (no CAP_SYS_RESOURCE): ext4 \
+                 volumes grow when staged again, xfs ones online); a volume holds its size and no more",
+            ),
+            (
+                Directory,
+                Some(&no_growth),
+                Directory,
+                "directory (asked for); volumes' sizes are not enforced",
+            ),
             (Directory, None, Directory, "directory (asked for); volumes' sizes are not enforced"),
             (Directory, Some(&good), Directory, "directory (asked for); volumes' sizes are not enforced"),
             (Loop, Some(&good), Loop, "loop (asked for); a volume holds its size and no more"),
@@ -248,6 +315,21 @@ mod tests {
             assert_eq!(got.describe(), *described, "{requested:?} with {found:?}");
             assert_eq!(got.line(), format!("volume backing: {described}"));
         }
+    }
+
+    #[test]
+    fn capabilities_are_read_from_the_effective_set() {
+        let status = |eff: &str| format!("Name:\tkvol\nCapInh:\t0000000000000000\nCapEff:\t{eff}\n");
+        let cases = [
+            ("000001ffffffffff", true),
+            ("000001fffeffffff", false),
+            ("0000000001000000", true),
+            ("garbage", false),
+        ];
+        for (eff, want) in cases {
+            assert_eq!(has_capability(&status(eff), CAP_SYS_RESOURCE), want, "{eff}");
+        }
+        assert!(!has_capability("Name:\tkvol\n", CAP_SYS_RESOURCE), "no CapEff line");
     }
 
     #[test]

@@ -66,8 +66,9 @@ pub struct CsiDriverArgs {
     /// no more), `directory` (sizes are recorded, not enforced), or `auto`: loop where loop
     /// devices can be made here (/dev/loop-control opens, losetup finds a free device,
     /// mkfs.ext4 is installed), else directory; the choice and why are said at start. A
-    /// volume keeps the backing it was made with.
-    #[arg(long, default_value = "auto", value_parser = parse_volume_backing)]
+    /// volume keeps the backing it was made with. The agent's bundled driver takes it from
+    /// the agent's environment (KVOL_VOLUME_BACKING).
+    #[arg(long, env = "KVOL_VOLUME_BACKING", default_value = "auto", value_parser = parse_volume_backing)]
     pub volume_backing: VolumeBacking,
 }
 
