@@ -106,16 +106,57 @@ pub fn autoclear(device: &Path) -> Option<bool> {
     Some(said.trim() == "1")
 }
 
-/// Detaches every loop device holding `file`; none is success.
+/// Detaches every loop device holding `file`, and waits (at most [`DETACH_WAIT`]) until none
+/// does; none is success. The kernel detaches a device only at its last close: one that
+/// something else has open for a moment — udev's blkid after an unmount, a `losetup` of
+/// another volume looking through the devices — is only marked by `losetup -d`, or is still
+/// going after an unmount that left it autoclear; so a device is taken for gone only once the
+/// kernel says it no longer holds the file (`/sys/block/loopN/loop/backing_file`, read without
+/// opening the device, which would hold it longer).
 pub fn detach(file: &Path) -> Result<(), Status> {
     if !file.exists() {
         return Ok(());
     }
-    for device in devices_of(file)? {
-        losetup(&["-d", text(&device)?])?;
+    let devices = devices_of(file)?;
+    let resolved = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    for device in &devices {
+        // Gone meanwhile (an autoclear finishing) is what was asked for.
+        if let Err(e) = losetup(&["-d", text(device)?])
+            && holds(device, &resolved)
+        {
+            return Err(e);
+        }
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let holding: Vec<&PathBuf> = devices.iter().filter(|d| holds(d, &resolved)).collect();
+        if holding.is_empty() {
+            break;
+        }
+        if started.elapsed() > DETACH_WAIT {
+            let shown: Vec<String> = holding.iter().map(|d| d.display().to_string()).collect();
+            return Err(Status::unavailable(format!(
+                "{} still holds {} {DETACH_WAIT:?} after losetup -d: something else has it open",
+                shown.join(", "),
+                file.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for device in &devices {
         tracing::info!(file = %file.display(), device = %device.display(), "detached loop device");
     }
     Ok(())
+}
+
+/// How long [`detach`] waits for the kernel to let go of a file another opener held.
+const DETACH_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether loop `device` is attached to `file` (a resolved path), as sysfs says.
+fn holds(device: &Path, file: &Path) -> bool {
+    let Some(name) = device.file_name().and_then(|n| n.to_str()) else { return false };
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .is_ok_and(|said| Path::new(said.trim_end().trim_end_matches(" (deleted)")) == file)
 }
 
 #[cfg(test)]
