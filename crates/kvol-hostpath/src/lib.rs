@@ -1,4 +1,4 @@
-//! The bundled hostpath CSI driver (`hostpath.csi.kvol.io`): volumes and snapshots are directories under a state directory, served over CSI and registered with the kubelet.
+//! The bundled hostpath CSI driver (`hostpath.csi.kvol.io`): volumes are filesystem images on loop devices or directories under a state directory, snapshots copies, served over CSI and registered with the kubelet.
 //!
 //! One process serves the three CSI services on the CSI socket and, unless told not to, the
 //! kubelet plugin-registration service on `<registration dir>/<driver>-reg.sock` (what
@@ -6,9 +6,9 @@
 //!
 //! ```text
 //! <state>/state.json            volumes, snapshots, and where each volume is staged and published
-//! <state>/volumes/<volume id>   a persistent volume's data (volume id = vol-<sha256(name)[..32]>)
-//! <state>/volumes/<id>.img      a loop-backed volume's filesystem image (`--volume-backing loop`)
-//! <state>/snapshots/<snap id>   a snapshot: a copy of its source volume's directory
+//! <state>/volumes/<volume id>   a directory-backed volume's data (volume id = vol-<sha256(name)[..32]>)
+//! <state>/volumes/<id>.img      a loop-backed volume's filesystem image
+//! <state>/snapshots/<snap id>   a snapshot: a copy of its source volume's directory (or image)
 //! <state>/ephemeral/<hash>      a CSI ephemeral inline volume, from publish to unpublish
 //! <state>/static/<hash>         a volume taken on at its first stage (`static_volumes`)
 //! ```
