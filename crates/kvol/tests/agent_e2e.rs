@@ -360,10 +360,6 @@ impl Node {
             .collect()
     }
 
-    fn driver_calls_running(&self) -> bool {
-        !self.driver_call_pids().is_empty()
-    }
-
     /// Waits until none of `pids` runs any more (the new agent killed them).
     fn wait_gone(&self, pids: &[u32], step: &str) {
         let start = Instant::now();
@@ -378,9 +374,22 @@ impl Node {
 
     /// Waits until the blocked driver call is running (the status says the operation started
     /// a moment before the driver process exists).
+    /// Waits until the driver call of `step` runs: its own command (a short call of another
+    /// command, such as the prober's `init`, is not the one held up, and a kill while only it
+    /// ran would leave no call for the next agent to stop).
     fn wait_until_driver_call_runs(&self, step: &str) {
+        let command = match step {
+            "stage" => "mountdevice",
+            "publish" => "mount",
+            "teardown" => "unmount",
+            other => other,
+        };
+        let runs_command = |pid: &u32| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).skip(1).any(|arg| arg == command.as_bytes())
+        };
         let start = Instant::now();
-        while !self.driver_calls_running() {
+        while !self.driver_call_pids().iter().any(runs_command) {
             assert!(start.elapsed() < Duration::from_secs(20), "{step}: the driver call never started");
             std::thread::sleep(Duration::from_millis(10));
         }
