@@ -1,4 +1,4 @@
-//! Feature gates for CSI migration: parsing, defaults, locks and consistency checks.
+//! Feature gates for CSI migration and volume expansion: parsing, defaults, locks and consistency checks.
 //!
 //! Gate names and defaults follow upstream Kubernetes today: the cloud plugins' migration
 //! gates and `CSIMigrationPortworx` are GA and locked on, `CSIMigrationRBD` and every
@@ -21,6 +21,9 @@ pub enum Gate {
     Migration(MigratablePlugin),
     /// `InTreePlugin<X>Unregister`: in-tree code of one plugin off.
     Unregister(MigratablePlugin),
+    /// `RecoverVolumeExpansionFailure`: claims carry the resize status and allocated size
+    /// (kubelet v1.26: alpha, off).
+    RecoverVolumeExpansionFailure,
 }
 
 /// Maturity of a gate, as upstream reports it.
@@ -60,6 +63,7 @@ impl Gate {
             .into_iter()
             .chain(MigratablePlugin::ALL.into_iter().map(Gate::Migration))
             .chain(MigratablePlugin::ALL.into_iter().map(Gate::Unregister))
+            .chain([Gate::RecoverVolumeExpansionFailure])
     }
 
     /// The gate's name as written on a command line.
@@ -69,6 +73,7 @@ impl Gate {
             Gate::CsiMigrationInTreeOff => "CSIMigrationInTreeOff".to_string(),
             Gate::Migration(p) => format!("CSIMigration{}", p.gate_suffix()),
             Gate::Unregister(p) => format!("InTreePlugin{}Unregister", p.gate_suffix()),
+            Gate::RecoverVolumeExpansionFailure => "RecoverVolumeExpansionFailure".to_string(),
         }
     }
 
@@ -89,7 +94,7 @@ impl Gate {
             Gate::Migration(Rbd) | Gate::Unregister(Rbd) => {
                 GateSpec { default: false, locked: false, stage: Stage::Deprecated }
             }
-            Gate::Unregister(_) => alpha_off,
+            Gate::Unregister(_) | Gate::RecoverVolumeExpansionFailure => alpha_off,
         }
     }
 }
@@ -320,7 +325,7 @@ mod tests {
         let names: Vec<String> = Gate::all().map(Gate::name).collect();
         let unique: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(names.len(), unique.len());
-        assert_eq!(names.len(), 18);
+        assert_eq!(names.len(), 19);
         for g in Gate::all() {
             assert_eq!(Gate::from_name(&g.name()), Some(g));
         }

@@ -126,9 +126,35 @@ pub fn parse_bytes(text: &str) -> Result<u64, QuantityError> {
     u64::try_from(bytes).map_err(|_| QuantityError::TooLarge)
 }
 
+/// `bytes` as a quantity a person reads: the largest binary suffix that divides it exactly
+/// (`32Mi`, `1536Mi`), else plain bytes; it parses back to the same number.
+pub fn format_bytes(bytes: u64) -> String {
+    const SUFFIXES: [(&str, u32); 5] = [("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
+    SUFFIXES
+        .iter()
+        .find(|(_, shift)| bytes != 0 && bytes.trailing_zeros() >= *shift)
+        .map_or_else(|| bytes.to_string(), |(suffix, shift)| format!("{}{suffix}", bytes >> shift))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_are_shown_with_the_largest_exact_suffix() {
+        let cases = [
+            (0, "0"),
+            (1000, "1000"),
+            (1024, "1Ki"),
+            (33_554_432, "32Mi"),
+            (1536 << 20, "1536Mi"),
+            (2 << 30, "2Gi"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(format_bytes(bytes), want);
+            assert_eq!(parse_bytes(want), Ok(bytes));
+        }
+    }
 
     #[test]
     fn quantities_parse_to_bytes() {

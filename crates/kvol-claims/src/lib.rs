@@ -14,6 +14,7 @@
 //! nothing here imports `kvol-node`. Cluster mode does not start it: there the cluster's own
 //! controllers do these jobs.
 
+pub mod claim_status;
 pub mod provision;
 pub mod resize;
 pub mod snapshots;

@@ -74,6 +74,35 @@ pub fn claims_to_expand(
     (requests, problems)
 }
 
+/// The requests to carry out now, and why the others wait: a volume whose driver grows
+/// volumes offline only (`offline_only`, as its `GetPluginCapabilities` says) is not grown
+/// while the node uses it (`in_use`: unique volume names, which end in `<driver>^<handle>`),
+/// as the external-resizer refuses an in-use volume of such a driver. Pure.
+pub fn offline_waits(
+    requests: Vec<ExpandRequest>,
+    offline_only: &[&str],
+    in_use: &[&str],
+) -> (Vec<ExpandRequest>, Vec<String>) {
+    let mut waiting = Vec::new();
+    let now = requests
+        .into_iter()
+        .filter(|r| {
+            let unique = format!("{}^{}", r.driver, r.volume_handle);
+            let wait =
+                offline_only.contains(&r.driver.as_str()) && in_use.iter().any(|u| u.ends_with(&unique));
+            if wait {
+                waiting.push(format!(
+                    "persistentvolumeclaim {} waits to grow to {} bytes: csi driver {} grows volumes offline \
+                     only, and volume {} is in use on this node (stop its pods)",
+                    r.claim_key, r.to, r.driver, r.pv_name
+                ));
+            }
+            !wait
+        })
+        .collect();
+    (now, waiting)
+}
+
 /// A PersistentVolume's capacity in bytes.
 pub fn capacity(pv: &PersistentVolume) -> Option<u64> {
     let quantity = pv.spec.as_ref()?.capacity.as_ref()?.get("storage")?;
@@ -159,6 +188,36 @@ mod tests {
                     (r.driver.as_str(), r.volume_handle.as_str(), r.pv_name.as_str()),
                     ("d", "h1", "pv-c")
                 );
+            }
+        }
+        let pv: PersistentVolume = yaml("metadata: {name: p}\nspec: {capacity: {storage: 1Gi}}");
+        assert_eq!(capacity(&with_capacity(&pv, 2 << 30)), Some(2 << 30));
+    }
+
+    #[test]
+    fn a_volume_of_an_offline_only_driver_waits_while_in_use() {
+        let request = |driver: &str| ExpandRequest {
+            claim_key: "default/c".into(),
+            pv_name: "pv-c".into(),
+            driver: driver.into(),
+            volume_handle: "h1".into(),
+            from: 1,
+            to: 2,
+        };
+        // (what, driver, offline-only drivers, in use, carried out now)
+        type Case = (&'static str, &'static str, &'static [&'static str], &'static [&'static str], bool);
+        let cases: &[Case] = &[
+            ("online driver, in use", "d", &[], &["kubernetes.io/csi/d^h1"], true),
+            ("offline driver, in use", "d", &["d"], &["kubernetes.io/csi/d^h1"], false),
+            ("offline driver, not in use", "d", &["d"], &["kubernetes.io/csi/d^h2"], true),
+            ("another driver offline", "d", &["e"], &["kubernetes.io/csi/d^h1"], true),
+        ];
+        for (what, driver, offline, in_use, now) in cases {
+            let (go, waiting) = offline_waits(vec![request(driver)], offline, in_use);
+            assert_eq!(go.len() == 1, *now, "{what}");
+            assert_eq!(waiting.len() == 1, !*now, "{what}");
+            if let Some(w) = waiting.first() {
+                assert!(w.contains("offline only") && w.contains("pv-c"), "{what}: {w}");
             }
         }
         let pv: PersistentVolume = yaml("metadata: {name: p}\nspec: {capacity: {storage: 1Gi}}");

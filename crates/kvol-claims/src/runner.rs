@@ -4,7 +4,7 @@
 //! provisioned PersistentVolumes ([`ClaimsController::overlay`]) and problems out. A failed call is
 //! shown at once and waits out [`RETRY_PAUSE`] before its key is tried again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use kvol_api::{FeatureGates, ObjectSet};
 use kvol_csi::RegisteredDriver;
 use tokio::sync::Notify;
 
+use crate::claim_status::{KeptClaimStatus, Recovery};
 use crate::snapshots::SnapshotRecord;
 
 /// What the standalone control plane keeps between passes, and how it is told of them.
@@ -45,11 +46,25 @@ impl ClaimsController {
         }
         let snapshots =
             SnapshotBook { records: snapshot_records, dir: snapshots_dir, ..SnapshotBook::default() };
+        let statuses_dir = state_dir.join("claim-status");
+        let (statuses, problems) = crate::records::load_records(&statuses_dir, "claim status record");
+        for problem in problems {
+            tracing::warn!(%problem, "claim status");
+        }
+        let recovery = Recovery(gates.enabled(kvol_api::gates::Gate::RecoverVolumeExpansionFailure));
         ClaimsController {
             node_name: node_name.to_string(),
             gates: gates.clone(),
             state: Provisioning {
-                done: Arc::new(std::sync::Mutex::new(Provisioned { records, version: 0 })),
+                done: Arc::new(std::sync::Mutex::new(Provisioned {
+                    records,
+                    statuses,
+                    waiting: Vec::new(),
+                    saving: BTreeSet::new(),
+                    version: 0,
+                })),
+                statuses: StatusFiles { dir: statuses_dir, writing: Arc::default() },
+                recovery,
                 calls: CallSlots::default(),
                 dir,
                 channels: ControllerChannels::default(),
@@ -63,17 +78,18 @@ impl ClaimsController {
     /// Starts the calls this pass calls for: claims of `objects` to provision, provisioned
     /// volumes whose claim left `source` to reclaim (`in_use`: the unique names of the volumes
     /// the node has, asked only when a claim is gone), and, with `snapshots_on`, snapshots to
-    /// take, adopt or delete; each through its driver among `drivers`.
+    /// take, adopt or delete; each through its driver among `drivers`. Claims of volumes a
+    /// driver grows offline only wait while `in_use` lists them.
     pub fn pass(
         &self,
         objects: &ObjectSet,
         source: &ObjectSet,
         drivers: &[RegisteredDriver],
-        in_use: impl FnOnce() -> Vec<String>,
+        in_use: impl Fn() -> Vec<String>,
         snapshots_on: bool,
     ) {
         start_provisioning((&self.node_name, &self.gates), objects, drivers, &self.state, &self.wake);
-        start_expanding(objects, drivers, &self.state, &self.wake);
+        start_expanding(objects, drivers, &in_use, &self.state, &self.wake);
         start_reclaiming(source, in_use, drivers, &self.state, &self.wake);
         if snapshots_on {
             start_snapshotting(objects, drivers, &self.state, &self.wake);
@@ -91,7 +107,49 @@ impl ClaimsController {
     pub fn overlay(&self, objects: &mut ObjectSet) -> u64 {
         let done = self.state.done.lock().unwrap_or_else(|p| p.into_inner());
         crate::provision::overlay(objects, &done.records);
+        crate::claim_status::overlay(&mut objects.claims, &done.kept_statuses(), &done.records);
         done.version
+    }
+
+    /// Tells the kept status of provisioned claims that the node grew their filesystem to
+    /// the size given (`namespace/name` → bytes), as kubelet's `MarkFSResizeFinished` tells a
+    /// cluster's. Saved in the background; the claims' view changes once saved.
+    pub fn node_resized(&self, grown: &[(String, u64)]) {
+        let recovery = self.state.recovery;
+        let changed: Vec<(String, KeptClaimStatus)> = {
+            let done = self.state.done.lock().unwrap_or_else(|p| p.into_inner());
+            let kept = done.kept_statuses();
+            grown
+                .iter()
+                .filter_map(|(key, size)| {
+                    let now = kept.get(key)?;
+                    Some((key.clone(), now.clone().node_done(*size, recovery))).filter(|(_, new)| new != now)
+                })
+                .collect()
+        };
+        for (key, status) in changed {
+            if !self.state.done.lock().unwrap_or_else(|p| p.into_inner()).saving.insert(key.clone()) {
+                continue;
+            }
+            let (done, files, wake) =
+                (Arc::clone(&self.state.done), self.state.statuses.clone(), Arc::clone(&self.wake));
+            tokio::spawn(async move {
+                let saved = save_status(&files, &key, &status).await.is_ok();
+                let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+                done.saving.remove(&key);
+                if saved {
+                    done.statuses.insert(key, status);
+                    done.version += 1;
+                }
+                drop(done);
+                wake.notify_one();
+            });
+        }
+    }
+
+    /// The kept status of each provisioned claim, by claim key.
+    pub fn claim_statuses(&self) -> BTreeMap<String, KeptClaimStatus> {
+        self.state.done.lock().unwrap_or_else(|p| p.into_inner()).kept_statuses()
     }
 
     /// Whether `claim_key` has a provisioned volume.
@@ -113,7 +171,9 @@ impl ClaimsController {
     /// Why claims' edits of their size are refused (a shrink, a class without expansion).
     pub fn expansion_problems(&self, objects: &ObjectSet) -> Vec<String> {
         let done = self.state.done.lock().unwrap_or_else(|p| p.into_inner());
-        crate::resize::claims_to_expand(objects, &done.records).1
+        let mut problems = crate::resize::claims_to_expand(objects, &done.records).1;
+        problems.extend(done.waiting.iter().cloned());
+        problems
     }
 
     /// The claims whose last provisioning or reclaiming call failed, with the error.
@@ -158,7 +218,49 @@ impl ClaimsController {
 #[derive(Debug)]
 struct Provisioned {
     records: BTreeMap<String, Arc<k8s_openapi::api::core::v1::PersistentVolume>>,
+    /// The claims' status kept since it last changed (a claim without one is as bound).
+    statuses: BTreeMap<String, KeptClaimStatus>,
+    /// Why claims whose volumes grow offline only wait, from the last pass.
+    waiting: Vec<String>,
+    /// The claims whose status the node's report is being saved for.
+    saving: BTreeSet<String>,
     version: u64,
+}
+
+impl Provisioned {
+    /// Every provisioned claim's status: the kept one, or bound at its volume's capacity.
+    fn kept_statuses(&self) -> BTreeMap<String, KeptClaimStatus> {
+        self.records
+            .iter()
+            .map(|(key, pv)| {
+                let kept = self.statuses.get(key).cloned();
+                let bound = || KeptClaimStatus::bound(crate::resize::capacity(pv).unwrap_or(0));
+                (key.clone(), kept.unwrap_or_else(bound))
+            })
+            .collect()
+    }
+}
+
+/// Where the claims' kept status is written, one write at a time (two writers of one record
+/// would share its temporary file).
+#[derive(Clone, Debug)]
+struct StatusFiles {
+    dir: PathBuf,
+    writing: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Writes a claim's kept status durably, on a blocking thread.
+async fn save_status(files: &StatusFiles, key: &str, status: &KeptClaimStatus) -> Result<(), String> {
+    let _one_at_a_time = files.writing.lock().await;
+    let (path, status) = (crate::records::record_path(&files.dir, key), status.clone());
+    let saved = kvol_plugin::blocking::shared()
+        .run(&path.clone(), RECORD_WRITE_DEADLINE, move || crate::records::save_record(&path, &status))
+        .await;
+    let saved = saved.unwrap_or_else(|e| Err(e.to_string()));
+    if let Err(e) = &saved {
+        tracing::warn!(claim = %key, error = %e, "cannot save the claim's status");
+    }
+    saved
 }
 
 /// What provisioning keeps between passes: the claims done (with the PV each got), the ones
@@ -169,6 +271,9 @@ struct Provisioning {
     /// Provisioning and reclaiming calls, by claim.
     calls: CallSlots,
     dir: PathBuf,
+    /// Where the claims' kept status lives (`claim-status/`).
+    statuses: StatusFiles,
+    recovery: Recovery,
     channels: ControllerChannels,
     /// The snapshots taken (the `snapshot-controller` component, when it runs).
     snapshots: Arc<std::sync::Mutex<SnapshotBook>>,
@@ -326,19 +431,32 @@ fn start_provisioning(
 }
 
 /// Grows, through their drivers (`ControllerExpandVolume`), the provisioned volumes whose claim
-/// asks for more (one task per claim at a time), then records the new capacity; the node grows
-/// the filesystem from there. A failure is kept as the claim's problem and retried.
+/// asks for more (one task per claim at a time), then records the claim's status and the new
+/// capacity, in that order (a crash between them grows it again, which drivers take as done);
+/// the node grows the filesystem from there. A volume whose driver grows volumes offline only
+/// waits until the node no longer uses it. A failure is kept as the claim's problem and retried.
 fn start_expanding(
     objects: &ObjectSet,
     drivers: &[RegisteredDriver],
+    in_use: &dyn Fn() -> Vec<String>,
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, calls, dir, channels, .. } = state;
+    let Provisioning { done: provisioned, calls, dir, channels, statuses, recovery, .. } = state;
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
         crate::resize::claims_to_expand(objects, &done.records).0
     };
+    let offline_only: Vec<&str> = drivers
+        .iter()
+        .filter(|d| d.plugin.offline_expansion && !d.plugin.online_expansion)
+        .map(|d| d.name.as_str())
+        .collect();
+    let in_use =
+        if requests.iter().any(|r| offline_only.contains(&r.driver.as_str())) { in_use() } else { vec![] };
+    let in_use: Vec<&str> = in_use.iter().map(String::as_str).collect();
+    let (requests, waiting) = crate::resize::offline_waits(requests, &offline_only, &in_use);
+    provisioned.lock().unwrap_or_else(|p| p.into_inner()).waiting = waiting;
     for request in requests {
         let Some(endpoint) = drivers.iter().find(|d| d.name == request.driver).map(|d| d.endpoint.clone())
         else {
@@ -350,42 +468,67 @@ fn start_expanding(
         }
         let (provisioned, calls, dir, wake, channels) =
             (Arc::clone(provisioned), calls.clone(), dir.to_path_buf(), Arc::clone(wake), channels.clone());
+        let (statuses, recovery) = (statuses.clone(), *recovery);
         tokio::spawn(async move {
+            let key = request.claim_key.clone();
+            let kept = || provisioned.lock().unwrap_or_else(|p| p.into_inner()).kept_statuses().remove(&key);
+            let keep = |status: KeptClaimStatus| {
+                let mut done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
+                done.statuses.insert(key.clone(), status);
+                done.version += 1;
+            };
+            if recovery.0
+                && let Some(now) = kept()
+            {
+                let started = now.controller_started(request.to, recovery);
+                if save_status(&statuses, &key, &started).await.is_ok() {
+                    keep(started);
+                }
+            }
             let outcome = match async { expand_one(&request, channels.get(&endpoint)?).await }.await {
-                Ok(bytes) => {
-                    let current = provisioned
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .records
-                        .get(&request.claim_key)
-                        .cloned();
-                    match current {
-                        Some(pv) => {
-                            let grown = crate::resize::with_capacity(&pv, bytes);
-                            let record = crate::records::record_path(&dir, &request.claim_key);
-                            let saved = kvol_plugin::blocking::shared()
-                                .run(&record.clone(), RECORD_WRITE_DEADLINE, move || {
-                                    crate::records::save_record(&record, &grown).map(|()| grown)
-                                })
-                                .await;
-                            saved.unwrap_or_else(|e| Err(format!("cannot save the expanded record: {e}")))
-                        }
-                        None => Err("its record is gone".to_string()),
+                Ok((bytes, node_required)) => {
+                    let status = kept().map(|s| s.controller_done(bytes, node_required, recovery));
+                    let current =
+                        provisioned.lock().unwrap_or_else(|p| p.into_inner()).records.get(&key).cloned();
+                    match (current, status) {
+                        (Some(pv), Some(status)) => match save_status(&statuses, &key, &status).await {
+                            Ok(()) => {
+                                keep(status);
+                                let grown = crate::resize::with_capacity(&pv, bytes);
+                                let record = crate::records::record_path(&dir, &key);
+                                let saved = kvol_plugin::blocking::shared()
+                                    .run(&record.clone(), RECORD_WRITE_DEADLINE, move || {
+                                        crate::records::save_record(&record, &grown).map(|()| grown)
+                                    })
+                                    .await;
+                                saved.unwrap_or_else(|e| Err(format!("cannot save the expanded record: {e}")))
+                            }
+                            Err(e) => Err(format!("cannot save the claim's status: {e}")),
+                        },
+                        _ => Err("its record is gone".to_string()),
                     }
                 }
                 Err(e) => Err(e),
             };
             match outcome {
                 Ok(pv) => {
-                    tracing::info!(claim = %request.claim_key, volume = %request.pv_name, from = request.from, to = request.to, "volume expanded by its driver");
+                    tracing::info!(claim = %key, volume = %request.pv_name, from = request.from, to = request.to, "volume expanded by its driver");
                     let mut done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
-                    done.records.insert(request.claim_key.clone(), Arc::new(pv));
+                    done.records.insert(key.clone(), Arc::new(pv));
                     done.version += 1;
                     drop(done);
                     calls.succeeded(&slot);
                 }
                 Err(e) => {
-                    tracing::warn!(claim = %request.claim_key, error = %e, "expansion failed");
+                    tracing::warn!(claim = %key, error = %e, "expansion failed");
+                    if recovery.0
+                        && let Some(now) = kept()
+                    {
+                        let failed = now.controller_failed(recovery);
+                        if save_status(&statuses, &key, &failed).await.is_ok() {
+                            keep(failed);
+                        }
+                    }
                     calls.failed(&slot, e, &wake).await;
                 }
             }
@@ -394,10 +537,12 @@ fn start_expanding(
     }
 }
 
+/// `ControllerExpandVolume`: the size the volume has now, and whether the node must grow its
+/// filesystem.
 async fn expand_one(
     request: &crate::resize::ExpandRequest,
     channel: tonic::transport::Channel,
-) -> Result<u64, String> {
+) -> Result<(u64, bool), String> {
     let to = i64::try_from(request.to).map_err(|_| format!("{} bytes are too many for csi", request.to))?;
     let expand = kvol_csi::proto::csi::ControllerExpandVolumeRequest {
         volume_id: request.volume_handle.clone(),
@@ -407,7 +552,7 @@ async fn expand_one(
     let what = format!("csi driver {}: ControllerExpandVolume of {}", request.driver, request.pv_name);
     let answer = controller_call(what, controller(channel).controller_expand_volume(expand)).await?;
     // A driver that says less than asked (0: it did not say) has grown it to what was asked.
-    Ok(u64::try_from(answer.capacity_bytes).unwrap_or(0).max(request.to))
+    Ok((u64::try_from(answer.capacity_bytes).unwrap_or(0).max(request.to), answer.node_expansion_required))
 }
 
 /// Deletes, through their drivers, the provisioned volumes whose claims are gone (one task per
@@ -420,7 +565,7 @@ fn start_reclaiming(
     state: &Provisioning,
     wake: &Arc<Notify>,
 ) {
-    let Provisioning { done: provisioned, calls, dir, channels, .. } = state;
+    let Provisioning { done: provisioned, calls, dir, channels, statuses, .. } = state;
     let requests = {
         let done = provisioned.lock().unwrap_or_else(|p| p.into_inner());
         if done.records.keys().all(|claim| source.claims.contains_key(claim)) {
@@ -445,16 +590,21 @@ fn start_reclaiming(
             Arc::clone(wake),
             channels.get(&endpoint),
         );
+        let statuses_dir = statuses.dir.clone();
         tokio::spawn(async move {
             let claim = request.claim_key.clone();
             let outcome = async { delete_one(&request, channel?).await }
                 .await
-                .and_then(|()| crate::records::remove_provisioned(&dir, &claim));
+                .and_then(|()| crate::records::remove_provisioned(&dir, &claim))
+                .and_then(|()| {
+                    crate::records::remove_record(&crate::records::record_path(&statuses_dir, &claim))
+                });
             match outcome {
                 Ok(()) => {
                     tracing::info!(claim = %claim, driver = %request.driver, volume = %request.pv_name, "claim deleted: its volume deleted");
                     let mut provisioned = provisioned.lock().unwrap_or_else(|p| p.into_inner());
                     provisioned.records.remove(&claim);
+                    provisioned.statuses.remove(&claim);
                     provisioned.version += 1;
                     drop(provisioned);
                     calls.succeeded(&claim);

@@ -1,19 +1,20 @@
-//! Referenced ConfigMaps and Secrets followed by watch: one watch per object, shared by all its referrers, stopped when the last goes or the object is immutable.
+//! Referenced objects followed by watch (ConfigMaps and Secrets, claims and PersistentVolumes): one watch per object, shared by all its referrers, stopped when the last goes or the object is immutable.
 //!
 //! Kubelet's "Watch" change-detection strategy: a watch of one object (field selector
 //! `metadata.name=<name>`) tells of a change as the API server makes it, where reading it
 //! again every [`crate::watching::REFRESH`] would see it up to 30 s late. However many pods
 //! reference an object, it has one watch. An immutable object cannot change: once seen, its
 //! watch stops and its copy is kept for as long as something references it. Secrets pass
-//! through here as values only: nothing here logs or formats one (logs carry the key).
+//! through here as values only: nothing here logs or formats one (logs carry the key). A
+//! claim's or PersistentVolume's change (the resizer grew the volume, marked the claim's
+//! filesystem for resizing) reaches the node within a second, not at the next reread.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -24,28 +25,56 @@ use crate::watching::{Traffic, WatchBackoff};
 
 /// A kind whose referenced objects are followed by watch.
 pub(crate) trait Followed:
-    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-    + Clone
-    + PartialEq
-    + DeserializeOwned
-    + fmt::Debug
-    + Send
-    + Sync
-    + 'static
+    Resource<DynamicType = ()> + Clone + PartialEq + DeserializeOwned + fmt::Debug + Send + Sync + 'static
 {
     /// Whether the object can never change (`immutable: true`).
-    fn immutable(&self) -> bool;
+    fn immutable(&self) -> bool {
+        false
+    }
+
+    /// Where the object of `key` (`namespace/name`, or a cluster-scoped name) is read and
+    /// watched, and its name.
+    fn api_of(client: Client, key: &str) -> (Api<Self>, &str);
+}
+
+/// [`Followed::api_of`] for a namespaced kind.
+fn namespaced<K>(client: Client, key: &str) -> (Api<K>, &str)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    let (ns, name) = refs::split_key(key);
+    (Api::namespaced(client, ns), name)
 }
 
 impl Followed for ConfigMap {
     fn immutable(&self) -> bool {
         self.immutable == Some(true)
     }
+
+    fn api_of(client: Client, key: &str) -> (Api<Self>, &str) {
+        namespaced(client, key)
+    }
 }
 
 impl Followed for Secret {
     fn immutable(&self) -> bool {
         self.immutable == Some(true)
+    }
+
+    fn api_of(client: Client, key: &str) -> (Api<Self>, &str) {
+        namespaced(client, key)
+    }
+}
+
+impl Followed for PersistentVolumeClaim {
+    fn api_of(client: Client, key: &str) -> (Api<Self>, &str) {
+        namespaced(client, key)
+    }
+}
+
+impl Followed for PersistentVolume {
+    fn api_of(client: Client, key: &str) -> (Api<Self>, &str) {
+        (Api::all(client), key)
     }
 }
 
@@ -131,12 +160,11 @@ impl<K: Followed> Follows<K> {
     fn start(&mut self, key: &str) -> Entry<K> {
         self.next_id += 1;
         let id = self.next_id;
-        let (ns, name) = refs::split_key(key);
-        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        let (api, name) = K::api_of(self.client.clone(), key);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let task = tokio::spawn(watch_one(
             watcher(api.clone(), config),
-            Some(api),
+            Some((api, name.to_string())),
             key.to_string(),
             id,
             self.sender.clone(),
@@ -218,7 +246,7 @@ impl<K: Followed> Follows<K> {
 /// never blind to it.
 async fn watch_one<K, S>(
     events: S,
-    read: Option<Api<K>>,
+    read: Option<(Api<K>, String)>,
     key: String,
     watch: u64,
     sender: mpsc::UnboundedSender<Message<K>>,
@@ -251,8 +279,8 @@ async fn watch_one<K, S>(
                 tracing::warn!(kind = %K::kind(&()), object = %key, error = %e,
                     "not allowed to watch {key}; reading it by name every {:?} instead (grant list and watch, \
                      or run kvol with the node's credentials, for changes within a second)", crate::watching::REFRESH);
-                let api = read.expect("checked");
-                read_by_name(api, key, watch, sender, traffic).await;
+                let (api, name) = read.expect("checked");
+                read_by_name(api, &name, key, watch, sender, traffic).await;
                 return;
             }
             Err(e) => {
@@ -284,12 +312,12 @@ fn forbidden(error: &watcher::Error) -> bool {
 /// `sender` as a watch would, until aborted; a failed read keeps the last known object.
 async fn read_by_name<K: Followed>(
     api: Api<K>,
+    name: &str,
     key: String,
     watch: u64,
     sender: mpsc::UnboundedSender<Message<K>>,
     traffic: Arc<Traffic>,
 ) {
-    let (_, name) = refs::split_key(&key);
     loop {
         traffic.read();
         let changes = match api.get_opt(name).await {

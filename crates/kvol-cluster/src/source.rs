@@ -1,9 +1,9 @@
 //! The API source: an `ObjectSource` fed by watches of this node's pods and of CSIDrivers, and by reads or watches of only the objects those pods reference.
 //!
-//! Claims, PersistentVolumes and StorageClasses are read by name and read again every
-//! [`REFRESH`]; the ConfigMaps and Secrets the pods and their volumes reference are followed
-//! by one watch each (`follow.rs`), so a change reaches the set as the API server
-//! makes it.
+//! StorageClasses are read by name and read again every [`REFRESH`]; the claims,
+//! PersistentVolumes, ConfigMaps and Secrets the pods and their volumes reference are followed
+//! by one watch each (`follow.rs`), so a change (a volume grown by the resizer, a ConfigMap
+//! edited) reaches the set as the API server makes it.
 //!
 //! kube-runtime's watcher resumes a broken watch from its resource version and lists again
 //! after `410 Gone`; this module does neither itself. When the API server goes away the last
@@ -70,6 +70,8 @@ impl ApiSource {
             }
         }
         let mut state = State {
+            claims: Follows::new(client.clone(), Arc::clone(&traffic)),
+            volumes: Follows::new(client.clone(), Arc::clone(&traffic)),
             config_maps: Follows::new(client.clone(), Arc::clone(&traffic)),
             secrets: Follows::new(client.clone(), Arc::clone(&traffic)),
             client,
@@ -131,6 +133,8 @@ async fn run<P, D, EP, ED>(
         let wake = tokio::select! {
             event = pod_events.next() => { if !log_event("pods", event, &state.traffic) { continue } Wake::Objects }
             event = driver_events.next() => { if !log_event("csidrivers", event, &state.traffic) { continue } Wake::Objects }
+            changed = state.claims.changed() => { if !changed { continue } Wake::Objects }
+            changed = state.volumes.changed() => { if !changed { continue } Wake::Objects }
             changed = state.config_maps.changed() => { if !changed { continue } Wake::Followed }
             changed = state.secrets.changed() => { if !changed { continue } Wake::Followed }
             _ = refresh.tick() => Wake::Reread,
@@ -154,7 +158,8 @@ async fn run<P, D, EP, ED>(
 
 /// Why the source makes its set again.
 enum Wake {
-    /// A pod or CSIDriver changed: what the pods reference may have too.
+    /// A pod, CSIDriver, claim or PersistentVolume changed: what the pods reference may have
+    /// too.
     Objects,
     /// A followed ConfigMap or Secret changed: the references did not.
     Followed,
@@ -167,6 +172,8 @@ struct State {
     pods: Store<Pod>,
     drivers: Store<CSIDriver>,
     cache: Cache,
+    claims: Follows<PersistentVolumeClaim>,
+    volumes: Follows<PersistentVolume>,
     config_maps: Follows<ConfigMap>,
     secrets: Follows<Secret>,
     traffic: Arc<Traffic>,
@@ -175,26 +182,24 @@ struct State {
 /// The referenced objects last read, by key; an object the API said is gone is absent.
 #[derive(Default)]
 struct Cache {
-    claims: BTreeMap<String, PersistentVolumeClaim>,
-    persistent_volumes: BTreeMap<String, PersistentVolume>,
     storage_classes: BTreeMap<String, StorageClass>,
 }
 
 impl State {
-    /// The object set from the stores and the referenced objects; with `reread`, every object
-    /// read by name is read again, else only the ones not read yet (and unbound claims). The
+    /// The object set from the stores and the referenced objects; with `reread`, every
+    /// StorageClass is read again, else only the ones not read yet. The claims, volumes,
     /// ConfigMaps and Secrets referenced are followed, and those newly referenced listed
-    /// before the set is made.
+    /// before the set is made (a claim before the volume it names).
     async fn rebuild(&mut self, reread: bool) -> ObjectSet {
         let pods: Vec<Arc<Pod>> = self.pods.state();
         let mut wanted = refs::pod_refs(pods.iter().map(|p| p.as_ref()));
         let client = Reader { client: self.client.clone(), traffic: Arc::clone(&self.traffic) };
-        let unbound =
-            |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_none();
-        sync_namespaced(&client, &mut self.cache.claims, &wanted.claims, reread, unbound).await;
-        refs::add_claim_refs(&mut wanted, self.cache.claims.values());
-        sync_cluster(&client, &mut self.cache.persistent_volumes, &wanted.persistent_volumes, reread).await;
-        refs::add_volume_refs(&mut wanted, self.cache.persistent_volumes.values());
+        self.claims.follow(&wanted.claims);
+        self.claims.settle().await;
+        refs::add_claim_refs(&mut wanted, self.claims.objects().values());
+        self.volumes.follow(&wanted.persistent_volumes);
+        self.volumes.settle().await;
+        refs::add_volume_refs(&mut wanted, self.volumes.objects().values());
         sync_cluster(&client, &mut self.cache.storage_classes, &wanted.storage_classes, reread).await;
         self.config_maps.follow(&wanted.config_maps);
         self.secrets.follow(&wanted.secrets);
@@ -215,13 +220,9 @@ impl State {
             set.csi_drivers
                 .insert(driver.metadata.name.clone().unwrap_or_default(), CSIDriver::clone(&driver));
         }
-        set.claims = self.cache.claims.clone();
-        set.persistent_volumes = self
-            .cache
-            .persistent_volumes
-            .iter()
-            .map(|(name, pv)| (name.clone(), Arc::new(pv.clone())))
-            .collect();
+        set.claims = self.claims.objects();
+        set.persistent_volumes =
+            self.volumes.objects().into_iter().map(|(name, pv)| (name, Arc::new(pv))).collect();
         set.storage_classes = self.cache.storage_classes.clone();
         set.secrets = self.secrets.objects();
         set.config_maps = self.config_maps.objects();
@@ -235,33 +236,8 @@ struct Reader {
     traffic: Arc<Traffic>,
 }
 
-/// Makes `cache` hold exactly the `wanted` namespaced objects, reading the missing ones (all
-/// with `reread`, and those `stale` says must be read again).
-async fn sync_namespaced<K>(
-    client: &Reader,
-    cache: &mut BTreeMap<String, K>,
-    wanted: &std::collections::BTreeSet<String>,
-    reread: bool,
-    stale: impl Fn(&K) -> bool,
-) where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    cache.retain(|key, _| wanted.contains(key));
-    for key in wanted {
-        if !reread && cache.get(key).is_some_and(|o| !stale(o)) {
-            continue;
-        }
-        let (ns, name) = refs::split_key(key);
-        let api: Api<K> = Api::namespaced(client.client.clone(), ns);
-        client.traffic.read();
-        read_into(cache, key, api.get_opt(name).await);
-    }
-}
-
-/// As [`sync_namespaced`], for cluster-scoped objects.
+/// Makes `cache` hold exactly the `wanted` cluster-scoped objects, reading the missing ones
+/// (all with `reread`).
 async fn sync_cluster<K>(
     client: &Reader,
     cache: &mut BTreeMap<String, K>,

@@ -25,14 +25,14 @@ fn every_document_is_a_known_kind() {
 }
 
 #[test]
-fn the_role_reads_objects_by_name_and_lists_only_pods_csidrivers_and_configmaps() {
+fn the_role_reads_secrets_by_name_and_lists_only_what_it_follows() {
     let role: ClusterRole = one("ClusterRole");
     for rule in role.rules.unwrap_or_default() {
         let resources = rule.resources.unwrap_or_default();
         let lists = rule.verbs.iter().any(|v| v == "list" || v == "watch" || v == "*");
         assert!(!rule.verbs.iter().any(|v| v == "*" || v == "delete" || v == "update"), "{resources:?}");
         if lists {
-            let listed = ["pods", "csidrivers", "configmaps"];
+            let listed = ["pods", "csidrivers", "configmaps", "persistentvolumeclaims", "persistentvolumes"];
             assert!(resources.iter().all(|r| listed.contains(&r.as_str())), "lists {resources:?}");
         }
     }

@@ -25,6 +25,9 @@ pub struct RegisteredDriver {
     pub node_id: String,
     /// NodeGetInfo's `accessible_topology` segments: labels for the Node.
     pub topology: BTreeMap<String, String>,
+    /// What `GetPluginCapabilities` said (its expansion modes tell a resizer whether a volume
+    /// may grow while published); the default when the driver would not say.
+    pub plugin: crate::client::PluginCapabilities,
 }
 
 /// Registers CSI drivers with the plugin registry and keeps the node's CSINode (and its
@@ -155,6 +158,10 @@ impl CsiRegistrationHandler {
             client = client.with_observer(Arc::clone(observer));
         }
         let info = client.node_get_info().await.map_err(|e| e.to_string())?;
+        let plugin_capabilities = client.plugin_capabilities().await.unwrap_or_else(|e| {
+            tracing::warn!(driver = %name, error = %e, "GetPluginCapabilities failed; taken as none");
+            crate::client::PluginCapabilities::default()
+        });
         let objects = Arc::clone(&self.objects);
         let plugin = CsiPlugin::connect(name, client, self.host.clone(), objects, info.node_id.clone())
             .await
@@ -199,6 +206,7 @@ impl CsiRegistrationHandler {
             version,
             node_id: info.node_id,
             topology,
+            plugin: plugin_capabilities,
         };
         let mut state = self.lock();
         state.node_id_annotation = Some(annotation);

@@ -54,6 +54,9 @@ const DIR_MODE: u32 = 0o750;
 
 type PluginResult<T> = kvol_plugin::Result<T>;
 
+/// How long kubelet's generic filesystem resize (blkid, then resize2fs or xfs_growfs) may take.
+const GENERIC_RESIZE_DEADLINE: Duration = Duration::from_secs(120);
+
 /// A loaded Flexvolume driver as a volume plugin.
 #[derive(Debug)]
 pub struct FlexVolumePlugin {
@@ -128,11 +131,28 @@ impl FlexVolumePlugin {
         ];
         match self.run(Command::ExpandFs, &args).await? {
             Some(_) => Ok(()),
-            None => Err(PluginError::Unsupported {
-                plugin: self.driver.name.clone(),
-                what: "grow filesystems on the node: the driver does not support expandfs, and kvol does not \
-                       do upstream's fallback (a generic filesystem resize); grow the filesystem by hand",
-            }),
+            // kubelet's fallback: the filesystem on the device grown by kvol itself.
+            None => {
+                let Some(device) = device_path.filter(|d| !d.is_empty()) else {
+                    return Err(PluginError::invalid(
+                        spec,
+                        format!(
+                            "flexvolume driver {} does not grow filesystems (expandfs) and names no device \
+                             to grow one on",
+                            self.driver.name
+                        ),
+                    ));
+                };
+                kvol_plugin::fs_resize::grow_mounted(
+                    Path::new(device),
+                    device_mount_path,
+                    GENERIC_RESIZE_DEADLINE,
+                )
+                .await
+                .map_err(|e| {
+                    PluginError::invalid(spec, format!("flexvolume driver {}: {e}", self.driver.name))
+                })
+            }
         }
     }
 

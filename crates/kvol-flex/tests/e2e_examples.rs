@@ -133,6 +133,10 @@ async fn the_tmpfs_driver_publishes_a_sized_tmpfs_into_the_pod() {
 }
 
 /// Detaches the loop device of a volume even when the test fails half-way.
+/// The loop tests one at a time: a private mount namespace made while another test's loop
+/// device is mounted holds a copy of that mount, and the device cannot go until it does.
+static LOOP_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct LoopGuard(String);
 
 impl Drop for LoopGuard {
@@ -152,6 +156,7 @@ async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
         eprintln!("skipped: needs /dev/loop-control, losetup, mkfs.ext4 and blkid");
         return;
     }
+    let _one_at_a_time = LOOP_TESTS.lock().await;
     enter_private_mount_namespace();
     let node = Node::start().await;
     let gates = FeatureGates::default();
@@ -206,5 +211,92 @@ async fn the_loop_driver_attaches_stages_and_kvol_binds_it_into_the_pod() {
     let listed =
         std::process::Command::new("losetup").args(["-j", backing.to_str().unwrap()]).output().unwrap();
     assert!(listed.stdout.is_empty(), "the loop device is gone: {}", String::from_utf8_lossy(&listed.stdout));
+    node.prober.unwrap().shutdown().await;
+}
+
+/// The filesystem size at `path` (statvfs).
+fn fs_bytes(path: &Path) -> u64 {
+    let fs = nix::sys::statvfs::statvfs(path).unwrap();
+    fs.blocks() as u64 * fs.fragment_size() as u64
+}
+
+/// Expansion through a Flexvolume driver that grows the device (`expandvolume`) and asks the
+/// node to grow the filesystem (`requiresFSResize`) without doing it itself (`expandfs` is "Not
+/// supported"): kvol grows the published xfs with kubelet's generic resize, and the pod's
+/// filesystem shows the new size with its data.
+#[tokio::test]
+async fn the_loop_driver_grows_its_device_and_kvol_grows_the_filesystem_on_the_node() {
+    let tools = ["losetup", "mkfs.xfs", "blkid", "xfs_growfs"];
+    if !Path::new("/dev/loop-control").exists()
+        || tools.iter().any(|t| {
+            std::process::Command::new("which").arg(t).output().map_or(true, |o| !o.status.success())
+        })
+    {
+        eprintln!("skipped: needs /dev/loop-control, losetup, mkfs.xfs, blkid and xfs_growfs");
+        return;
+    }
+    let _one_at_a_time = LOOP_TESTS.lock().await;
+    enter_private_mount_namespace();
+    let node = Node::start().await;
+    let gates = FeatureGates::default();
+    let own = NodeMigration::of_own_node("node-a", &gates, []);
+    let snapshot = node.registry.snapshot();
+    let backing = node.host.paths.root().join("grow.img");
+    let volume = format!("kvol-grow-{}", std::process::id());
+    let spec = flex_pv(
+        &volume,
+        "kvol/loop",
+        &[("backingFile", backing.to_str().unwrap()), ("size", "300Mi"), ("kubernetes.io/fsType", "xfs")],
+    );
+    let resolved = resolve(&snapshot, &gates, &spec, NodeStatus::Known(&own)).unwrap();
+    let (plugin, spec) = (resolved.plugin, &resolved.spec);
+    let attacher = plugin.attacher().unwrap();
+    let device = attacher.attach(spec, "node-a").await.unwrap().unwrap();
+    let _guard = LoopGuard(device.clone());
+    let device = attacher.wait_for_attach(spec, Some(&device), Duration::from_secs(10)).await.unwrap();
+    let stager = plugin.device_mounter().unwrap();
+    let staging = stager.device_mount_path(spec).unwrap();
+    stager.stage(spec, Some(&device), &staging).await.unwrap();
+    let pod = pod();
+    let target = node.host.paths.pod_volume_dir(&pod.uid, plugin.name(), &volume).unwrap();
+    let request = PublishRequest {
+        spec,
+        pod: &pod,
+        pod_volume_name: &volume,
+        target: &target,
+        staging_path: Some(&staging),
+        device_path: Some(&device),
+        read_only: false,
+        mount_options: &[],
+        projection: None,
+    };
+    plugin.mounter().unwrap().publish(&request).await.unwrap();
+    std::fs::write(target.join("kept"), b"before the growth").unwrap();
+    let before = fs_bytes(&target);
+
+    let (old, new) = (300u64 << 20, 600u64 << 20);
+    let controller = plugin.controller_expander().expect("the driver expands");
+    assert!(controller.requires_node_expansion(), "requiresFSResize");
+    assert_eq!(controller.expand(spec, new, old).await.unwrap(), new);
+    assert_eq!(std::fs::metadata(&backing).unwrap().len(), new, "expandvolume grew the backing file");
+    assert_eq!(fs_bytes(&target), before, "the filesystem waits for the node");
+    let started = Instant::now();
+    let expander = plugin.node_expander().expect("the node grows it");
+    expander.expand_on_node(spec, Some(&device), &target, new, old).await.unwrap();
+    let after = fs_bytes(&target);
+    eprintln!(
+        "flexvolume loop: expandfs not supported; generic resize {} → {} MiB in {:?}",
+        before >> 20,
+        after >> 20,
+        started.elapsed()
+    );
+    assert!(after > before + (250 << 20), "{before} → {after}");
+    assert_eq!(std::fs::read(target.join("kept")).unwrap(), b"before the growth");
+
+    let unpublish =
+        UnpublishRequest { pod_uid: &pod.uid, pod_volume_name: &volume, target: &target, spec: None };
+    plugin.mounter().unwrap().unpublish(&unpublish).await.unwrap();
+    stager.unstage(&staging).await.unwrap();
+    attacher.detach(&plugin.volume_name(spec).unwrap(), "node-a").await.unwrap();
     node.prober.unwrap().shutdown().await;
 }

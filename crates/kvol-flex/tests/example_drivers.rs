@@ -516,7 +516,10 @@ fn device_mount_path(root: &Path, volume: &str) -> PathBuf {
 #[test]
 fn loop_init_reports_an_attachable_driver() {
     let reply = call(&loop_driver(), &["init"], &[]);
-    assert_eq!(reply.json, json!({"status": "Success", "capabilities": {"attach": true}}));
+    assert_eq!(
+        reply.json,
+        json!({"status": "Success", "capabilities": {"attach": true, "requiresFSResize": true}})
+    );
 }
 
 /// Everything the loop driver decides without touching a loop device.
@@ -532,11 +535,11 @@ fn loop_refusals_and_fallbacks() {
     // mount/unmount are left to kubelet/kvol (bind mount of the device mount path); the rest
     // are not implemented.
     let options = pv_options("pv-x", false, &[("backingFile", image_arg)]);
-    let calls: [&[&str]; 7] = [
+    let calls: [&[&str]; 6] = [
         &["mount", "/nonexistent/pod/vol", &options],
         &["unmount", "/nonexistent/pod/vol"],
         &["getvolumename", &options],
-        &["expandvolume", &options, "/nonexistent/dmp", "2048", "1024"],
+        // The node grows the filesystem itself (requiresFSResize, kubelet's generic resize).
         &["expandfs", &options, "/dev/null", "/nonexistent/dmp", "2048", "1024"],
         &["frobnicate"],
         &[],
@@ -545,6 +548,17 @@ fn loop_refusals_and_fallbacks() {
         let reply = call(&driver, args, &env);
         assert_eq!(reply.json, not_supported(), "{args:?}");
         assert_eq!(reply.exit_code, Some(1), "{args:?}");
+    }
+
+    // expandvolume grows an existing backing file by a number of bytes, or says why not.
+    let expand_cases = [
+        (&["expandvolume", &options, "/nonexistent/dmp", "2048", "1024"][..], "does not exist"),
+        (&["expandvolume", &options, "/nonexistent/dmp", "2Gi", "1024"][..], "is not a number of bytes"),
+    ];
+    for (args, want) in expand_cases {
+        let reply = call(&driver, args, &env);
+        assert_eq!(reply.status(), "Failure", "{args:?}");
+        assert!(reply.failure_message().contains(want), "{args:?}: {}", reply.failure_message());
     }
 
     // attach needs a backing file and a volume name, both sane.

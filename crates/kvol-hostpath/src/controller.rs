@@ -644,6 +644,11 @@ impl Hostpath {
         };
         let capacity = expanded_capacity(record.capacity_bytes, req.capacity_range.as_ref())
             .map_err(|s| Status::new(s.code(), format!("volume {id}: {}", s.message())))?;
+        if capacity != record.capacity_bytes && self.config.offline_expansion && record.in_use() {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is in use on the node: this driver grows volumes offline only"
+            )));
+        }
         if capacity != record.capacity_bytes {
             if record.fs_type.is_some() {
                 let image = self.layout.volume_image(id);

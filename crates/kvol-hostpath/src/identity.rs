@@ -14,9 +14,10 @@ use kvol_csi::proto::csi::{self, identity_server::Identity};
 pub const VENDOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The plugin capabilities: a controller service, volumes bound to this node's topology, a
-/// group controller service (group snapshots), and online expansion (the controller records
-/// the new capacity; the node makes it the size the volume shows).
-pub fn plugin_capabilities() -> Vec<csi::PluginCapability> {
+/// group controller service (group snapshots), and expansion, online unless `offline` (the
+/// controller records the new capacity; the node makes it the size the volume shows).
+pub fn plugin_capabilities(offline: bool) -> Vec<csi::PluginCapability> {
+    let expansion = if offline { volume_expansion::Type::Offline } else { volume_expansion::Type::Online };
     let service = |t: service::Type| csi::PluginCapability {
         r#type: Some(Type::Service(Service { r#type: t as i32 })),
     };
@@ -25,9 +26,7 @@ pub fn plugin_capabilities() -> Vec<csi::PluginCapability> {
         service(service::Type::VolumeAccessibilityConstraints),
         service(service::Type::GroupControllerService),
         csi::PluginCapability {
-            r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                r#type: volume_expansion::Type::Online as i32,
-            })),
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion { r#type: expansion as i32 })),
         },
     ]
 }
@@ -57,7 +56,9 @@ impl Identity for IdentityService {
         &self,
         _request: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::GetPluginCapabilitiesResponse { capabilities: plugin_capabilities() }))
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse {
+            capabilities: plugin_capabilities(self.config.offline_expansion),
+        }))
     }
 
     async fn probe(

@@ -95,6 +95,10 @@ pub struct HostpathConfig {
     /// turns into one of the two ([`backing::resolve`]). A volume keeps the backing it was
     /// made with, whatever this says later.
     pub volume_backing: VolumeBacking,
+    /// Grow volumes offline only (`--offline-expansion`): the plugin capability says
+    /// `OFFLINE`, and ControllerExpandVolume of a volume staged or published on the node is
+    /// FailedPrecondition, as a driver that cannot grow a volume in use answers.
+    pub offline_expansion: bool,
 }
 
 /// What backs a new filesystem volume.
@@ -152,6 +156,7 @@ impl HostpathConfig {
             exit_on_registration_failure: false,
             static_volumes: false,
             volume_backing: VolumeBacking::Directory,
+            offline_expansion: false,
         }
     }
 

@@ -687,6 +687,14 @@ impl Loop<'_> {
         report.csi_node = self.objects.csi_node(&self.config.node_name);
         report.components = self.components.snapshot();
         report.snapshots = self.snapshot_statuses();
+        let resize_statuses: BTreeMap<String, String> = self
+            .claims
+            .map(|c| c.claim_statuses())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(key, kept)| Some((key, kept.resize_status?)))
+            .collect();
+        report.claims = crate::report::claim_status::claim_sizes(objects, &resize_statuses);
         if let Some(sink) = self.config.node_storage.as_ref().filter(|_| self.may_report_node_storage()) {
             sink.report(&crate::report::node_storage::NodeStorage {
                 csi_node: report.csi_node.clone(),
@@ -695,8 +703,14 @@ impl Loop<'_> {
                 topology_labels: self.handler.topology_labels(),
             });
         }
+        let resized = crate::report::claim_status::resized_claims(objects, &exec.actual);
         if let Some(sink) = &self.config.claim_status {
-            sink.report(&crate::report::claim_status::resized_claims(objects, &exec.actual));
+            sink.report(&resized);
+        }
+        if let Some(claims) = self.claims.filter(|_| !resized.is_empty()) {
+            let grown: Vec<(String, u64)> =
+                resized.iter().map(|r| (format!("{}/{}", r.namespace, r.name), r.capacity_bytes)).collect();
+            claims.node_resized(&grown);
         }
         if let Some(sink) = &self.config.pod_events {
             sink.report(&crate::report::pod_events::volume_failures(desired, resolutions, &exec));

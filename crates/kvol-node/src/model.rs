@@ -43,6 +43,10 @@ pub struct DesiredVolume {
     pub terminating: bool,
     /// For a configMap, secret, downwardAPI or projected volume: what it is to hold.
     pub projection: Option<std::sync::Arc<kvol_api::projection::Projection>>,
+    /// For a claim's volume: the size its status says it has (`status.capacity`), which is
+    /// the size its filesystem was last grown to; a volume whose PersistentVolume is larger is
+    /// grown on the node once published (kubelet's expansion at mount).
+    pub claim_size: Option<u64>,
 }
 
 /// What the pods on this node want.

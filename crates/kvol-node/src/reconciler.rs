@@ -184,7 +184,7 @@ fn next_step(
     Operation::Publish {
         volume: PublishedVolume {
             projection: volume.projection.clone(),
-            fs_size: capacity(&r.spec),
+            fs_size: published_size(volume.claim_size, capacity(&r.spec)),
             key: key.clone(),
             pod: volume.pod.clone(),
             pod_name: volume.pod_name.clone(),
@@ -278,6 +278,17 @@ pub fn expansions(desired: &DesiredState, resolutions: &Resolutions, actual: &Ac
         .collect()
 }
 
+/// The size a volume's filesystem has when it is published: its claim's status says what the
+/// node last grew it to, so a volume the driver grew while no pod used it (offline) is smaller
+/// than its PersistentVolume, and [`expansions`] grows it next; without a claim status, the
+/// volume's capacity. Pure.
+pub fn published_size(claim_size: Option<u64>, capacity: Option<u64>) -> Option<u64> {
+    match (claim_size, capacity) {
+        (Some(claim), Some(capacity)) => Some(claim.min(capacity)),
+        (_, capacity) => capacity,
+    }
+}
+
 /// A persistent volume's capacity in bytes (`spec.capacity.storage`).
 pub fn capacity(spec: &VolumeSpec) -> Option<u64> {
     let quantity = spec.pv()?.spec.as_ref()?.capacity.as_ref()?.get("storage")?;
@@ -313,6 +324,21 @@ mod tests {
     use kvol_plugin::plugin::PodInfo;
     use kvol_plugin::testing::{csi_pv, inline_empty_dir};
 
+    #[test]
+    fn a_volume_is_published_at_the_size_its_claim_says_the_node_made_it() {
+        // (what, the claim's status capacity, the PV's capacity, the size recorded at publish)
+        let cases = [
+            ("no claim status: the volume's", None, Some(32), Some(32)),
+            ("status as large: the volume's", Some(32), Some(32), Some(32)),
+            ("grown offline: the claim's, grown next", Some(16), Some(32), Some(16)),
+            ("a status larger than the volume: the volume's", Some(64), Some(32), Some(32)),
+            ("no capacity at all", Some(16), None, None),
+        ];
+        for (what, claim, pv, want) in cases {
+            assert_eq!(published_size(claim, pv), want, "{what}");
+        }
+    }
+
     fn key(pod: &str, volume: &str) -> PodVolumeKey {
         PodVolumeKey { pod_uid: pod.into(), volume: volume.into() }
     }
@@ -332,6 +358,7 @@ mod tests {
                 mount_options: vec![],
                 terminating: false,
                 projection: None,
+                claim_size: None,
             },
         );
     }

@@ -6,6 +6,7 @@ pub mod block;
 pub mod blocking;
 pub mod catalog;
 pub mod error;
+pub mod fs_resize;
 pub mod host;
 pub mod intree;
 pub mod local;

@@ -243,8 +243,13 @@ impl ClusterMode {
             Some(std::sync::Arc::new(kvol_cluster::attachments::ApiAttachments::new(client.clone())));
         config.tokens = Some(std::sync::Arc::new(kvol_cluster::tokens::ApiTokens::new(client.clone())));
         let events = std::sync::Arc::new(kvol_cluster::events::ApiNodeEvents::new(client.clone()));
-        config.claim_status =
-            Some(std::sync::Arc::new(kvol_cluster::claims::ClaimStatusWriter::new(client.clone())));
+        let recovery = config.gates.enabled(kvol_api::gates::Gate::RecoverVolumeExpansionFailure);
+        config.claim_status = Some(std::sync::Arc::new(kvol_cluster::claims::ClaimStatusWriter::new(
+            client.clone(),
+            node.clone(),
+            recovery,
+            events.clone(),
+        )));
         config.pod_events =
             Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));
         let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));

@@ -70,6 +70,10 @@ pub struct CsiDriverArgs {
     /// the agent's environment (KVOL_VOLUME_BACKING).
     #[arg(long, env = "KVOL_VOLUME_BACKING", default_value = "auto", value_parser = parse_volume_backing)]
     pub volume_backing: VolumeBacking,
+    /// Grow volumes offline only: the plugin capability says OFFLINE, and ControllerExpandVolume
+    /// of a volume in use on the node fails (FailedPrecondition); online by default.
+    #[arg(long)]
+    pub offline_expansion: bool,
 }
 
 fn parse_volume_backing(value: &str) -> Result<VolumeBacking, String> {
@@ -96,6 +100,7 @@ pub fn config(args: &CsiDriverArgs, node: &str) -> HostpathConfig {
         exit_on_registration_failure: args.exit_on_registration_failure,
         static_volumes: args.static_volumes,
         volume_backing: args.volume_backing,
+        offline_expansion: args.offline_expansion,
     }
 }
 
@@ -202,6 +207,7 @@ mod tests {
             "--static-volumes",
             "--volume-backing",
             "loop",
+            "--offline-expansion",
         ]);
         let c = config(&a, "n");
         assert_eq!(
@@ -220,6 +226,7 @@ mod tests {
                 exit_on_registration_failure: true,
                 static_volumes: true,
                 volume_backing: VolumeBacking::Loop,
+                offline_expansion: true,
             }
         );
         assert_eq!(config(&args(&[]), "n").volume_backing, VolumeBacking::Auto);

@@ -984,7 +984,7 @@ fn a_claim_the_resizer_grew_is_grown_on_the_node_and_its_status_says_so() {
             let status = claim.status.unwrap_or_default();
             let capacity = status.capacity.as_ref().and_then(|c| c.get("storage")).map(|q| q.0.clone());
             let pending = status.conditions.iter().flatten().any(|c| c.type_ == "FileSystemResizePending");
-            if capacity.as_deref() == Some("2097152") && !pending {
+            if capacity.as_deref() == Some("2Mi") && !pending {
                 return status;
             }
             assert!(
@@ -994,11 +994,48 @@ fn a_claim_the_resizer_grew_is_grown_on_the_node_and_its_status_says_so() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
+    let took = asked.elapsed();
     eprintln!(
-        "resizer done → the claim's status says 2Mi, condition cleared, {:?} later (the PV is read again every 30 s)",
-        asked.elapsed()
+        "resizer done → the claim's status says 2Mi (the PV's own quantity), condition cleared, {took:?} later"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the PV and claim are followed by watch, not reread every 30 s: {took:?}"
     );
     assert!(status.conditions.iter().flatten().all(|c| c.type_ != "FileSystemResizePending"));
+    // kubelet's FileSystemResizeSuccessful, on the claim and on the pod.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), "default");
+    let told = runtime.block_on(async {
+        loop {
+            let list = events.list(&Default::default()).await.unwrap();
+            let told: Vec<(String, String, String)> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("FileSystemResizeSuccessful"))
+                .map(|e| {
+                    (
+                        e.involved_object.kind.unwrap_or_default(),
+                        e.involved_object.name.unwrap_or_default(),
+                        e.message.unwrap_or_default(),
+                    )
+                })
+                .collect();
+            if told.len() >= 2 || asked.elapsed() > Duration::from_secs(60) {
+                return told;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let message = format!("MountVolume.NodeExpandVolume succeeded for volume \"pv-grown\" {NODE}");
+    let mut told = told;
+    told.sort();
+    assert_eq!(
+        told,
+        [
+            ("PersistentVolumeClaim".to_string(), "grown".to_string(), message.clone()),
+            ("Pod".to_string(), "db".to_string(), message)
+        ]
+    );
     let log = std::fs::read_to_string(&agent.log).unwrap();
     assert!(log.contains("volume_fs_resize"), "{log}");
     assert!(!log.contains("volume_unmount"), "never unpublished: {log}");

@@ -12,6 +12,10 @@ use kvol_csi::proto::csi::{
     CapacityRange, ControllerExpandVolumeRequest, CreateVolumeRequest, VolumeCapability,
 };
 use kvol_node::report::status::Phase;
+use support::grow::{
+    LOOP_DRIVER, data_mount, fill_near_full, fs_bytes, loop_backing_missing, loop_claim, loop_node,
+    may_grow_mounted_ext4,
+};
 use support::{Node, enter_private_mount_namespace};
 
 const DRIVER: &str = "hostpath.csi.kvol.io";
@@ -138,15 +142,8 @@ fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
 }
 
-/// The filesystem size at `path` (statvfs).
-fn fs_bytes(path: &Path) -> u64 {
-    let fs = nix::sys::statvfs::statvfs(path).unwrap();
-    fs.blocks() as u64 * fs.fragment_size() as u64
-}
-
 #[test]
 fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() {
-    const LOOP_DRIVER: &str = "grow.csi.kvol.test";
     if !Path::new("/dev/loop-control").exists() {
         eprintln!("skipped: no /dev/loop-control on this machine");
         return;
@@ -322,4 +319,217 @@ fn a_claim_edited_to_more_is_grown_by_its_driver_and_then_on_the_node_standalone
     assert_eq!(expansions_in(&node.agent_log()), 1, "nothing more was expanded");
     node.remove("claims.yaml");
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
+}
+
+/// A claim of a loop-backed `fs` volume, written near full, edited to twice its size while its
+/// pod keeps it published: the pod's filesystem shows the new size (statvfs) without an
+/// unpublish, the claim's status says so, and the data is intact.
+fn a_claim_edited_to_twice_its_size_grows_the_pods_filesystem(fs: &str) {
+    if let Some(why) = loop_backing_missing(fs) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if fs == "ext4" && !may_grow_mounted_ext4() {
+        eprintln!("skipped: growing a mounted ext4 needs CAP_SYS_RESOURCE, which this process lacks");
+        return;
+    }
+    enter_private_mount_namespace();
+    let (node, _driver) = loop_node(&[]);
+    node.write("claims.yaml", &loop_claim(fs, "300Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| data_mount(r).is_some())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let mount = data_mount(&report).unwrap();
+    let before = fs_bytes(&mount);
+    assert!(before <= 300 << 20, "a 300Mi {fs} volume shows {before} bytes");
+    let filled = fill_near_full(&mount);
+    let overflow = std::fs::write(mount.join("more"), vec![0u8; 8 << 20]);
+    assert!(overflow.is_err(), "a full {fs} volume took 8 MiB more: it does not hold its size");
+    let _ = std::fs::remove_file(mount.join("more"));
+
+    let edited = Instant::now();
+    node.write("claims.yaml", &loop_claim(fs, "600Mi", true));
+    while fs_bytes(&mount) <= before {
+        assert!(edited.elapsed() < Duration::from_secs(60), "never grew:\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = fs_bytes(&mount);
+    eprintln!(
+        "{fs}: claim edited 300Mi → 600Mi with {} MiB written: the pod's filesystem {} → {} MiB in {:?}",
+        filled >> 20,
+        before >> 20,
+        after >> 20,
+        edited.elapsed()
+    );
+    assert!(after > 500 << 20, "{fs}: {before} → {after}");
+    std::fs::write(mount.join("more"), vec![0u8; 64 << 20]).expect("the grown volume takes more");
+    assert_eq!(
+        std::fs::metadata(mount.join("fill")).unwrap().len(),
+        filled,
+        "the data written before is kept"
+    );
+    let log = node.agent_log();
+    assert!(!log.contains("volume_unmount"), "the volume was never unpublished:\n{log}");
+    assert!(!log.contains(" WARN "), "nothing went wrong on the way:\n{log}");
+    let report = node
+        .wait(Duration::from_secs(30), |r| {
+            r.claims.iter().any(|c| c.name == "default/data" && c.capacity_bytes == Some(600 << 20))
+        })
+        .unwrap_or_else(|last| panic!("the claim's status never said 600Mi: {last}"));
+    let claim = report.claims.iter().find(|c| c.name == "default/data").unwrap();
+    assert!(claim.conditions.is_empty(), "{claim:?}");
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+}
+
+#[test]
+fn a_claim_of_a_loop_backed_xfs_volume_edited_to_twice_its_size_grows_online() {
+    a_claim_edited_to_twice_its_size_grows_the_pods_filesystem("xfs");
+}
+
+#[test]
+fn a_claim_of_a_loop_backed_ext4_volume_edited_to_twice_its_size_grows_online() {
+    a_claim_edited_to_twice_its_size_grows_the_pods_filesystem("ext4");
+}
+
+/// A driver that grows volumes offline only: the claim's edit waits (with a status line)
+/// while its pod uses the volume; once the pod is gone the driver grows it, the agent is
+/// killed (-9) between that controller step and the node's, and when the pod comes back the
+/// restarted agent grows the ext4 filesystem at its publish: statvfs shows the new size, the
+/// data written near full is kept, the claim's status leaves `FileSystemResizePending`.
+#[test]
+fn an_offline_only_drivers_volume_grows_when_no_pod_uses_it_across_a_kill_9() {
+    if let Some(why) = loop_backing_missing("ext4") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    enter_private_mount_namespace();
+    let (mut node, _driver) = loop_node(&["--offline-expansion"]);
+    node.write("claims.yaml", &loop_claim("ext4", "64Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| data_mount(r).is_some())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let mount = data_mount(&report).unwrap();
+    let before = fs_bytes(&mount);
+    let filled = fill_near_full(&mount);
+
+    // In use: the edit waits, and says why.
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", true));
+    let report = node
+        .wait(Duration::from_secs(30), |r| {
+            r.problems.iter().any(|p| p.contains("grows volumes offline only"))
+        })
+        .unwrap_or_else(|last| panic!("no waiting line: {last}"));
+    let claim = report.claims.iter().find(|c| c.name == "default/data").unwrap();
+    assert_eq!((claim.requested_bytes, claim.capacity_bytes), (Some(128 << 20), Some(64 << 20)), "{claim:?}");
+    assert!(!node.agent_log().contains("volume expanded by its driver"), "{}", node.agent_log());
+
+    // The pod goes: the driver grows the volume, the claim waits for the node.
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", false));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            r.volumes.is_empty()
+                && r.claims.iter().any(|c| {
+                    c.name == "default/data"
+                        && c.volume_bytes == Some(128 << 20)
+                        && c.conditions.iter().any(|t| t == "FileSystemResizePending")
+                })
+        })
+        .unwrap_or_else(|last| panic!("never grown by the driver: {last}\n{}", node.agent_log()));
+    assert!(report.problems.iter().all(|p| !p.contains("offline only")), "{:?}", report.problems);
+
+    // Killed between the controller's step and the node's; the pod comes back after.
+    node.kill_9();
+    node.start();
+    let back = Instant::now();
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            data_mount(r).is_some_and(|m| fs_bytes(&m) > before)
+                && r.claims.iter().any(|c| {
+                    c.name == "default/data" && c.capacity_bytes == Some(128 << 20) && c.conditions.is_empty()
+                })
+        })
+        .unwrap_or_else(|last| panic!("never grown on the node: {last}\n{}", node.agent_log()));
+    let mount = data_mount(&report).unwrap();
+    let after = fs_bytes(&mount);
+    eprintln!(
+        "offline ext4: pod back → published and grown {} → {} MiB, claim status 128Mi, in {:?}",
+        before >> 20,
+        after >> 20,
+        back.elapsed()
+    );
+    assert!(after > 100 << 20, "{before} → {after}");
+    assert_eq!(
+        std::fs::metadata(mount.join("fill")).unwrap().len(),
+        filled,
+        "the data written before is kept"
+    );
+    std::fs::write(mount.join("more"), vec![0u8; 32 << 20]).expect("the grown volume takes more");
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+}
+
+/// The upstream hostpath driver (`KVOL_UPSTREAM_HOSTPATH`, registered by the upstream
+/// `node-driver-registrar`): a claim it provisioned for the standalone control plane, edited to
+/// twice its size while its pod keeps it published, is grown by its ControllerExpandVolume
+/// and NodeExpandVolume, and the claim's status says the new size.
+#[test]
+fn the_upstream_hostpath_driver_grows_a_claim_through_the_agent() {
+    const UPSTREAM: &str = "hostpath.csi.k8s.io";
+    let Some((driver, registrar)) = support::upstream_hostpath_and_registrar() else { return };
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.agent_args = vec!["--no-components".into()];
+    node.write(
+        "driver.yaml",
+        &format!("apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {UPSTREAM}}}\nspec: {{attachRequired: false}}\n"),
+    );
+    node.start();
+    let socket = node.root.join("kubelet/plugins").join(UPSTREAM).join("csi.sock");
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let mut command = std::process::Command::new(driver);
+    command
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .args(["--nodeid=node-a", &format!("--drivername={UPSTREAM}")])
+        .arg(format!("--statedir={}", node.root.join("upstream-state").display()));
+    let _driver = support::Daemon::spawn("hostpathplugin", command, &node.root.join("hostpathplugin.log"));
+    support::wait_for_path(&socket, "hostpathplugin", Duration::from_secs(30));
+    let mut command = std::process::Command::new(registrar);
+    command
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg(format!("--kubelet-registration-path={}", socket.display()))
+        .arg(format!("--plugin-registration-path={}", node.registration_dir().display()));
+    let _registrar =
+        support::Daemon::spawn("node-driver-registrar", command, &node.root.join("registrar.log"));
+    let claim = |size: &str| loop_claim("ext4", size, true).replace(LOOP_DRIVER, UPSTREAM);
+    node.write("claims.yaml", &claim("16Mi"));
+    node.wait(Duration::from_secs(60), |r| data_mount(r).is_some()).unwrap_or_else(|last| {
+        panic!("never published through the upstream driver: {last}\n{}", node.agent_log())
+    });
+
+    let edited = Instant::now();
+    node.write("claims.yaml", &claim("32Mi"));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            r.claims.iter().any(|c| {
+                c.name == "default/data"
+                    && c.volume_bytes == Some(32 << 20)
+                    && c.capacity_bytes == Some(32 << 20)
+                    && c.conditions.is_empty()
+            })
+        })
+        .unwrap_or_else(|last| panic!("never grown: {last}\n{}", node.agent_log()));
+    eprintln!(
+        "upstream hostpath: claim edited 16Mi → 32Mi, grown by the driver and on the node in {:?}",
+        edited.elapsed()
+    );
+    let log = node.agent_log();
+    assert_eq!(expansions_in(&log), 1, "one NodeExpandVolume:\n{log}");
+    assert!(log.contains("volume expanded by its driver"), "{log}");
+    assert!(!log.contains("volume_unmount"), "never unpublished:\n{log}");
+    assert!(data_mount(&report).is_some());
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty() && r.node_volumes.is_empty())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
 }

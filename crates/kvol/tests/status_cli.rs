@@ -100,6 +100,7 @@ fn report() -> StatusReport {
         csi_node: None,
         components: Vec::new(),
         snapshots: Vec::new(),
+        claims: Vec::new(),
     }
 }
 

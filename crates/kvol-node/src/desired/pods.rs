@@ -139,6 +139,7 @@ fn pod_volumes(objects: &ObjectSet, node: &NodeContext, pod: &Pod) -> Vec<Desire
             mount_options,
             terminating: pod.metadata.deletion_timestamp.is_some(),
             projection,
+            claim_size: claim_size(objects, &info, volume),
         });
     }
     out
@@ -231,6 +232,19 @@ fn resolve(objects: &ObjectSet, pod: &PodInfo, pod_name: &str, volume: &Volume) 
         }
         [_] => Ok((VolumeSpec::inline(volume.clone(), pod.namespace.clone()), Vec::new())),
     }
+}
+
+/// The size a pod volume's claim says it has (`status.capacity`), for a claim or generic
+/// ephemeral volume whose claim has a status.
+fn claim_size(objects: &ObjectSet, pod: &PodInfo, volume: &Volume) -> Option<u64> {
+    let name = match (&volume.persistent_volume_claim, &volume.ephemeral) {
+        (Some(source), _) => source.claim_name.clone(),
+        (None, Some(_)) => format!("{}-{}", pod.name, volume.name),
+        (None, None) => return None,
+    };
+    let claim = objects.claims.get(&format!("{}/{name}", pod.namespace))?;
+    let quantity = claim.status.as_ref()?.capacity.as_ref()?.get("storage")?;
+    kvol_api::quantity::parse_bytes(&quantity.0).ok()
 }
 
 /// The claim `namespace/name`, if it exists and is not being deleted.

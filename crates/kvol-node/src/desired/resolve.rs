@@ -58,12 +58,25 @@ fn resolve_one(
         unique_name,
         attach,
         republish: plugin.requires_remount(&spec),
-        node_expand: plugin.node_expander().is_some() && spec.is_persistent() && !spec.is_block(),
+        node_expand: grows_on_the_node(plugin.as_ref(), &spec),
         staging_path,
         target: kvol_plugin::block::publish_target(paths, plugin.as_ref(), &spec, &volume.pod.uid)
             .map_err(|e| e.to_string())?,
         spec,
     })
+}
+
+/// Whether the node grows `spec`'s filesystem when its volume grows, as kubelet decides it: a
+/// persistent filesystem volume, not mounted read-only (kubelet skips those: "requested
+/// read-only file system"), of a plugin that expands on the node and, when it also expands on
+/// the controller, says the node must follow (a Flexvolume driver's `requiresFSResize`).
+fn grows_on_the_node(plugin: &dyn kvol_plugin::VolumePlugin, spec: &kvol_plugin::VolumeSpec) -> bool {
+    let required = plugin.controller_expander().is_none_or(|c| c.requires_node_expansion());
+    plugin.node_expander().is_some()
+        && required
+        && spec.is_persistent()
+        && !spec.is_block()
+        && !spec.read_only
 }
 
 /// Whether `plugin` attaches or stages `spec` (its unique name is then node-wide); `None` when

@@ -44,6 +44,38 @@ pub struct StatusReport {
     /// The volume snapshots the agent took (standalone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotStatus>,
+    /// The bound claims among the objects and their sizes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimSizeStatus>,
+}
+
+/// A bound claim's sizes: what it asks, what its volume has, what its status says it has (the
+/// size its filesystem was last grown to), and where a resize stands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimSizeStatus {
+    /// `namespace/name`.
+    pub name: String,
+    /// Its PersistentVolume.
+    pub volume: String,
+    /// `spec.resources.requests.storage`, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_bytes: Option<u64>,
+    /// The PersistentVolume's capacity, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_bytes: Option<u64>,
+    /// `status.capacity.storage`, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    /// `status.allocatedResources.storage` (RecoverVolumeExpansionFailure), in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    /// v1.26's `resizeStatus` (RecoverVolumeExpansionFailure); empty: none in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize_status: Option<String>,
+    /// The status conditions' types (`FileSystemResizePending` …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<String>,
 }
 
 /// A snapshot the agent took: the standalone VolumeSnapshotContent.
@@ -238,6 +270,9 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
             snapshot.name, snapshot.size_bytes, snapshot.driver, snapshot.snapshot_handle
         ));
     }
+    for claim in &report.claims {
+        out.push_str(&claim_line(claim));
+    }
     if !report.problems.is_empty() {
         out.push_str("problems:\n");
         for problem in &report.problems {
@@ -259,6 +294,25 @@ fn render(report: &StatusReport, now_unix_ms: u64, agent_alive: bool) -> String 
         table(&mut out, &header, &rows);
     }
     out
+}
+
+/// A claim's sizes on one line: `claim ns/c: volume pv, asks 2Gi, volume 2Gi, capacity 1Gi, FileSystemResizePending`.
+fn claim_line(claim: &ClaimSizeStatus) -> String {
+    let size = |bytes: Option<u64>| bytes.map_or_else(|| "?".to_string(), kvol_api::quantity::format_bytes);
+    let mut facts = vec![
+        format!("volume {}", claim.volume),
+        format!("asks {}", size(claim.requested_bytes)),
+        format!("volume size {}", size(claim.volume_bytes)),
+        format!("capacity {}", size(claim.capacity_bytes)),
+    ];
+    if claim.allocated_bytes.is_some() {
+        facts.push(format!("allocated {}", size(claim.allocated_bytes)));
+    }
+    if let Some(status) = claim.resize_status.as_deref().filter(|s| !s.is_empty()) {
+        facts.push(format!("resize {status}"));
+    }
+    facts.extend(claim.conditions.iter().cloned());
+    format!("claim {}: {}\n", claim.name, facts.join(", "))
 }
 
 /// The CSINode in a line per driver and one for the migrated plugins.
@@ -427,6 +481,7 @@ mod tests {
             csi_node: None,
             components: Vec::new(),
             snapshots: Vec::new(),
+            claims: Vec::new(),
         }
     }
 
@@ -450,6 +505,40 @@ mod tests {
             assert_eq!(phase.to_string(), name);
         }
         assert!(serde_json::from_value::<Phase>(serde_json::json!("tearingDown")).is_err());
+    }
+
+    #[test]
+    fn a_claim_line_shows_its_sizes_and_where_a_resize_stands() {
+        let claim = |resize: Option<&str>, conditions: &[&str], allocated: Option<u64>| ClaimSizeStatus {
+            name: "default/data".into(),
+            volume: "pvc-1".into(),
+            requested_bytes: Some(2 << 30),
+            volume_bytes: Some(2 << 30),
+            capacity_bytes: Some(1 << 30),
+            allocated_bytes: allocated,
+            resize_status: resize.map(String::from),
+            conditions: conditions.iter().map(|c| c.to_string()).collect(),
+        };
+        let cases = [
+            (
+                claim(None, &["FileSystemResizePending"], None),
+                "claim default/data: volume pvc-1, asks 2Gi, volume size 2Gi, capacity 1Gi, FileSystemResizePending\n",
+            ),
+            (
+                claim(Some("NodeExpansionPending"), &["FileSystemResizePending"], Some(2 << 30)),
+                "claim default/data: volume pvc-1, asks 2Gi, volume size 2Gi, capacity 1Gi, allocated 2Gi, resize NodeExpansionPending, FileSystemResizePending\n",
+            ),
+            (
+                ClaimSizeStatus { capacity_bytes: None, ..claim(Some(""), &[], None) },
+                "claim default/data: volume pvc-1, asks 2Gi, volume size 2Gi, capacity ?\n",
+            ),
+        ];
+        for (claim, want) in cases {
+            assert_eq!(claim_line(&claim), want);
+            let mut r = report(Vec::new());
+            r.claims = vec![claim];
+            assert!(render(&r, 1_100_000, true).contains(want));
+        }
     }
 
     #[test]

@@ -110,6 +110,7 @@ pub fn status_report(
         csi_node: None,
         components: Vec::new(),
         snapshots: Vec::new(),
+        claims: Vec::new(),
         node_volumes,
         node: config.node_name.clone(),
         pid: std::process::id(),
