@@ -88,6 +88,10 @@ pub struct ProcessState {
     /// asked once per run after its first healthy probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// What else it says of itself in that answer (`GetPluginInfo`'s manifest; the bundled
+    /// driver: its volume backing and why).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub manifest: std::collections::BTreeMap<String, String>,
 }
 
 /// A process under supervision; `stop` stops it and waits, dropping the handle stops it too.
@@ -285,6 +289,7 @@ async fn run_once(
         s.healthy = None;
         s.probe_error = None;
         s.version = None;
+        s.manifest.clear();
     });
     tracing::info!(component = %spec.name, pid = ?child.id(), "component process started");
     tokio::select! {
@@ -334,7 +339,10 @@ async fn watch_health(
             && state.lock().unwrap_or_else(|p| p.into_inner()).version.is_none()
             && let Ok(info) = client.plugin_info().await
         {
-            update(state, |s| s.version = Some(format!("{} {}", info.name, info.vendor_version)));
+            update(state, |s| {
+                s.version = Some(format!("{} {}", info.name, info.vendor_version));
+                s.manifest = info.manifest.into_iter().collect();
+            });
         }
         let error = match answer {
             Ok(true) => None,

@@ -78,16 +78,92 @@ pub fn attach(file: &Path) -> Result<PathBuf, Status> {
     Ok(PathBuf::from(device))
 }
 
-/// Detaches every loop device holding `file`; none is success.
+/// Has the kernel detach `device`, which a mount holds, once nothing holds it any more: a
+/// `losetup -d` of a device in use only sets its autoclear flag (the kernel's lazy detach,
+/// since Linux 3.7). So unmounting its filesystem detaches it — also when the mount goes
+/// without an unmount, with a mount namespace that dies or a driver killed before it could
+/// unstage. Never for a device nothing holds: that one it would detach at once.
+pub fn detach_when_unused(device: &Path) -> Result<(), Status> {
+    losetup(&["-d", text(device)?])?;
+    match autoclear(device) {
+        Some(true) => Ok(()),
+        Some(false) => Err(Status::internal(format!(
+            "losetup -d {} left the device without its autoclear flag",
+            device.display()
+        ))),
+        None => Err(Status::internal(format!(
+            "losetup -d {} detached the device at once: nothing held it",
+            device.display()
+        ))),
+    }
+}
+
+/// Whether loop `device` is set to detach when its last user closes it
+/// (`/sys/block/loopN/loop/autoclear`); `None` when it is not attached.
+pub fn autoclear(device: &Path) -> Option<bool> {
+    let name = device.file_name()?.to_str()?;
+    let said = std::fs::read_to_string(format!("/sys/block/{name}/loop/autoclear")).ok()?;
+    Some(said.trim() == "1")
+}
+
+/// Detaches every loop device holding `file`; none is success. The kernel detaches a device
+/// only at its last close: one that something else has open — udev's blkid after an unmount,
+/// a `losetup` of another volume looking through the devices, a mount namespace copied while
+/// the volume was mounted — is only marked by `losetup -d` (autoclear). So this waits, at most
+/// [`DETACH_WAIT`], until the kernel says the device no longer holds the file
+/// (`/sys/block/loopN/loop/backing_file`, read without opening the device, which would hold it
+/// longer): a moment's opener is waited out, and a DeleteVolume right after an unstage finds
+/// the image free. A device still held after that is left marked, to go at its last close, and
+/// said; nothing of the driver holds it any more.
 pub fn detach(file: &Path) -> Result<(), Status> {
     if !file.exists() {
         return Ok(());
     }
-    for device in devices_of(file)? {
-        losetup(&["-d", text(&device)?])?;
+    let devices = devices_of(file)?;
+    let resolved = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    for device in &devices {
+        // Gone meanwhile (an autoclear finishing) is what was asked for.
+        if let Err(e) = losetup(&["-d", text(device)?])
+            && holds(device, &resolved)
+        {
+            return Err(e);
+        }
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let holding: Vec<&PathBuf> = devices.iter().filter(|d| holds(d, &resolved)).collect();
+        if holding.is_empty() {
+            break;
+        }
+        if started.elapsed() > DETACH_WAIT {
+            for device in holding {
+                if autoclear(device) != Some(true) {
+                    return Err(Status::internal(format!(
+                        "losetup -d {} left it holding {} without its autoclear flag",
+                        device.display(),
+                        file.display()
+                    )));
+                }
+                tracing::warn!(file = %file.display(), device = %device.display(), "the loop device is still open elsewhere: the kernel detaches it at its last close");
+            }
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for device in &devices {
         tracing::info!(file = %file.display(), device = %device.display(), "detached loop device");
     }
     Ok(())
+}
+
+/// How long [`detach`] waits for the kernel to let go of a file another opener held.
+const DETACH_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether loop `device` is attached to `file` (a resolved path), as sysfs says.
+fn holds(device: &Path, file: &Path) -> bool {
+    let Some(name) = device.file_name().and_then(|n| n.to_str()) else { return false };
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .is_ok_and(|said| Path::new(said.trim_end().trim_end_matches(" (deleted)")) == file)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The hostpath driver's CSI Identity service: name, version, plugin capabilities, readiness.
+//! The hostpath driver's CSI Identity service: name, version, the volume backing (in the manifest), plugin capabilities, readiness.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::HostpathConfig;
+use crate::backing::{BackingChoice, MANIFEST_KEY};
 use csi::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
 use kvol_csi::proto::csi::{self, identity_server::Identity};
 
@@ -34,6 +35,8 @@ pub fn plugin_capabilities(offline: bool) -> Vec<csi::PluginCapability> {
 #[derive(Debug, Clone)]
 pub struct IdentityService {
     pub(crate) config: Arc<HostpathConfig>,
+    /// Said in GetPluginInfo's manifest under [`MANIFEST_KEY`].
+    pub(crate) backing: BackingChoice,
 }
 
 #[tonic::async_trait]
@@ -45,7 +48,7 @@ impl Identity for IdentityService {
         Ok(Response::new(csi::GetPluginInfoResponse {
             name: self.config.driver_name.clone(),
             vendor_version: VENDOR_VERSION.to_string(),
-            manifest: HashMap::new(),
+            manifest: HashMap::from([(MANIFEST_KEY.to_string(), self.backing.describe())]),
         }))
     }
 

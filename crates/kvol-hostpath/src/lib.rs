@@ -1,4 +1,4 @@
-//! The bundled hostpath CSI driver (`hostpath.csi.kvol.io`): volumes and snapshots are directories under a state directory, served over CSI and registered with the kubelet.
+//! The bundled hostpath CSI driver (`hostpath.csi.kvol.io`): volumes are filesystem images on loop devices or directories under a state directory, snapshots copies, served over CSI and registered with the kubelet.
 //!
 //! One process serves the three CSI services on the CSI socket and, unless told not to, the
 //! kubelet plugin-registration service on `<registration dir>/<driver>-reg.sock` (what
@@ -6,18 +6,20 @@
 //!
 //! ```text
 //! <state>/state.json            volumes, snapshots, and where each volume is staged and published
-//! <state>/volumes/<volume id>   a persistent volume's data (volume id = vol-<sha256(name)[..32]>)
-//! <state>/volumes/<id>.img      a loop-backed volume's filesystem image (`--volume-backing loop`)
-//! <state>/snapshots/<snap id>   a snapshot: a copy of its source volume's directory
+//! <state>/volumes/<volume id>   a directory-backed volume's data (volume id = vol-<sha256(name)[..32]>)
+//! <state>/volumes/<id>.img      a loop-backed volume's filesystem image
+//! <state>/snapshots/<snap id>   a snapshot: a copy of its source volume's directory (or image)
 //! <state>/ephemeral/<hash>      a CSI ephemeral inline volume, from publish to unpublish
 //! <state>/static/<hash>         a volume taken on at its first stage (`static_volumes`)
 //! ```
 //!
-//! With the directory backing (the default), capacity is recorded, never enforced: there are
-//! no quotas, and volume statistics are those of the filesystem holding the state directory.
-//! With the loop backing ([`loopfs`]) a filesystem volume is an ext4 or xfs image on a loop
-//! device and holds its size and no more.
+//! With the directory backing, capacity is recorded, never enforced: there are no quotas, and
+//! volume statistics are those of the filesystem holding the state directory. With the loop
+//! backing ([`loopfs`]) a filesystem volume is an ext4 or xfs image on a loop device and holds
+//! its size and no more. `auto` (what `kvol csi-driver` runs by default) is decided once, at
+//! start, by [`backing`]: loop where loop devices can be made, else directories, said why.
 
+pub mod backing;
 pub mod block;
 pub mod capacity;
 pub mod controller;
@@ -87,9 +89,11 @@ pub struct HostpathConfig {
     /// of an unknown volume id takes it on as an empty filesystem volume, recorded like any
     /// other from then on. Off by default, when an unknown id is NotFound as the CSI spec asks.
     pub static_volumes: bool,
-    /// What backs a new filesystem volume (`--volume-backing`): a directory (the default;
-    /// sizes are recorded, not enforced) or a filesystem image on a loop device
-    /// ([`loopfs`]), which holds its size and no more.
+    /// What backs a new filesystem volume (`--volume-backing`): a directory (this type's
+    /// default; sizes are recorded, not enforced), a filesystem image on a loop device
+    /// ([`loopfs`]), which holds its size and no more, or `Auto`, which [`HostpathDriver::bind`]
+    /// turns into one of the two ([`backing::resolve`]). A volume keeps the backing it was
+    /// made with, whatever this says later.
     pub volume_backing: VolumeBacking,
     /// Grow volumes offline only (`--offline-expansion`): the plugin capability says
     /// `OFFLINE`, and ControllerExpandVolume of a volume staged or published on the node is
@@ -100,6 +104,9 @@ pub struct HostpathConfig {
 /// What backs a new filesystem volume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum VolumeBacking {
+    /// Loop where loop devices can be made here, else directories: decided once, at start
+    /// ([`backing::resolve`]); a running driver never has this backing.
+    Auto,
     /// A directory under the state directory.
     #[default]
     Directory,
@@ -109,19 +116,21 @@ pub enum VolumeBacking {
 
 impl VolumeBacking {
     /// The names `--volume-backing` takes.
-    pub const NAMES: [&str; 2] = ["directory", "loop"];
+    pub const NAMES: [&str; 3] = ["auto", "directory", "loop"];
 
-    /// The backing named `name` (`directory` or `loop`).
+    /// The backing named `name` (`auto`, `directory` or `loop`).
     pub fn parse(name: &str) -> Result<VolumeBacking, String> {
         match name {
+            "auto" => Ok(VolumeBacking::Auto),
             "directory" => Ok(VolumeBacking::Directory),
             "loop" => Ok(VolumeBacking::Loop),
-            other => Err(format!("volume backing {other:?} is not one of directory, loop")),
+            other => Err(format!("volume backing {other:?} is not one of auto, directory, loop")),
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
+            VolumeBacking::Auto => "auto",
             VolumeBacking::Directory => "directory",
             VolumeBacking::Loop => "loop",
         }
@@ -250,7 +259,7 @@ mod tests {
         }
         assert_eq!(VolumeBacking::default(), VolumeBacking::Directory);
         let err = VolumeBacking::parse("Loop").unwrap_err();
-        assert_eq!(err, "volume backing \"Loop\" is not one of directory, loop");
+        assert_eq!(err, "volume backing \"Loop\" is not one of auto, directory, loop");
     }
 
     #[test]

@@ -10,9 +10,14 @@
 //! (the binary, bounded by a deadline: [`crate::block::attach`], which first asks the kernel
 //! with `losetup -j <image>` whether a device already holds it, so a restarted or `kill -9`ed
 //! driver finds its devices again and never attaches a second one) and mounts the device on
-//! the staging path; publish bind-mounts the staging path as for a directory volume;
-//! NodeUnstageVolume unmounts and detaches (`losetup -d`). DeleteVolume removes the image and
-//! refuses while a loop device still holds it.
+//! the staging path, then marks the device to be detached once unused
+//! ([`crate::block::detach_when_unused`]: a `losetup -d` of a mounted device sets its
+//! autoclear flag), so the mount alone holds it: unmounted — by NodeUnstageVolume, or with a
+//! mount namespace that dies, as the README's first command's does — the kernel detaches it,
+//! and a driver `kill -9`ed or stopped leaves no device that outlives its mount. Publish
+//! bind-mounts the staging path as for a directory volume; NodeUnstageVolume unmounts (and
+//! detaches what is left, `losetup -d`). DeleteVolume removes the image and refuses while a
+//! loop device still holds it.
 //!
 //! Growing: ControllerExpandVolume lengthens the file (`set_len`) and asks for node expansion;
 //! NodeExpandVolume has the loop device read its new size (`losetup -c`) and grows the mounted

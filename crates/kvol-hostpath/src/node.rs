@@ -376,6 +376,12 @@ impl Hostpath {
                 e
             ))
         })?;
+        // From now on the mount alone holds the device: it is detached with the mount, however
+        // that goes. Not marked, it would only outlive a lost mount, so a failure is said, not
+        // returned.
+        if let Err(e) = crate::block::detach_when_unused(&device) {
+            tracing::warn!(volume = %id, device = %device.display(), "{}", e.message());
+        }
         let done = open_fresh_root(staging)
             .map_err(|e| Status::internal(format!("volume {id}: cannot open up {}: {e}", staging.display())))
             .and_then(|()| {

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 use crate::HostpathConfig;
+use crate::backing::BackingChoice;
 use crate::controller::ControllerService;
 use crate::driver::Hostpath;
 use crate::group::GroupControllerService;
@@ -116,6 +117,7 @@ pub fn bind_socket(path: &Path) -> Result<BoundSocket, CsiError> {
 #[derive(Debug)]
 pub struct HostpathDriver {
     config: Arc<HostpathConfig>,
+    backing: BackingChoice,
     core: Hostpath,
     csi: BoundSocket,
     registration: Option<BoundSocket>,
@@ -123,17 +125,19 @@ pub struct HostpathDriver {
 }
 
 impl HostpathDriver {
-    /// Validates the configuration, loads the state and binds the sockets: the CSI socket
+    /// Validates the configuration, decides the volume backing (`auto` probed here, once:
+    /// [`crate::backing::resolve`]), loads the state and binds the sockets: the CSI socket
     /// first, then the registration socket, so the kubelet, which reacts to the latter, always
     /// finds the former. Connections queue until [`run`](Self::run).
     pub fn bind(config: HostpathConfig, mounter: Arc<dyn Mounter>) -> Result<HostpathDriver, CsiError> {
         config.validate()?;
-        let config = Arc::new(config);
+        let backing = crate::backing::resolve(config.volume_backing);
+        let config = Arc::new(HostpathConfig { volume_backing: backing.backing, ..config });
         let core = Hostpath::open(config.clone(), mounter)?;
         let csi = bind_socket(&config.csi_socket)?;
         let registration = config.registration_socket().map(|path| bind_socket(&path)).transpose()?;
         let (outcomes, _) = watch::channel(None);
-        Ok(HostpathDriver { config, core, csi, registration, outcomes })
+        Ok(HostpathDriver { config, backing, core, csi, registration, outcomes })
     }
 
     /// Binds, then runs until `shutdown` completes: the whole driver in one call.
@@ -145,8 +149,14 @@ impl HostpathDriver {
         HostpathDriver::bind(config, mounter)?.run(shutdown).await
     }
 
+    /// The configuration it runs with: `volume_backing` is the backing decided, never `Auto`.
     pub fn config(&self) -> &HostpathConfig {
         &self.config
+    }
+
+    /// The backing new filesystem volumes get, and why.
+    pub fn backing(&self) -> &BackingChoice {
+        &self.backing
     }
 
     /// The CSI socket's path.
@@ -171,7 +181,7 @@ impl HostpathDriver {
     /// too, with an error. Must run inside a tokio runtime; mounts happen on the thread that
     /// polls the request, never on a blocking pool.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), CsiError> {
-        let HostpathDriver { config, core, csi, registration, outcomes } = self;
+        let HostpathDriver { config, backing, core, csi, registration, outcomes } = self;
         let driver = config.driver_name.clone();
         let transport = |what: &Path, e: tonic::transport::Error| CsiError::Driver {
             driver: driver.clone(),
@@ -189,7 +199,7 @@ impl HostpathDriver {
         };
         let shared = Arc::new(tokio::sync::Mutex::new(core));
         let csi_server = Server::builder()
-            .add_service(IdentityServer::new(IdentityService { config: config.clone() }))
+            .add_service(IdentityServer::new(IdentityService { config: config.clone(), backing }))
             .add_service(ControllerServer::new(ControllerService { core: shared.clone() }))
             .add_service(GroupControllerServer::new(GroupControllerService { core: shared.clone() }))
             .add_service(NodeServer::new(NodeService { core: shared }))

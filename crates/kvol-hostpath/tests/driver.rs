@@ -192,6 +192,14 @@ async fn identity_and_node_info_describe_the_driver() {
         (info.name.as_str(), info.vendor_version.as_str()),
         ("hostpath.csi.kvol.io", env!("CARGO_PKG_VERSION"))
     );
+    // The manifest says the backing: this type's default, a directory.
+    assert_eq!(
+        info.manifest,
+        HashMap::from([(
+            "volume-backing".to_string(),
+            "directory (asked for); volumes' sizes are not enforced".to_string()
+        )])
+    );
     let probe = d.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
 

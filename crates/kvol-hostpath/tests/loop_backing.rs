@@ -13,8 +13,10 @@ use std::sync::Arc;
 
 use kvol_csi::CsiError;
 use kvol_csi::proto::csi::controller_client::ControllerClient;
+use kvol_csi::proto::csi::identity_client::IdentityClient;
 use kvol_csi::proto::csi::node_client::NodeClient;
 use kvol_csi::proto::csi::{self, volume_capability::access_mode::Mode};
+use kvol_hostpath::backing::BackingChoice;
 use kvol_hostpath::loopfs::FSTYPE_PARAMETER;
 use kvol_hostpath::{HostpathConfig, HostpathDriver, VolumeBacking};
 use kvol_plugin::mount::SystemMounter;
@@ -44,12 +46,16 @@ impl Sandbox {
 struct Running {
     stop: oneshot::Sender<()>,
     task: JoinHandle<Result<(), CsiError>>,
+    /// The backing it decided at start.
+    backing: BackingChoice,
     controller: ControllerClient<Channel>,
     node: NodeClient<Channel>,
+    identity: IdentityClient<Channel>,
 }
 
 async fn start(config: HostpathConfig) -> Running {
     let driver = HostpathDriver::bind(config, Arc::new(SystemMounter)).expect("the driver starts");
+    let backing = driver.backing().clone();
     let socket = driver.csi_socket().to_path_buf();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(driver.run(async {
@@ -60,13 +66,20 @@ async fn start(config: HostpathConfig) -> Running {
         .connect()
         .await
         .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
-    Running { stop, task, controller: ControllerClient::new(ch.clone()), node: NodeClient::new(ch) }
+    Running {
+        stop,
+        task,
+        backing,
+        controller: ControllerClient::new(ch.clone()),
+        node: NodeClient::new(ch.clone()),
+        identity: IdentityClient::new(ch),
+    }
 }
 
 impl Running {
     async fn stop(self) {
-        let Running { stop, task, controller, node } = self;
-        drop((controller, node));
+        let Running { stop, task, controller, node, identity, .. } = self;
+        drop((controller, node, identity));
         stop.send(()).expect("the driver is still running");
         task.await.expect("the driver task").expect("the driver stops cleanly");
     }
@@ -195,6 +208,12 @@ async fn volume_life(fs_name: &str, by_parameter: bool, asked: i64, size: i64, g
     d.node.node_stage_volume(stage(cap.clone())).await.expect("staging again is fine");
     let devices = loop_devices_of(&image);
     assert_eq!(devices.len(), 1, "one loop device: {devices:?}");
+    assert_eq!(
+        kvol_hostpath::block::autoclear(&devices[0]),
+        Some(true),
+        "the mount alone holds {}: it goes with the mount",
+        devices[0].display()
+    );
     let publish = csi::NodePublishVolumeRequest {
         volume_id: id.clone(),
         staging_target_path: staging.display().to_string(),
@@ -456,4 +475,193 @@ async fn the_directory_backing_is_the_default_and_unchanged() {
         .await
         .unwrap();
     d.stop().await;
+}
+
+/// A stage request for `id` on `staging` with a plain mount capability.
+fn stage_request(id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_cap("")),
+        ..Default::default()
+    }
+}
+
+fn unstage_request(id: &str, staging: &Path) -> csi::NodeUnstageVolumeRequest {
+    csi::NodeUnstageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+    }
+}
+
+async fn create(d: &mut Running, name: &str, bytes: i64) -> String {
+    let req = csi::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+        volume_capabilities: vec![mount_cap("")],
+        ..Default::default()
+    };
+    d.controller.create_volume(req).await.unwrap().into_inner().volume.unwrap().volume_id
+}
+
+/// `auto` is loop here (the machine has loop devices), said in GetPluginInfo's manifest; a
+/// volume keeps the backing it was made with across restarts whatever the driver's backing is
+/// then: a directory volume made before the default changed stays a directory, and a driver
+/// back on directories finds the loop volume's image, and its loop device, again.
+#[tokio::test(flavor = "current_thread")]
+async fn volumes_keep_their_backing_when_the_default_changes() {
+    if !loop_devices_usable() || !has_program("mkfs.ext4") {
+        return;
+    }
+    let sb = Sandbox::new();
+    let directory = HostpathConfig { volume_backing: VolumeBacking::Directory, ..sb.config() };
+    let auto = HostpathConfig { volume_backing: VolumeBacking::Auto, ..sb.config() };
+    let (old_staging, new_staging) = (sb.path("stage-old"), sb.path("stage-new"));
+
+    let mut d = start(directory.clone()).await;
+    assert_eq!(d.backing.describe(), "directory (asked for); volumes' sizes are not enforced");
+    let old = create(&mut d, "old", 16 * MIB).await;
+    d.node.node_stage_volume(stage_request(&old, &old_staging)).await.unwrap();
+    fs::write(old_staging.join("kept"), b"made on a directory").unwrap();
+    d.stop().await;
+
+    // The default changes to auto, which is loop here, and says so.
+    let mut d = start(auto.clone()).await;
+    assert_eq!(d.backing.backing, VolumeBacking::Loop, "{:?}", d.backing);
+    assert!(
+        d.backing.reason.starts_with("chosen automatically: loop devices can be made here"),
+        "{:?}",
+        d.backing
+    );
+    let info = d.identity.get_plugin_info(csi::GetPluginInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.manifest.get("volume-backing"), Some(&d.backing.describe()));
+    let new = create(&mut d, "new", 16 * MIB).await;
+    let volumes = sb.path("state/volumes");
+    assert!(volumes.join(format!("{new}.img")).is_file(), "a new volume is an image");
+    d.node.node_stage_volume(stage_request(&old, &old_staging)).await.expect("staged already");
+    d.node.node_stage_volume(stage_request(&new, &new_staging)).await.unwrap();
+    assert!(volumes.join(&old).is_dir() && !volumes.join(format!("{old}.img")).exists(), "still a directory");
+    let old_mount = sb.mounts_on(&old_staging);
+    assert!(old_mount.len() == 1 && !old_mount[0].source.starts_with("/dev/loop"), "{old_mount:?}");
+    let image = volumes.join(format!("{new}.img"));
+    let devices = loop_devices_of(&image);
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    d.abort().await;
+
+    // Back on directories after a kill: the loop volume's image and device are found again,
+    // the old volume is still the directory it was, and a new volume is a directory.
+    let mut d = start(directory).await;
+    d.node.node_stage_volume(stage_request(&new, &new_staging)).await.unwrap();
+    d.node.node_stage_volume(stage_request(&old, &old_staging)).await.unwrap();
+    assert_eq!(loop_devices_of(&image), devices, "the same loop device");
+    assert_eq!(fs::read(old_staging.join("kept")).unwrap(), b"made on a directory");
+    let (total, _) = statvfs_bytes(&new_staging);
+    assert!(total <= 16 * MIB, "the loop volume's own filesystem: {total} bytes");
+    let third = create(&mut d, "third", 16 * MIB).await;
+    assert!(volumes.join(&third).is_dir() && !volumes.join(format!("{third}.img")).exists());
+
+    for (id, staging) in [(&old, &old_staging), (&new, &new_staging)] {
+        d.node.node_unstage_volume(unstage_request(id, staging)).await.unwrap();
+    }
+    assert!(loop_devices_of(&image).is_empty(), "unstage leaves no loop device");
+    for id in [old, new, third] {
+        d.controller
+            .delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() })
+            .await
+            .unwrap();
+    }
+    d.stop().await;
+    sb.assert_nothing_mounted();
+    assert!(kvol_test_support::loop_devices_of(&sb.root).is_empty());
+}
+
+/// A driver killed (no unstage, no shutdown) in a mount namespace that then dies, as the
+/// README's first command's does: its staged volume's mount goes with the namespace, and the
+/// kernel detaches the loop device with it (autoclear), so nothing is left attached.
+#[test]
+fn a_killed_driver_whose_namespace_dies_leaves_no_loop_device() {
+    if !loop_devices_usable() || !has_program("mkfs.ext4") {
+        return;
+    }
+    let scratch = kvol_test_support::ScratchRoot::new();
+    let root = scratch.path().to_path_buf();
+    let config = HostpathConfig {
+        state_dir: root.join("state"),
+        csi_socket: root.join("plugins/hostpath.csi.kvol.io/csi.sock"),
+        registration_dir: None,
+        volume_backing: VolumeBacking::Loop,
+        ..HostpathConfig::new("hostpath.csi.kvol.io", "node-a")
+    };
+    // A thread of its own enters a namespace of its own, stages, and ends with the driver
+    // killed: its namespace, holding the only mount, goes with it.
+    let staged = std::thread::spawn(move || {
+        support::enter_private_mount_namespace();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let staged = runtime.block_on(async {
+            let mut d = start(config).await;
+            let id = create(&mut d, "lost", 16 * MIB).await;
+            let staging = root.join("staging");
+            d.node.node_stage_volume(stage_request(&id, &staging)).await.unwrap();
+            let image = root.join("state/volumes").join(format!("{id}.img"));
+            let devices = loop_devices_of(&image);
+            assert_eq!(devices.len(), 1, "{devices:?}");
+            d.abort().await;
+            (image, devices)
+        });
+        drop(runtime);
+        staged
+    })
+    .join()
+    .expect("the staging thread");
+    let (image, devices) = staged;
+    let started = std::time::Instant::now();
+    while !loop_devices_of(&image).is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{devices:?} still hold {} after its namespace died",
+            image.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    eprintln!("{devices:?} detached {:?} after the namespace died", started.elapsed());
+    assert!(scratch.leftovers().is_empty(), "{}", scratch.leftovers());
+}
+
+/// A 1 GiB claim is 1 GiB: the filesystem on its image is no larger, and asking it for more
+/// than it has left is refused (ENOSPC), measured by `fallocate` so nothing big is written.
+#[tokio::test(flavor = "current_thread")]
+async fn a_one_gib_volume_holds_one_gib() {
+    if !loop_devices_usable() || !has_program("mkfs.ext4") {
+        return;
+    }
+    const GIB: i64 = 1 << 30;
+    let sb = Sandbox::new();
+    let mut d = start(sb.config()).await;
+    let started = std::time::Instant::now();
+    let id = create(&mut d, "one-gib", GIB).await;
+    let created = started.elapsed();
+    let staging = sb.path("staging");
+    d.node.node_stage_volume(stage_request(&id, &staging)).await.unwrap();
+    eprintln!("1 GiB loop volume: created in {created:?}, created and staged in {:?}", started.elapsed());
+    let image = sb.path("state/volumes").join(format!("{id}.img"));
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(&image).unwrap();
+    assert_eq!(meta.len() as i64, GIB);
+    eprintln!("its image takes {} MiB of disk", meta.blocks() * 512 / MIB as u64);
+    let (total, available) = statvfs_bytes(&staging);
+    assert!(total <= GIB && total > GIB * 9 / 10, "the filesystem is the volume's size: {total} bytes");
+    let file = fs::File::create(staging.join("big")).unwrap();
+    let too_much = nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, available + 16 * MIB);
+    assert_eq!(too_much, Err(nix::errno::Errno::ENOSPC), "{available} bytes were available");
+    nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, available - 16 * MIB)
+        .expect("what is available can be had");
+    drop(file);
+    d.node.node_unstage_volume(unstage_request(&id, &staging)).await.unwrap();
+    d.controller
+        .delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() })
+        .await
+        .unwrap();
+    d.stop().await;
+    sb.assert_nothing_mounted();
+    assert!(kvol_test_support::loop_devices_of(&sb.root).is_empty());
 }

@@ -26,6 +26,10 @@ struct Row {
     healthy: Option<bool>,
     /// What its process says it is (`GetPluginInfo`), once it answered a probe.
     version: Option<String>,
+    /// What else it says of itself there (`GetPluginInfo`'s manifest: the bundled driver's
+    /// volume backing and why).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    manifest: std::collections::BTreeMap<String, String>,
     rss_bytes: Option<u64>,
     cpu_seconds: Option<f64>,
     csi_driver: Option<String>,
@@ -119,6 +123,7 @@ fn status_rows(
                 starts: process.map_or(0, |p| p.starts),
                 healthy: process.and_then(|p| p.healthy),
                 version: process.and_then(|p| p.version.clone()),
+                manifest: process.map(|p| p.manifest.clone()).unwrap_or_default(),
                 rss_bytes: usage.map(|u| u.0),
                 cpu_seconds: usage.map(|u| u.1),
                 csi_driver,
@@ -174,6 +179,12 @@ fn table(rows: &[Row]) -> String {
             row.version.as_deref().unwrap_or("-"),
             row.last_exit.as_deref().unwrap_or("-"),
         ));
+    }
+    // What the processes say of themselves beyond their version, a line each under the table.
+    for row in rows {
+        for (key, value) in &row.manifest {
+            out.push_str(&format!("{}: {key}: {value}\n", row.name));
+        }
     }
     out
 }
@@ -305,5 +316,37 @@ mod tests {
         for (what, statm, stat, want) in rows {
             assert_eq!(parse_footprint(statm, stat, 4096, 100.0), want, "{what}");
         }
+    }
+
+    #[test]
+    fn what_a_process_says_of_itself_is_a_line_under_the_table() {
+        let row = |name: &str, manifest: &[(&str, &str)]| Row {
+            name: name.into(),
+            decision: "run",
+            state: "running".into(),
+            pid: Some(7),
+            starts: 1,
+            healthy: Some(true),
+            version: Some("hostpath.csi.kvol.io 0.1.0".into()),
+            manifest: manifest.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            rss_bytes: None,
+            cpu_seconds: None,
+            csi_driver: None,
+            volumes_published: 0,
+            last_exit: None,
+        };
+        let text = table(&[
+            row("hostpath", &[("volume-backing", "loop (asked for); a volume holds its size and no more")]),
+            row("snapshot-controller", &[]),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[1].starts_with("hostpath ") && lines[2].starts_with("snapshot-controller "), "{text}");
+        assert_eq!(
+            lines[3],
+            "hostpath: volume-backing: loop (asked for); a volume holds its size and no more"
+        );
+        let json = serde_json::to_value(row("x", &[])).unwrap();
+        assert!(json.get("manifest").is_none(), "an empty manifest is left out: {json}");
     }
 }

@@ -61,10 +61,14 @@ pub struct CsiDriverArgs {
     /// NodeStageVolume as an empty directory. Without it an unknown id is NotFound.
     #[arg(long)]
     pub static_volumes: bool,
-    /// What backs a new filesystem volume: `directory` (sizes are recorded, not enforced) or
-    /// `loop` (a sparse image file formatted ext4, or xfs when the fstype asks for it, mounted
-    /// through a loop device: a volume holds its size and no more).
-    #[arg(long, default_value = "directory", value_parser = parse_volume_backing)]
+    /// What backs a new filesystem volume: `loop` (a sparse image file formatted ext4, or xfs
+    /// when the fstype asks for it, mounted through a loop device: a volume holds its size and
+    /// no more), `directory` (sizes are recorded, not enforced), or `auto`: loop where loop
+    /// devices can be made here (/dev/loop-control opens, losetup finds a free device,
+    /// mkfs.ext4 is installed), else directory; the choice and why are said at start. A
+    /// volume keeps the backing it was made with. The agent's bundled driver takes it from
+    /// the agent's environment (KVOL_VOLUME_BACKING).
+    #[arg(long, env = "KVOL_VOLUME_BACKING", default_value = "auto", value_parser = parse_volume_backing)]
     pub volume_backing: VolumeBacking,
     /// Grow volumes offline only: the plugin capability says OFFLINE, and ControllerExpandVolume
     /// of a volume in use on the node fails (FailedPrecondition); online by default.
@@ -121,6 +125,7 @@ pub fn run(args: &CsiDriverArgs, node: &str) -> anyhow::Result<ExitCode> {
             driver.csi_socket().display(),
             driver.config().state_dir.display()
         );
+        eprintln!("kvol: csi driver {name}: {}", driver.backing().line());
         match driver.registration_socket() {
             Some(socket) => eprintln!("kvol: csi driver {name} registers through {}", socket.display()),
             None => eprintln!("kvol: csi driver {name} serves no registration socket"),
@@ -171,7 +176,11 @@ mod tests {
     #[test]
     fn defaults_follow_the_driver_name() {
         let c = config(&args(&[]), "node-a");
-        assert_eq!(c, HostpathConfig::new(DEFAULT_DRIVER_NAME, "node-a"));
+        let auto = HostpathConfig {
+            volume_backing: VolumeBacking::Auto,
+            ..HostpathConfig::new(DEFAULT_DRIVER_NAME, "node-a")
+        };
+        assert_eq!(c, auto);
         let c = config(&args(&["--name", "x.example"]), "n");
         assert_eq!(c.csi_socket, PathBuf::from("/var/lib/kubelet/plugins/x.example/csi.sock"));
         assert_eq!(
@@ -220,10 +229,14 @@ mod tests {
                 offline_expansion: true,
             }
         );
-        assert_eq!(config(&args(&[]), "n").volume_backing, VolumeBacking::Directory);
+        assert_eq!(config(&args(&[]), "n").volume_backing, VolumeBacking::Auto);
+        assert_eq!(
+            config(&args(&["--volume-backing=directory"]), "n").volume_backing,
+            VolumeBacking::Directory
+        );
         let err =
             Cli::try_parse_from(["kvol", "csi-driver", "--volume-backing=zfs"]).unwrap_err().to_string();
-        assert!(err.contains("volume backing \"zfs\" is not one of directory, loop"), "{err}");
+        assert!(err.contains("volume backing \"zfs\" is not one of auto, directory, loop"), "{err}");
         // Upstream's spelling of the volume limit works too.
         assert_eq!(config(&args(&["--maxvolumespernode=2"]), "n").max_volumes_per_node, 2);
         let err =

@@ -360,10 +360,6 @@ impl Node {
             .collect()
     }
 
-    fn driver_calls_running(&self) -> bool {
-        !self.driver_call_pids().is_empty()
-    }
-
     /// Waits until none of `pids` runs any more (the new agent killed them).
     fn wait_gone(&self, pids: &[u32], step: &str) {
         let start = Instant::now();
@@ -378,9 +374,22 @@ impl Node {
 
     /// Waits until the blocked driver call is running (the status says the operation started
     /// a moment before the driver process exists).
+    /// Waits until the driver call of `step` runs: its own command (a short call of another
+    /// command, such as the prober's `init`, is not the one held up, and a kill while only it
+    /// ran would leave no call for the next agent to stop).
     fn wait_until_driver_call_runs(&self, step: &str) {
+        let command = match step {
+            "stage" => "mountdevice",
+            "publish" => "mount",
+            "teardown" => "unmount",
+            other => other,
+        };
+        let runs_command = |pid: &u32| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).skip(1).any(|arg| arg == command.as_bytes())
+        };
         let start = Instant::now();
-        while !self.driver_calls_running() {
+        while !self.driver_call_pids().iter().any(runs_command) {
             assert!(start.elapsed() < Duration::from_secs(20), "{step}: the driver call never started");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -686,4 +695,60 @@ fn csi_stage_and_publish_secrets_reach_the_driver_and_never_the_log_the_status_o
         ("the PV record", &record),
     ];
     assert_nowhere(&[VALUE, BASE64], &outputs);
+}
+
+/// The README's first command, as the README spells it (its root moved to a scratch one, its
+/// binary this build's): it succeeds; where loop devices can be made its claim is a filesystem
+/// image on one, which the status's component line says; and once the command has exited, its
+/// mount namespace gone with it, no loop device holds anything under its root.
+#[test]
+fn the_readmes_first_command_serves_its_claim_from_a_loop_device_and_leaves_none() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let command = readme
+        .split("## Two commands")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|block| block.lines().next())
+        .expect("the first command under \"Two commands\"");
+    let command = command.strip_prefix("cargo build -q && ").expect("it builds first");
+    let scratch = kvol_test_support::ScratchRoot::new();
+    let root = scratch.path().join("demo");
+    let words: Vec<String> = command
+        .split_whitespace()
+        .map(|w| match w {
+            "/tmp/kvol-demo" => root.display().to_string(),
+            "target/debug/kvol" => env!("CARGO_BIN_EXE_kvol").to_string(),
+            other => other.to_string(),
+        })
+        .collect();
+    assert_eq!(words[0], "unshare", "{command}");
+    let started = Instant::now();
+    let out = Command::new(&words[0])
+        .args(&words[1..])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .env_remove("KVOL_CONFIG")
+        .env_remove("KVOL_VOLUME_BACKING")
+        .output()
+        .expect("unshare runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("the README's first command took {:?}", started.elapsed());
+    let line = stdout.lines().find(|l| l.starts_with("component hostpath: ")).expect("the component's line");
+    let volumes: Vec<PathBuf> =
+        std::fs::read_dir(root.join("csi-hostpath/volumes")).unwrap().map(|e| e.unwrap().path()).collect();
+    let claim = stdout.lines().find(|l| l.starts_with("default/csi-persistent ")).expect("the claim's pod");
+    assert!(claim.contains(" published "), "{claim}");
+    if kvol_hostpath::backing::probe().problems().is_empty() {
+        assert!(line.contains("volume-backing: loop (chosen automatically"), "{line}");
+        assert!(
+            volumes.len() == 1 && volumes[0].extension().is_some_and(|e| e == "img"),
+            "the claim is an image: {volumes:?}"
+        );
+        assert_eq!(std::fs::metadata(&volumes[0]).unwrap().len(), 64 << 20, "its size, 64Mi");
+    } else {
+        assert!(line.contains("volume-backing: directory (loop devices cannot be made here"), "{line}");
+    }
+    let left = kvol_test_support::loop_devices_of(scratch.path());
+    assert!(left.is_empty(), "loop devices left after the command exited: {left:?}");
+    assert!(scratch.leftovers().is_empty(), "{}", scratch.leftovers());
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use kvol_components_runtime::components::ComponentStatus;
 use kvol_node::report::status::{Phase, StatusReport};
+use kvol_plugin::{Mounter, SystemMounter};
 use support::Node;
 
 const STORAGE: &str = "\
@@ -58,6 +59,24 @@ fn wait_gone(pid: u32, what: &str) {
 fn publish_dir(report: &StatusReport) -> PathBuf {
     let v = report.volumes.iter().find(|v| v.pod == "default/app").expect("the volume");
     v.target.clone().expect("a target").join("mount")
+}
+
+/// What `file` holds in the data of the driver's volume `volume` (an entry of
+/// [`driver_volumes`]): read from it, a directory; or, a loop-backed volume's image (the
+/// embedded default's where loop devices can be made), through the pod's mount of it at
+/// `published`, which stays while the driver is off as it would stay for a running container.
+fn read_kept(volume: &Path, published: &Path, file: &str) -> String {
+    if volume.is_dir() {
+        return std::fs::read_to_string(volume.join(file)).unwrap();
+    }
+    assert!(volume.extension().is_some_and(|e| e == "img") && volume.is_file(), "{}", volume.display());
+    let mounted = SystemMounter.mounts_under(published.parent().unwrap()).unwrap();
+    assert!(
+        mounted.iter().any(|m| m.target == published),
+        "{} is still mounted: {mounted:?}",
+        published.display()
+    );
+    std::fs::read_to_string(published.join(file)).unwrap()
 }
 
 fn driver_volumes(root: &Path) -> Vec<PathBuf> {
@@ -122,7 +141,7 @@ fn the_bundled_driver_is_a_supervised_component_and_the_config_turns_it_off() {
     assert!(!report.plugins.iter().any(|p| p == "hostpath.csi.kvol.io"), "{:?}", report.plugins);
     let volumes = driver_volumes(&node.root);
     assert_eq!(volumes.len(), 1, "{volumes:?}");
-    assert_eq!(std::fs::read_to_string(volumes[0].join("kept")).unwrap(), "written through the component");
+    assert_eq!(read_kept(&volumes[0], &target, "kept"), "written through the component");
 
     // On again (no config): started, the same volume served.
     node.kill_9();
@@ -174,7 +193,8 @@ fn config_problem(report: &StatusReport) -> Option<&String> {
 fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
     support::enter_private_mount_namespace();
     let (node, config, report, pid) = serving_with_hostpath();
-    std::fs::write(publish_dir(&report).join("kept"), "before the reload").unwrap();
+    let target = publish_dir(&report);
+    std::fs::write(target.join("kept"), "before the reload").unwrap();
 
     // Turned off by a rename-save: the driver stops, its data stays.
     rename_save(&config, "storage:\n  driver: none\n");
@@ -183,7 +203,7 @@ fn a_config_change_is_applied_while_the_agent_runs_and_a_bad_one_is_not() {
     wait_gone(pid, "the turned-off driver");
     let volumes = driver_volumes(&node.root);
     assert_eq!(volumes.len(), 1, "{volumes:?}");
-    assert_eq!(std::fs::read_to_string(volumes[0].join("kept")).unwrap(), "before the reload");
+    assert_eq!(read_kept(&volumes[0], &target, "kept"), "before the reload");
 
     // A truncated write and an invalid section are refused, with the reason; nothing starts.
     let invalid_file = format!("invalid config file {}", config.display());
@@ -230,6 +250,9 @@ fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depen
     let (node, config, _, pid) = serving_with_hostpath();
     let state_dir = node.root.display().to_string();
 
+    // Once probed, the driver has said what it is (its version and manifest).
+    node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| !c.state.manifest.is_empty()))
+        .unwrap_or_else(|last| panic!("the driver never said its backing: {last}"));
     // The footprint: the driver's process with its memory and CPU, and the volume it serves.
     let out = kvol(&["components", "status", "--state-dir", &state_dir, "-o", "json"], &config);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -241,6 +264,17 @@ fn status_shows_each_components_footprint_and_uninstall_refuses_while_data_depen
     assert_eq!(row["volumes_published"], 1, "{row}");
     assert!(row["rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20), "{row}");
     assert!(row["cpu_seconds"].as_f64().is_some(), "{row}");
+    // What the driver says of itself: its volume backing, loop where loop devices can be made.
+    let backing = row["manifest"]["volume-backing"].as_str().unwrap_or_else(|| panic!("no backing: {row}"));
+    let want = if kvol_hostpath::backing::probe().problems().is_empty() {
+        "loop (chosen automatically: loop devices can be made here"
+    } else {
+        "directory (loop devices cannot be made here: "
+    };
+    assert!(backing.starts_with(want), "{backing}");
+    let volumes = driver_volumes(&node.root);
+    let image = volumes.iter().any(|v| v.extension().is_some_and(|e| e == "img"));
+    assert_eq!(image, want.starts_with("loop"), "the claim's volume is of that backing: {volumes:?}");
     let lvm = rows.as_array().unwrap().iter().find(|r| r["name"] == "lvm").expect("an lvm row");
     assert_eq!(lvm["state"], "stopped");
 

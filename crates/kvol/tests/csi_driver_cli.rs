@@ -30,6 +30,10 @@ impl Drop for Scratch {
 }
 
 fn driver(scratch: &Scratch, extra: &[&str]) -> Child {
+    driver_with_env(scratch, extra, &[])
+}
+
+fn driver_with_env(scratch: &Scratch, extra: &[&str], env: &[(&str, &str)]) -> Child {
     let state = scratch.path("state");
     let csi = scratch.path("plugins/csi.sock");
     let reg = scratch.path("registry");
@@ -47,6 +51,8 @@ fn driver(scratch: &Scratch, extra: &[&str]) -> Child {
         .args(&args)
         .env_remove("KVOL_CONFIG")
         .env_remove("KVOL_FEATURE_GATES")
+        .env_remove("KVOL_VOLUME_BACKING")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -178,4 +184,52 @@ fn kvol_plugins_lists_a_registered_csi_driver_with_its_version_and_csidriver_set
         "{row}"
     );
     assert!(row["capabilities"].as_array().unwrap().contains(&"stage".into()), "{row}");
+}
+
+/// The line the driver says at start about its volume backing, once it serves (then stopped).
+fn backing_line(tag: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
+    let scratch = Scratch::new(tag);
+    let mut child = driver_with_env(&scratch, &[&["--no-register"], extra].concat(), env);
+    wait_for(&mut child, &[&scratch.path("plugins/csi.sock")]);
+    signal(&child, "TERM");
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let prefix = "kvol: csi driver hostpath.csi.kvol.io: ";
+    let line =
+        err.lines().find_map(|l| l.strip_prefix(prefix)).unwrap_or_else(|| panic!("no backing line: {err}"));
+    line.to_string()
+}
+
+/// By default the backing is decided at start, and said: loop where loop devices can be made
+/// here, directories where they cannot (here: a PATH without losetup or mkfs.ext4), each with
+/// why; `--volume-backing` or `KVOL_VOLUME_BACKING` (the agent's bundled driver) choose.
+#[test]
+fn the_volume_backing_is_decided_at_start_and_said_with_why() {
+    let here = kvol_hostpath::backing::probe();
+    let line = backing_line("auto", &[], &[]);
+    if here.problems().is_empty() {
+        assert!(
+            line.starts_with("volume backing: loop (chosen automatically: loop devices can be made here"),
+            "{line}"
+        );
+        assert!(line.ends_with("a volume holds its size and no more"), "{line}");
+    } else {
+        let want =
+            format!("volume backing: directory (loop devices cannot be made here: {}", here.problems()[0]);
+        assert!(line.starts_with(&want), "{line}");
+    }
+
+    let line = backing_line("no-tools", &[], &[("PATH", "/nonexistent-kvol-bin")]);
+    assert!(line.starts_with("volume backing: directory (loop devices cannot be made here: "), "{line}");
+    assert!(line.contains("losetup is not installed (not found in PATH)"), "{line}");
+    assert!(line.contains("mkfs.ext4 is not installed (not found in PATH)"), "{line}");
+    assert!(line.ends_with("); volumes' sizes are not enforced"), "{line}");
+
+    let asked = "volume backing: directory (asked for); volumes' sizes are not enforced";
+    assert_eq!(backing_line("env", &[], &[("KVOL_VOLUME_BACKING", "directory")]), asked);
+    assert_eq!(
+        backing_line("flag", &["--volume-backing=directory"], &[("KVOL_VOLUME_BACKING", "loop")]),
+        asked
+    );
 }

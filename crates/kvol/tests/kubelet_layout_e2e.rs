@@ -402,9 +402,24 @@ fn the_agents_metrics_are_kubelets_line_by_line() {
     let stats_call = "csi_operations_seconds_count{driver_name=\"hostpath.csi.kvol.io\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Node/NodeGetVolumeStats\",migrated=\"false\"}";
     assert!(sample(&text, stats_call).is_some_and(|n| n >= 1.0), "{stats_call} in\n{text}");
 
-    // The CSI claim: the size it was provisioned with, the driver's condition; the local claim:
+    // The CSI claim: its size as the driver reports it — the provisioned 16 MiB for a
+    // directory volume, the filesystem's own total for a loop-backed one (the embedded
+    // default's where loop devices can be made) —, the driver's condition; the local claim:
     // its filesystem as statvfs sees it, and no condition (only CSI drivers report one).
-    assert_eq!(sample(&text, &capacity("data")), Some(16.0 * 1024.0 * 1024.0), "{text}");
+    let report = kvol_node::report::status::read_status(&node.state_dir()).unwrap();
+    let data = report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap();
+    let volumes = node.state_dir().join("csi-hostpath/volumes");
+    let size = if entries(&volumes).iter().any(|n| n.ends_with(".img")) {
+        let fs = nix::sys::statvfs::statvfs(&data.join("mount")).unwrap();
+        assert!(
+            fs.blocks() * fs.fragment_size() < 16 << 20,
+            "a loop-backed volume's filesystem is within it"
+        );
+        (fs.blocks() * fs.fragment_size()) as f64
+    } else {
+        16.0 * 1024.0 * 1024.0
+    };
+    assert_eq!(sample(&text, &capacity("data")), Some(size), "{text}");
     let health = |claim: &str| claim_series("kubelet_volume_stats_health_status_abnormal", claim);
     assert_eq!(sample(&text, &health("data")), Some(0.0), "{text}");
     assert_eq!(sample(&text, &health("local")), None, "{text}");
@@ -418,14 +433,11 @@ fn the_agents_metrics_are_kubelets_line_by_line() {
     assert_eq!(measured.len(), 2, "{measured:?}");
 
     // What the pod writes shows in the next measuring.
-    let report = kvol_node::report::status::read_status(&node.state_dir()).unwrap();
-    let data = report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap();
     std::fs::write(data.join("mount/blob"), vec![7u8; 1 << 20]).unwrap();
     let used = claim_series("kubelet_volume_stats_used_bytes", "data");
     scrape_until(&address, "counted the written MiB", |t| sample(t, &used).is_some_and(|u| u >= 1048576.0));
 
     // The driver's data gone behind its back: the claim turns abnormal, and healthy when back.
-    let volumes = node.state_dir().join("csi-hostpath/volumes");
     let id = entries(&volumes).pop().expect("the provisioned volume's data");
     std::fs::rename(volumes.join(&id), node.top.join("moved-away")).unwrap();
     scrape_until(&address, "reported the claim abnormal", |t| sample(t, &health("data")) == Some(1.0));

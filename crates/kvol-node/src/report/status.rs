@@ -316,7 +316,8 @@ fn claim_line(claim: &ClaimSizeStatus) -> String {
 }
 
 /// The CSINode in a line per driver and one for the migrated plugins.
-/// A supervised component process on one line: running or not, starts, health, last exit.
+/// A supervised component process on one line: running or not, starts, health, what it says
+/// it is (its version, then each entry of its manifest as `key: value`), last exit.
 fn component_line(component: &kvol_components_runtime::components::ComponentStatus) -> String {
     let state = &component.state;
     let running = state.pid.map_or_else(|| "not running".to_string(), |pid| format!("pid {pid}"));
@@ -326,7 +327,10 @@ fn component_line(component: &kvol_components_runtime::components::ComponentStat
         (Some(false), None) => "unhealthy".to_string(),
         (None, _) => "not probed yet".to_string(),
     };
-    let version = state.version.as_deref().map(|v| format!(", {}", one_line(v))).unwrap_or_default();
+    let mut version = state.version.as_deref().map(|v| format!(", {}", one_line(v))).unwrap_or_default();
+    for (key, value) in &state.manifest {
+        version.push_str(&format!(", {}: {}", one_line(key), one_line(value)));
+    }
     let last =
         state.last_exit.as_deref().map(|e| format!("; last ended: {}", one_line(e))).unwrap_or_default();
     format!(
@@ -744,12 +748,31 @@ vol-2   acme/disk  failed                                          -            
             ),
             (
                 ProcessState {
+                    pid: Some(79),
+                    starts: 1,
+                    healthy: Some(true),
+                    version: Some("hostpath.csi.kvol.io 0.1.0".into()),
+                    manifest: [(
+                        "volume-backing".to_string(),
+                        "directory (loop devices cannot be made here: /dev/loop-control: permission denied); \
+                         volumes' sizes are not enforced"
+                            .to_string(),
+                    )]
+                    .into(),
+                    ..ProcessState::default()
+                },
+                "component hostpath: pid 79, started 1 time(s), healthy, hostpath.csi.kvol.io 0.1.0, \
+                 volume-backing: directory (loop devices cannot be made here: /dev/loop-control: permission \
+                 denied); volumes' sizes are not enforced\n",
+            ),
+            (
+                ProcessState {
                     pid: Some(78),
                     starts: 2,
                     healthy: None,
                     last_exit: Some("the process signal: 9 (SIGKILL)".into()),
                     probe_error: None,
-                    version: None,
+                    ..ProcessState::default()
                 },
                 "component hostpath: pid 78, started 2 time(s), not probed yet; last ended: the process signal: 9 (SIGKILL)\n",
             ),
@@ -760,7 +783,7 @@ vol-2   acme/disk  failed                                          -            
                     healthy: Some(false),
                     last_exit: Some("the process exit status: 3".into()),
                     probe_error: Some("connection refused\nat csi.sock".into()),
-                    version: None,
+                    ..ProcessState::default()
                 },
                 "component hostpath: not running, started 5 time(s), unhealthy: connection refused at csi.sock; last ended: the process exit status: 3\n",
             ),

@@ -70,6 +70,8 @@ pub struct Node {
     pub manifests: PathBuf,
     /// Extra arguments of every start.
     pub agent_args: Vec<String>,
+    /// Extra environment of every start (the components it starts inherit it).
+    pub agent_env: Vec<(String, String)>,
     child: Option<Child>,
     pub starts: usize,
     /// Dropped after the agent is killed: see `Drop for Node`.
@@ -82,7 +84,15 @@ impl Node {
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let manifests = root.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
-        Node { root, manifests, agent_args: Vec::new(), child: None, starts: 0, _dir: dir }
+        Node {
+            root,
+            manifests,
+            agent_args: Vec::new(),
+            agent_env: Vec::new(),
+            child: None,
+            starts: 0,
+            _dir: dir,
+        }
     }
 
     pub fn registration_dir(&self) -> PathBuf {
@@ -104,6 +114,8 @@ impl Node {
             .env("KVOL_LOG", std::env::var("KVOL_CHURN_AGENT_LOG").unwrap_or_else(|_| "info".into()))
             .env_remove("KVOL_CONFIG")
             .env_remove("KVOL_FEATURE_GATES")
+            .env_remove("KVOL_VOLUME_BACKING")
+            .envs(self.agent_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
