@@ -1272,8 +1272,12 @@ impl NodeExpander for CsiPlugin {
                 .collect(),
         };
         tracing::info!(driver = %self.driver, volume = %csi.volume_handle, new_size, "NodeExpandVolume");
-        self.client.node_expand(request).await?;
-        Ok(())
+        match self.client.node_expand(request).await {
+            Err(CsiError::Rpc { code: tonic::Code::FailedPrecondition, message, .. }) => {
+                Err(PluginError::NotWhileInUse { plugin: self.driver.clone(), reason: message })
+            }
+            other => other.map(drop).map_err(PluginError::from),
+        }
     }
 }
 

@@ -277,11 +277,12 @@ pub fn grow_filesystem(device: &Path, mount_point: &Path, fs: FsType) -> Result<
     run("losetup", &["-c", text(device)?], TOOL_DEADLINE)?;
     match fs {
         FsType::Ext4 => run("resize2fs", &[text(device)?], TOOL_DEADLINE).map_err(|e| {
+            // FailedPrecondition: not while mounted here; it grows when staged again.
             if e.message().contains("Permission denied to resize") {
-                Status::new(
-                    e.code(),
-                    format!("{}; growing a mounted ext4 filesystem needs CAP_SYS_RESOURCE", e.message()),
-                )
+                Status::failed_precondition(format!(
+                    "{}; growing a mounted ext4 filesystem needs CAP_SYS_RESOURCE (it grows when staged again)",
+                    e.message()
+                ))
             } else {
                 e
             }

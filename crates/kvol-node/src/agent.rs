@@ -644,6 +644,7 @@ impl Loop<'_> {
             problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
         }
         problems.extend(self.pod_dirs_left.iter().map(|(_, reason)| reason.clone()));
+        problems.extend(crate::report::claim_status::deferred_expansions(&self.executor.snapshot().actual));
         let claims = self.claims;
         problems.extend(claims.map(|c| c.expansion_problems(objects)).unwrap_or_default());
         let failures = claims.map(ClaimsController::provisioning_failures).unwrap_or_default();

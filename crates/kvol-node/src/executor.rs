@@ -373,7 +373,7 @@ impl Executor {
                 let expander =
                     plugin.node_expander().ok_or_else(|| missing("expand a volume on the node"))?;
                 let old_size = volume.fs_size.unwrap_or_default();
-                expander
+                let grown = expander
                     .expand_on_node(
                         &volume.spec,
                         volume.device_path.as_deref(),
@@ -381,9 +381,22 @@ impl Executor {
                         *new_size,
                         old_size,
                     )
-                    .await
-                    .map_err(Failed::from)?;
-                Ok(ActualChange::SetPublished(PublishedVolume { fs_size: Some(*new_size), ..volume.clone() }))
+                    .await;
+                match grown {
+                    Ok(()) => Ok(ActualChange::SetPublished(PublishedVolume {
+                        fs_size: Some(*new_size),
+                        expansion_deferred: None,
+                        ..volume.clone()
+                    })),
+                    Err(kvol_plugin::PluginError::NotWhileInUse { reason, .. }) => {
+                        tracing::warn!(volume = %volume.key, new_size, %reason, "the plugin grows this volume when it is published again");
+                        Ok(ActualChange::SetPublished(PublishedVolume {
+                            expansion_deferred: Some((*new_size, reason)),
+                            ..volume.clone()
+                        }))
+                    }
+                    Err(e) => Err(Failed::from(e)),
+                }
             }
             Operation::Unpublish { volume } => {
                 let mounter = plugin.mounter().ok_or_else(|| missing("unpublish"))?;

@@ -115,6 +115,11 @@ pub struct PublishedVolume {
     /// follow (an inline volume, a record from before kvol recorded it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs_size: Option<u64>,
+    /// The size the plugin said it cannot grow the filesystem to while the volume is in use,
+    /// and why (kubelet's in-use expansion error): not asked again until it is published again.
+    /// In memory only: a restart asks again.
+    #[serde(skip)]
+    pub expansion_deferred: Option<(u64, String)>,
 }
 
 /// Whether a published volume of `plugin` may be a plain directory on the node's disk, with

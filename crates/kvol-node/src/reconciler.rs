@@ -185,6 +185,7 @@ fn next_step(
         volume: PublishedVolume {
             projection: volume.projection.clone(),
             fs_size: published_size(volume.claim_size, capacity(&r.spec)),
+            expansion_deferred: None,
             key: key.clone(),
             pod: volume.pod.clone(),
             pod_name: volume.pod_name.clone(),
@@ -270,7 +271,9 @@ pub fn expansions(desired: &DesiredState, resolutions: &Resolutions, actual: &Ac
                 && !published.uncertain;
             let wanted = capacity(&r.spec)?;
             let grown = published.fs_size.is_some_and(|size| wanted > size);
-            (same && r.node_expand && grown).then(|| Operation::Expand {
+            // The plugin said it cannot while the volume is in use: not until it is published again.
+            let deferred = published.expansion_deferred.as_ref().is_some_and(|(size, _)| *size >= wanted);
+            (same && r.node_expand && grown && !deferred).then(|| Operation::Expand {
                 volume: PublishedVolume { spec: r.spec.clone(), ..published.clone() },
                 new_size: wanted,
             })
@@ -381,6 +384,7 @@ mod tests {
         PublishedVolume {
             projection: None,
             fs_size: None,
+            expansion_deferred: None,
             key: key(pod, volume),
             pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),
@@ -962,6 +966,27 @@ mod tests {
                 })
                 .collect();
             assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{what}");
+        }
+        // Deferred by the plugin (not while in use): not asked again for that size, asked for more.
+        for (deferred_at, now, asked) in [(32 << 20, "32Mi", false), (32 << 20, "64Mi", true)] {
+            let mut r = res("v1", false, true, "p", "data");
+            r.spec = sized(&r.spec, now);
+            r.node_expand = true;
+            let mut desired = DesiredState::default();
+            want_volume(&mut desired, &r);
+            let mut actual = ActualState::default();
+            let record = PublishedVolume {
+                fs_size: Some(16 << 20),
+                expansion_deferred: Some((deferred_at, "in use".into())),
+                ..published(&r, "p", "data")
+            };
+            actual.published.insert(key("p", "data"), record);
+            let resolutions: Resolutions = [(key("p", "data"), Ok(r.clone()))].into();
+            assert_eq!(
+                !expansions(&desired, &resolutions, &actual).is_empty(),
+                asked,
+                "deferred at 32Mi, now {now}"
+            );
         }
         // A volume no pod wants any more is torn down, not expanded.
         let r = res("v1", false, true, "p", "data");

@@ -48,6 +48,7 @@ fn published_at(paths: &NodePaths, pod: &str, plugin: &str, volume: &str) -> Pub
     PublishedVolume {
         projection: None,
         fs_size: None,
+        expansion_deferred: None,
         key: PodVolumeKey { pod_uid: pod.into(), volume: volume.into() },
         pod: PodInfo { uid: pod.into(), name: pod.into(), namespace: "ns".into(), ..PodInfo::default() },
         pod_name: format!("ns/{pod}"),

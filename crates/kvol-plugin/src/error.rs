@@ -62,6 +62,12 @@ pub enum PluginError {
         source: TranslateError,
     },
 
+    /// The plugin cannot do this while the volume is in use (a CSI driver's FailedPrecondition
+    /// to NodeExpandVolume): as kubelet, the node does not ask again until the volume is
+    /// published again.
+    #[error("volume plugin {plugin}: {reason}")]
+    NotWhileInUse { plugin: String, reason: String },
+
     /// An out-of-process driver (Flexvolume exec, CSI gRPC) failed; `source` says how.
     /// `outcome_unknown`: the call was cut short (a deadline, a broken connection, a driver
     /// killed mid-way), so the driver may have done the work, may still be doing it, or not.

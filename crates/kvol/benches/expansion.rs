@@ -71,9 +71,11 @@ fn published(node: &Node) -> std::path::PathBuf {
     data_mount(&report).unwrap()
 }
 
-/// The directory backing: the node's step is NodeExpandVolume and nothing to grow.
+/// The directory backing (the embedded default's driver told so): the node's step is
+/// NodeExpandVolume and nothing to grow.
 fn directory(count: usize) -> Vec<Duration> {
     let mut node = Node::new();
+    node.agent_env.push(("KVOL_VOLUME_BACKING".into(), "directory".into()));
     node.start();
     let driver = "hostpath.csi.kvol.io";
     node.write("claims.yaml", &claim(driver, "ext4", 64));

@@ -572,3 +572,55 @@ fn a_grown_block_volume_is_told_to_its_driver_while_it_stays_mapped() {
     node.remove("pod.yaml");
     node.wait(Duration::from_secs(30), |r| r.volumes.is_empty()).unwrap();
 }
+
+/// Where a mounted ext4 cannot grow (no `CAP_SYS_RESOURCE`, as in these sandboxes), the
+/// bundled driver says so (FailedPrecondition) and the agent does not ask again while the pod
+/// uses the volume — a status line says it grows when published again, as kubelet waits for
+/// the next mount; when the pod comes back the volume is staged again, grown, and the claim's
+/// status says the new size.
+#[test]
+fn a_mounted_ext4_that_cannot_grow_here_grows_when_published_again() {
+    if let Some(why) = loop_backing_missing("ext4") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if may_grow_mounted_ext4() {
+        eprintln!("skipped: this process may grow a mounted ext4, so the driver never defers");
+        return;
+    }
+    enter_private_mount_namespace();
+    let (node, _driver) = loop_node(&[]);
+    node.write("claims.yaml", &loop_claim("ext4", "64Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| data_mount(r).is_some())
+        .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let before = fs_bytes(&data_mount(&report).unwrap());
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", true));
+    let said = "grows to 128Mi when it is published again";
+    node.wait(Duration::from_secs(60), |r| r.problems.iter().any(|p| p.contains(said)))
+        .unwrap_or_else(|last| panic!("no deferral line: {last}\n{}", node.agent_log()));
+    std::thread::sleep(Duration::from_millis(1500));
+    let asked = node.agent_log().matches("NodeExpandVolume driver=").count();
+    assert_eq!(asked, 1, "not asked again while in use:\n{}", node.agent_log());
+
+    let back = Instant::now();
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", false));
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+    node.write("claims.yaml", &loop_claim("ext4", "128Mi", true));
+    let report = node
+        .wait(Duration::from_secs(60), |r| {
+            data_mount(r).is_some_and(|m| fs_bytes(&m) > before)
+                && r.claims.iter().any(|c| c.name == "default/data" && c.capacity_bytes == Some(128 << 20))
+                && r.problems.iter().all(|p| !p.contains("when it is published again"))
+        })
+        .unwrap_or_else(|last| panic!("never grown when published again: {last}\n{}", node.agent_log()));
+    let after = fs_bytes(&data_mount(&report).unwrap());
+    eprintln!(
+        "ext4 without CAP_SYS_RESOURCE: {} → {} MiB once published again ({:?})",
+        before >> 20,
+        after >> 20,
+        back.elapsed()
+    );
+    node.remove("claims.yaml");
+    node.wait(Duration::from_secs(60), |r| r.volumes.is_empty()).unwrap();
+}

@@ -83,6 +83,7 @@ pub fn attribute(
     Ok(PublishedVolume {
         projection: None,
         fs_size: None,
+        expansion_deferred: None,
         key: PodVolumeKey { pod_uid: dir.pod_uid.clone(), volume: dir.volume.clone() },
         pod: PodInfo { uid: dir.pod_uid.clone(), ..PodInfo::default() },
         pod_name: String::new(),

@@ -108,6 +108,24 @@ pub fn resized_claims(objects: &ObjectSet, actual: &ActualState) -> Vec<ClaimRes
     out
 }
 
+/// A status line for each published volume its plugin cannot grow while in use (it grows it
+/// when the volume is published again, as kubelet retries at the next mount). Pure.
+pub fn deferred_expansions(actual: &ActualState) -> Vec<String> {
+    actual
+        .published
+        .values()
+        .filter_map(|p| {
+            let (size, reason) = p.expansion_deferred.as_ref()?;
+            Some(format!(
+                "volume {:?} of pod {} grows to {} when it is published again (its plugin cannot grow it in use: {reason})",
+                p.key.volume,
+                p.pod_name,
+                kvol_api::quantity::format_bytes(*size)
+            ))
+        })
+        .collect()
+}
+
 /// The sizes of every bound claim among `objects` whose volume is among them too, with the
 /// resize status kept for it (`resize_statuses`, by `namespace/name`: standalone's own). Pure.
 pub fn claim_sizes(
@@ -157,6 +175,36 @@ mod tests {
             serde_json::json!({"metadata": {"name": "c", "namespace": "ns"}, "status": status}),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_deferred_expansion_is_a_status_line() {
+        let key = PodVolumeKey { pod_uid: "u".into(), volume: "data".into() };
+        let pv: k8s_openapi::api::core::v1::PersistentVolume =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pv"}})).unwrap();
+        let record = PublishedVolume {
+            projection: None,
+            fs_size: Some(16 << 20),
+            expansion_deferred: Some((32 << 20, "growing a mounted ext4 needs CAP_SYS_RESOURCE".into())),
+            key: key.clone(),
+            pod: Default::default(),
+            pod_name: "ns/db".into(),
+            unique_name: "d^h".into(),
+            plugin: "d".into(),
+            spec: kvol_plugin::VolumeSpec::persistent(Arc::new(pv)),
+            target: "/t".into(),
+            staging_path: None,
+            device_path: None,
+            uncertain: false,
+        };
+        let mut actual = ActualState::default();
+        actual.published.insert(key, record);
+        assert_eq!(
+            deferred_expansions(&actual),
+            [
+                "volume \"data\" of pod ns/db grows to 32Mi when it is published again (its plugin cannot grow it in use: growing a mounted ext4 needs CAP_SYS_RESOURCE)"
+            ]
+        );
     }
 
     #[test]
@@ -247,6 +295,7 @@ mod tests {
             let record = PublishedVolume {
                 projection: None,
                 fs_size: size,
+                expansion_deferred: None,
                 key: key.clone(),
                 pod: kvol_plugin::plugin::PodInfo {
                     namespace: "ns".into(),

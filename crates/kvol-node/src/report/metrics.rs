@@ -390,6 +390,7 @@ mod tests {
         let record = |pod: &str, uncertain: bool| PublishedVolume {
             projection: None,
             fs_size: None,
+            expansion_deferred: None,
             key: PodVolumeKey { pod_uid: pod.into(), volume: "v".into() },
             pod: kvol_plugin::plugin::PodInfo::default(),
             pod_name: format!("default/{pod}"),

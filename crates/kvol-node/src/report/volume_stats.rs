@@ -203,6 +203,7 @@ mod tests {
         let record = PublishedVolume {
             projection: None,
             fs_size: None,
+            expansion_deferred: None,
             key: key.clone(),
             pod: PodInfo { name: pod.into(), namespace: "ns".into(), uid: uid.into(), ..PodInfo::default() },
             pod_name: format!("ns/{pod}"),
