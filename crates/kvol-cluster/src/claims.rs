@@ -66,7 +66,8 @@ pub fn resize_events(resized: &ClaimResized, node: &str, now: Time) -> Vec<Event
     let message = format!("MountVolume.NodeExpandVolume succeeded for volume {:?} {node}", resized.volume);
     let stamp = now.0.as_nanosecond();
     let claim = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "name": resized.name, "namespace": resized.namespace});
+        "name": resized.name, "namespace": resized.namespace, "uid": resized.uid,
+        "resourceVersion": resized.resource_version});
     let pods = resized.pods.iter().map(|p| {
         serde_json::json!({"apiVersion": "v1", "kind": "Pod", "name": p.name, "namespace": p.namespace, "uid": p.uid})
     });
@@ -144,6 +145,7 @@ mod tests {
         ClaimResized {
             namespace: "ns".into(),
             name: "c".into(),
+            uid: Some("claim-uid".into()),
             capacity_bytes: 2 << 30,
             quantity: "2Gi".into(),
             volume: "pvc-1".into(),
@@ -207,6 +209,12 @@ mod tests {
             assert_eq!(event.metadata.namespace.as_deref(), Some("ns"));
         }
         assert_eq!(events[1].involved_object.uid.as_deref(), Some("u1"));
+        assert_eq!(
+            events[0].involved_object.uid.as_deref(),
+            Some("claim-uid"),
+            "kubectl describe pvc lists it"
+        );
+        assert_eq!(events[0].involved_object.resource_version.as_deref(), Some("7"));
         assert_ne!(events[0].metadata.name, events[1].metadata.name);
     }
 }

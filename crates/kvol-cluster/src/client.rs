@@ -16,9 +16,13 @@ pub enum ClientError {
     Build(#[from] kube::Error),
 }
 
+/// What kvol's requests say they come from: the API server names the field manager of kvol's
+/// updates after it (`kvol`, where a client that says nothing is `unknown`).
+pub const USER_AGENT: &str = concat!("kvol/", env!("CARGO_PKG_VERSION"));
+
 /// A client for the API server `kubeconfig` names, or the inferred one when `None`.
 pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
                 .map_err(|source| ClientError::Kubeconfig { path: path.to_path_buf(), source })?;
@@ -28,5 +32,6 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
         }
         None => Config::infer().await?,
     };
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     Ok(Client::try_from(config)?)
 }

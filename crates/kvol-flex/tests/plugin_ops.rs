@@ -695,13 +695,20 @@ async fn expansion_defaults() {
     let spec = flex_pv("pv-1", None, false);
     assert_eq!(plugin.controller_expander().unwrap().expand(&spec, 4096, 1024).await.unwrap(), 4096);
     let staging = f.staging("pv-1");
+    // kubelet's fallback, a generic resize of the filesystem on the device: without a device
+    // there is nothing to grow, and an unknown device's filesystem cannot be found.
     let err =
         plugin.node_expander().unwrap().expand_on_node(&spec, None, &staging, 4096, 2048).await.unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("the driver does not support expandfs, and kvol does not do upstream's fallback"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("does not grow filesystems (expandfs) and names no device"), "{err}");
+    let missing = f.staging("no-such-device");
+    let device = missing.to_str().unwrap();
+    let err = plugin
+        .node_expander()
+        .unwrap()
+        .expand_on_node(&spec, Some(device), &staging, 4096, 2048)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(device), "names the device: {err}");
 }
 
 #[tokio::test]

@@ -1560,35 +1560,25 @@ const RESIZE_KNOWN: &[Known] = &[
         reason: "kubelet's runtime half: MissingClusterDNS at each pod sync; kvol runs no pods",
         covers: |d| d.path == "Event on Pod: MissingClusterDNS" && d.field == "event" && d.kvol == "(none)",
     },
-    // Found here: kubelet's Event names the claim with its uid (GetReference of the claim it
-    // read); kvol's names kind, namespace and name only. `kubectl describe pvc` lists the Events
-    // whose involvedObject matches the claim's uid too, so it does not show kvol's.
+    // The writer's name again: the API server names the field manager of an update after the
+    // client's User-Agent (`kubelet/v1.26…`, `kvol/<version>`). What each wrote (fieldsV1) is
+    // compared apart and is the same.
     Known {
-        open: true,
-        reason: "kvol's Event on the claim has no involvedObject.uid: `kubectl describe pvc` does not list it",
+        open: false,
+        reason: "the field manager is the writer's name: `kubelet`, `kvol`",
         covers: |d| {
-            d.path == "Event on PersistentVolumeClaim: FileSystemResizeSuccessful"
-                && d.field == "involvedObject.uid"
-                && d.kubelet == "<claim uid>"
-                && d.kvol == "(absent)"
+            d.path == "claim" && d.field.ends_with("].manager") && d.kubelet == "kubelet" && d.kvol == "kvol"
         },
     },
-    // Found here: kvol's API client sends no User-Agent (kvol-cluster's client is kube-rs's
-    // default), so the API server records its writes under the field manager `unknown`;
-    // kubelet's are under `kubelet`. What each wrote (fieldsV1) is compared apart and is the
-    // same.
+    // Found here (claim and pod): kubelet's involvedObject carries the version of the object
+    // it acted on. kvol's Event on the claim does now (as it names the claim's uid, and kvol's
+    // writes are the field manager `kvol`: both found here too, fixed); its Event on the pod
+    // does not (kvol's pod record keeps no version).
     Known {
         open: true,
-        reason: "kvol's writes are recorded under field manager `unknown` (no User-Agent); kubelet's under `kubelet`",
-        covers: |d| d.path == "claim" && d.field.ends_with("].manager") && d.kvol == "unknown",
-    },
-    // Found here: kubelet's involvedObject carries the version of the object it acted on
-    // (claim and pod); kvol's carries none.
-    Known {
-        open: true,
-        reason: "kvol's Events have no involvedObject.resourceVersion (kubelet's: the object's version)",
+        reason: "kvol's Event on the pod has no involvedObject.resourceVersion (kubelet's: the pod's version)",
         covers: |d| {
-            d.path.starts_with("Event on ")
+            d.path.starts_with("Event on Pod")
                 && d.field == "involvedObject.resourceVersion"
                 && d.kubelet == "(set)"
                 && d.kvol == "(absent)"

@@ -9,6 +9,8 @@ use crate::model::{ActualState, ObjectSet};
 pub struct ClaimResized {
     pub namespace: String,
     pub name: String,
+    /// The claim's uid (an Event about it names it, or `kubectl describe` does not list it).
+    pub uid: Option<String>,
     /// The size the node made the filesystem, in bytes.
     pub capacity_bytes: u64,
     /// `capacity_bytes` as kubelet writes it: the PersistentVolume's own quantity when the
@@ -94,6 +96,7 @@ pub fn resized_claims(objects: &ObjectSet, actual: &ActualState) -> Vec<ClaimRes
             ClaimResized {
                 namespace,
                 name,
+                uid: claim.metadata.uid.clone(),
                 capacity_bytes,
                 quantity,
                 volume,
