@@ -61,6 +61,14 @@ pub fn devices_of(file: &Path) -> Result<Vec<PathBuf>, Status> {
     Ok(parse_associations(&losetup(&["-j", text(file)?])?))
 }
 
+/// Makes every loop device holding `file` reread its size (`losetup -c`), after it grew.
+pub fn reread_size(file: &Path) -> Result<(), Status> {
+    for device in devices_of(file)? {
+        losetup(&["-c", text(&device)?])?;
+    }
+    Ok(())
+}
+
 /// The loop device holding `file`, attaching it to a free one if none does.
 pub fn attach(file: &Path) -> Result<PathBuf, Status> {
     if let Some(device) = devices_of(file)?.into_iter().next() {

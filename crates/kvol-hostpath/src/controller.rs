@@ -653,6 +653,10 @@ impl Hostpath {
             if record.fs_type.is_some() {
                 let image = self.layout.volume_image(id);
                 loopfs::grow_image(&image, capacity).map_err(|e| with_id(id, e))?;
+            } else if record.block {
+                // The device grows when the node rereads the image's size (NodeExpandVolume).
+                let image = crate::block::image(&self.layout.volume_dir(id, record));
+                loopfs::grow_image(&image, capacity).map_err(|e| with_id(id, e))?;
             }
             let mut next = self.state.clone();
             if let Some(v) = next.volumes.get_mut(id) {

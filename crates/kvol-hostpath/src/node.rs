@@ -720,6 +720,11 @@ impl Hostpath {
         if let Some(fs) = record.fs_type {
             return self.node_expand_loop(id, fs, &path);
         }
+        if record.block {
+            // The loop devices of the image reread its size: the pod's device grows.
+            let image = crate::block::image(&self.layout.volume_dir(id, record));
+            crate::block::reread_size(&image).map_err(|e| with_context(id, e))?;
+        }
         if size != record.visible_size() {
             let mut next = self.state.clone();
             if let Some(v) = next.volumes.get_mut(id) {

@@ -501,9 +501,10 @@ fn the_upstream_hostpath_driver_grows_a_claim_through_the_agent() {
 
 /// A raw block volume whose PersistentVolume grew: the node tells the driver
 /// (`NodeExpandVolume` on the block publish file, no filesystem to grow) without unmapping it,
-/// as kubelet does, and once.
+/// as kubelet does, and once; the bundled driver's loop device rereads its grown image, so the
+/// pod's device is the new size.
 #[test]
-fn a_grown_block_volume_is_told_to_its_driver_while_it_stays_mapped() {
+fn a_grown_block_volume_grows_in_the_pod_while_it_stays_mapped() {
     if !Path::new("/dev/loop-control").exists() {
         eprintln!("skipped: the bundled driver's block volumes are loop devices; no /dev/loop-control here");
         return;
@@ -549,8 +550,15 @@ fn a_grown_block_volume_is_told_to_its_driver_while_it_stays_mapped() {
     let published = |r: &kvol_node::report::status::StatusReport| {
         r.volumes.iter().any(|v| v.volume == "data" && v.phase == Phase::Published)
     };
-    node.wait(Duration::from_secs(30), published)
+    let report = node
+        .wait(Duration::from_secs(30), published)
         .unwrap_or_else(|last| panic!("{last}\n{}", node.agent_log()));
+    let device = report.volumes.iter().find(|v| v.volume == "data").unwrap().target.clone().unwrap();
+    let device_bytes = |path: &Path| {
+        use std::io::Seek;
+        std::fs::File::open(path).unwrap().seek(std::io::SeekFrom::End(0)).unwrap()
+    };
+    assert_eq!(device_bytes(&device), 16 << 20, "the pod's device at {}", device.display());
     runtime
         .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
             volume_id: handle.clone(),
@@ -565,6 +573,7 @@ fn a_grown_block_volume_is_told_to_its_driver_while_it_stays_mapped() {
         std::thread::sleep(Duration::from_millis(10));
     }
     eprintln!("block PV grown → NodeExpandVolume on the publish file in {:?}", changed.elapsed());
+    assert_eq!(device_bytes(&device), 32 << 20, "the pod's device grew");
     std::thread::sleep(Duration::from_millis(1500));
     let log = node.agent_log();
     assert_eq!(expansions_in(&log), 1, "once:\n{log}");
