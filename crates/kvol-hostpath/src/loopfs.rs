@@ -275,8 +275,12 @@ pub fn image_len(image: &Path) -> Result<i64, Status> {
 /// `xfs_growfs` grows the filesystem (a no-op when it has the size already).
 pub fn grow_filesystem(device: &Path, mount_point: &Path, fs: FsType) -> Result<(), Status> {
     run("losetup", &["-c", text(device)?], TOOL_DEADLINE)?;
+    // The tool kubelet's generic resize picks for the filesystem.
+    let (program, args) = kvol_plugin::fs_resize::grow_command(fs.name(), device, mount_point)
+        .map_err(Status::failed_precondition)?;
+    let args: Vec<&str> = args.iter().map(|a| text(Path::new(a))).collect::<Result<_, _>>()?;
     match fs {
-        FsType::Ext4 => run("resize2fs", &[text(device)?], TOOL_DEADLINE).map_err(|e| {
+        FsType::Ext4 => run(program, &args, TOOL_DEADLINE).map_err(|e| {
             // FailedPrecondition: not while mounted here; it grows when staged again.
             if e.message().contains("Permission denied to resize") {
                 Status::failed_precondition(format!(
@@ -287,7 +291,7 @@ pub fn grow_filesystem(device: &Path, mount_point: &Path, fs: FsType) -> Result<
                 e
             }
         })?,
-        FsType::Xfs => run("xfs_growfs", &[text(mount_point)?], TOOL_DEADLINE)?,
+        FsType::Xfs => run(program, &args, TOOL_DEADLINE)?,
     };
     tracing::info!(device = %device.display(), path = %mount_point.display(), fs = fs.name(), "grew filesystem");
     Ok(())

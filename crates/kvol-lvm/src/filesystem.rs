@@ -86,12 +86,15 @@ pub async fn make(device: &Path, fs: &str, timeout: Duration) -> Result<(), Comm
     }
 }
 
-/// Grows the filesystem `fs` on `device`, mounted on `mounted`, to fill the device.
+/// Grows the filesystem `fs` on `device`, mounted on `mounted`, to fill the device, with the
+/// tool kubelet's generic resize picks (`kvol_plugin::fs_resize::grow_command`).
 pub async fn grow(fs: &str, device: &Path, mounted: &Path, timeout: Duration) -> Result<(), CommandError> {
-    match fs {
-        "xfs" => command::run("xfs_growfs", &[&mounted.to_string_lossy()], timeout).await.map(drop),
-        _ => command::run("resize2fs", &[&device.to_string_lossy()], timeout).await.map(drop),
-    }
+    let (program, args) = kvol_plugin::fs_resize::grow_command(fs, device, mounted).map_err(|reason| {
+        CommandError::Failed { command: format!("growing {fs}"), status: "refused".into(), stderr: reason }
+    })?;
+    let args: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    command::run(program, &args, timeout).await.map(drop)
 }
 
 #[cfg(test)]
