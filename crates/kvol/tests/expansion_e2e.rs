@@ -66,6 +66,41 @@ fn node_on_directories() -> Node {
     node
 }
 
+/// CreateVolume of `bytes` through the driver's controller, single-node-writer with `access`;
+/// the volume's handle.
+async fn create_volume(
+    driver: &mut ControllerClient<tonic::transport::Channel>,
+    name: &str,
+    bytes: u64,
+    access: AccessType,
+) -> String {
+    let capability = VolumeCapability {
+        access_type: Some(access),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    };
+    let request = CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
+        volume_capabilities: vec![capability],
+        ..CreateVolumeRequest::default()
+    };
+    driver.create_volume(request).await.unwrap().into_inner().volume.unwrap().volume_id
+}
+
+/// ControllerExpandVolume of `handle` to `bytes`, as the resizer asks it.
+async fn expand_volume(
+    driver: &mut ControllerClient<tonic::transport::Channel>,
+    handle: &str,
+    bytes: u64,
+) -> Result<tonic::Response<kvol_csi::proto::csi::ControllerExpandVolumeResponse>, tonic::Status> {
+    let request = ControllerExpandVolumeRequest {
+        volume_id: handle.into(),
+        capacity_range: Some(CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
+        ..ControllerExpandVolumeRequest::default()
+    };
+    driver.controller_expand_volume(request).await
+}
+
 fn expansions_in(log: &str) -> usize {
     log.lines().filter(|l| l.contains("operation succeeded") && l.contains("volume_fs_resize")).count()
 }
@@ -78,22 +113,12 @@ fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
     let socket = node.root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut driver = runtime.block_on(controller(&socket));
-    let capability = VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume::default())),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    };
-    let handle = runtime
-        .block_on(driver.create_volume(CreateVolumeRequest {
-            name: "grow".into(),
-            capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
-            volume_capabilities: vec![capability],
-            ..CreateVolumeRequest::default()
-        }))
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let handle = runtime.block_on(create_volume(
+        &mut driver,
+        "grow",
+        16 << 20,
+        AccessType::Mount(MountVolume::default()),
+    ));
     node.write("storage.yaml", &storage(&handle, "16Mi"));
     node.write("pod.yaml", POD);
     let published = |r: &kvol_node::report::status::StatusReport| {
@@ -107,14 +132,7 @@ fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
     assert_eq!(expansions_in(&node.agent_log()), 0, "nothing to expand yet");
 
     // The resizer's part: the driver grows the volume, then the PV says so.
-    let expanded = runtime
-        .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: handle.clone(),
-            capacity_range: Some(CapacityRange { required_bytes: 32 << 20, limit_bytes: 0 }),
-            ..ControllerExpandVolumeRequest::default()
-        }))
-        .unwrap()
-        .into_inner();
+    let expanded = runtime.block_on(expand_volume(&mut driver, &handle, 32 << 20)).unwrap().into_inner();
     assert!(expanded.node_expansion_required, "{expanded:?}");
     let changed = Instant::now();
     node.write("storage.yaml", &storage(&handle, "32Mi"));
@@ -159,23 +177,13 @@ fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() 
     let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut driver = runtime.block_on(controller(&socket));
-    let capability = VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..MountVolume::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    };
     let size = 300u64 << 20;
-    let handle = runtime
-        .block_on(driver.create_volume(CreateVolumeRequest {
-            name: "grow-xfs".into(),
-            capacity_range: Some(CapacityRange { required_bytes: size as i64, limit_bytes: 0 }),
-            volume_capabilities: vec![capability],
-            ..CreateVolumeRequest::default()
-        }))
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let handle = runtime.block_on(create_volume(
+        &mut driver,
+        "grow-xfs",
+        size,
+        AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..MountVolume::default() }),
+    ));
     let pv = |bytes: u64| {
         storage(&handle, &bytes.to_string())
             .replace(&format!("driver: {DRIVER}"), &format!("driver: {LOOP_DRIVER}, fsType: xfs"))
@@ -194,13 +202,7 @@ fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() 
     assert!(before <= size, "a {size}-byte volume shows {before} bytes");
 
     let grown = size + (64 << 20);
-    runtime
-        .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: handle.clone(),
-            capacity_range: Some(CapacityRange { required_bytes: grown as i64, limit_bytes: 0 }),
-            ..ControllerExpandVolumeRequest::default()
-        }))
-        .unwrap();
+    runtime.block_on(expand_volume(&mut driver, &handle, grown)).unwrap();
     let changed = Instant::now();
     node.write("storage.yaml", &pv(grown));
     while fs_bytes(&mount) <= before {
@@ -516,22 +518,12 @@ fn a_grown_block_volume_grows_in_the_pod_while_it_stays_mapped() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut driver = runtime.block_on(controller(&socket));
     use kvol_csi::proto::csi::volume_capability::BlockVolume;
-    let capability = VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume::default())),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    };
-    let handle = runtime
-        .block_on(driver.create_volume(CreateVolumeRequest {
-            name: "grow-block".into(),
-            capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
-            volume_capabilities: vec![capability],
-            ..CreateVolumeRequest::default()
-        }))
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let handle = runtime.block_on(create_volume(
+        &mut driver,
+        "grow-block",
+        16 << 20,
+        AccessType::Block(BlockVolume::default()),
+    ));
     let block = |size: &str| {
         storage(&handle, size)
             .replace(
@@ -559,13 +551,7 @@ fn a_grown_block_volume_grows_in_the_pod_while_it_stays_mapped() {
         std::fs::File::open(path).unwrap().seek(std::io::SeekFrom::End(0)).unwrap()
     };
     assert_eq!(device_bytes(&device), 16 << 20, "the pod's device at {}", device.display());
-    runtime
-        .block_on(driver.controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: handle.clone(),
-            capacity_range: Some(CapacityRange { required_bytes: 32 << 20, limit_bytes: 0 }),
-            ..ControllerExpandVolumeRequest::default()
-        }))
-        .unwrap();
+    runtime.block_on(expand_volume(&mut driver, &handle, 32 << 20)).unwrap();
     let changed = Instant::now();
     node.write("storage.yaml", &block("32Mi"));
     while expansions_in(&node.agent_log()) == 0 {
