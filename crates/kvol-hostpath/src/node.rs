@@ -243,11 +243,7 @@ impl Hostpath {
         }
         // Record first: a crash after the mount leaves a record, which a retry or an unstage
         // completes; never a mount nobody knows of.
-        let mut next = self.state.clone();
-        if let Some(v) = next.volumes.get_mut(id) {
-            v.staged.insert(staging.clone());
-        }
-        self.commit(next)?;
+        self.record_staged(id, &staging)?;
         let mounted = std::fs::create_dir_all(&staging)
             .map_err(|e| Status::internal(format!("volume {id}: cannot create {}: {e}", staging.display())))
             .and_then(|()| {
@@ -281,11 +277,7 @@ impl Hostpath {
         }
         let device = crate::block::attach(&crate::block::image(dir)).map_err(|e| with_context(id, e))?;
         if !self.state.volumes.get(id).is_some_and(|v| v.staged.contains(&staging)) {
-            let mut next = self.state.clone();
-            if let Some(v) = next.volumes.get_mut(id) {
-                v.staged.insert(staging.clone());
-            }
-            self.commit(next)?;
+            self.record_staged(id, &staging)?;
         }
         tracing::info!(volume = %id, path = %staging.display(), device = %device.display(), "staged block volume");
         Ok(csi::NodeStageVolumeResponse {})
@@ -304,11 +296,7 @@ impl Hostpath {
         if stage_action(id, &staging, self.state.staged_on(&staging), mounted)? == MountAction::Done {
             return Ok(csi::NodeStageVolumeResponse {});
         }
-        let mut next = self.state.clone();
-        if let Some(v) = next.volumes.get_mut(id) {
-            v.staged.insert(staging.clone());
-        }
-        self.commit(next)?;
+        self.record_staged(id, &staging)?;
         let image = self.layout.volume_image(id);
         let shared =
             self.state.volumes.get(id).is_some_and(|v| v.staged.len() > 1 || !v.published.is_empty());
@@ -738,6 +726,16 @@ impl Hostpath {
 }
 
 impl Hostpath {
+    /// Records volume `id` as staged on `staging` (before it is mounted there: a crash after
+    /// the mount leaves a record a retry or an unstage completes, never a mount nobody knows of).
+    fn record_staged(&mut self, id: &str, staging: &Path) -> Result<(), Status> {
+        let mut next = self.state.clone();
+        if let Some(v) = next.volumes.get_mut(id) {
+            v.staged.insert(staging.to_path_buf());
+        }
+        self.commit(next)
+    }
+
     /// Grows a loop-backed volume's filesystem online to its image's size: the loop device
     /// rereads the size, then resize2fs (ext4) or xfs_growfs (xfs, on a mount point of it).
     fn node_expand_loop(

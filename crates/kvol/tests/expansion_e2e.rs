@@ -66,6 +66,18 @@ fn node_on_directories() -> Node {
     node
 }
 
+/// A runtime for the test's calls and the controller service of CSI driver `name`, registered
+/// with `node`.
+fn controller_of(
+    node: &Node,
+    name: &str,
+) -> (tokio::runtime::Runtime, ControllerClient<tonic::transport::Channel>) {
+    let socket = node.root.join("kubelet/plugins").join(name).join("csi.sock");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let driver = runtime.block_on(controller(&socket));
+    (runtime, driver)
+}
+
 /// CreateVolume of `bytes` through the driver's controller, single-node-writer with `access`;
 /// the volume's handle.
 async fn create_volume(
@@ -110,9 +122,7 @@ fn a_grown_volume_is_expanded_on_the_node_while_it_stays_published() {
     enter_private_mount_namespace();
     let mut node = node_on_directories();
     node.start();
-    let socket = node.root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut driver = runtime.block_on(controller(&socket));
+    let (runtime, mut driver) = controller_of(&node, DRIVER);
     let handle = runtime.block_on(create_volume(
         &mut driver,
         "grow",
@@ -174,9 +184,7 @@ fn a_loop_backed_xfs_volume_grows_in_the_pods_filesystem_without_an_unpublish() 
     }
     enter_private_mount_namespace();
     let (node, _driver) = loop_node(&[]);
-    let socket = node.root.join("kubelet/plugins").join(LOOP_DRIVER).join("csi.sock");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut driver = runtime.block_on(controller(&socket));
+    let (runtime, mut driver) = controller_of(&node, LOOP_DRIVER);
     let size = 300u64 << 20;
     let handle = runtime.block_on(create_volume(
         &mut driver,
@@ -514,9 +522,7 @@ fn a_grown_block_volume_grows_in_the_pod_while_it_stays_mapped() {
     enter_private_mount_namespace();
     let mut node = Node::new();
     node.start();
-    let socket = node.root.join("kubelet/plugins").join(DRIVER).join("csi.sock");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut driver = runtime.block_on(controller(&socket));
+    let (runtime, mut driver) = controller_of(&node, DRIVER);
     use kvol_csi::proto::csi::volume_capability::BlockVolume;
     let handle = runtime.block_on(create_volume(
         &mut driver,
