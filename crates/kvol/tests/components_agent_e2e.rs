@@ -29,7 +29,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: app, namespace: default, uid: 7d1c0c55-0000-4000-8000-000000000001}
 spec:
-  containers: [{name: c, image: none}]
+  containers: [{name: c, image: none, volumeMounts: [{name: data, mountPath: /data}]}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
 ";
 
@@ -352,7 +352,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: restorer, namespace: default}
 spec:
-  containers: [{name: c, image: none}]
+  containers: [{name: c, image: none, volumeMounts: [{name: data, mountPath: /data}]}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: restored}}]
 ";
 

@@ -131,6 +131,14 @@ impl Node {
         child.wait().unwrap();
     }
 
+    /// Stops the agent as a service manager does: SIGTERM, then waits for it to exit.
+    pub fn terminate(&mut self) {
+        let mut child = self.child.take().expect("the agent runs");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        child.wait().unwrap();
+    }
+
     /// The agent's exit status, when it has exited on its own.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().unwrap())
