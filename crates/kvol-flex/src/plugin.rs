@@ -39,9 +39,10 @@ use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
 };
 
-use crate::driver::{Command, DriverCapabilities, DriverStatus, FlexDriver};
+use crate::driver::FlexDriver;
 use crate::error::{FlexError, Result};
 use crate::options::{FlexSource, Options, driver_options, mount_extras, secret_values, to_json};
+use crate::protocol::{Command, DriverCapabilities, DriverStatus};
 
 /// The plugin directory all Flexvolume drivers stage under:
 /// `<root>/plugins/kubernetes.io/flexvolume/<driver name>/mounts/<volume name>`.

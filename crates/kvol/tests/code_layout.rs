@@ -44,7 +44,8 @@ fn code_of(text: &str) -> String {
         .join("\n")
 }
 
-/// The `a::b::c` identifiers following each occurrence of `prefix` in `code`.
+/// The `a::b::c` identifiers following each occurrence of `prefix` in `code`, a use group
+/// (`crate::{a, b::{c, d}}`) read as each of its paths.
 fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
     let mut found = Vec::new();
     for (at, _) in code.match_indices(prefix) {
@@ -52,11 +53,43 @@ fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;
         }
-        let rest = &code[at + prefix.len()..];
-        let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
-        found.push(rest[..end].split("::").filter(|p| !p.is_empty()).collect());
+        found.extend(paths_at(&code[at + prefix.len()..]));
     }
     found
+}
+
+/// The paths a use tree at the start of `rest` names: `a::b`, or a group `{…}` after it.
+fn paths_at(rest: &str) -> Vec<Vec<&str>> {
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
+    let head: Vec<&str> = rest[..end].split("::").filter(|p| !p.is_empty()).collect();
+    let Some(group) = rest[end..].strip_prefix('{') else { return vec![head] };
+    let mut out = Vec::new();
+    let (mut depth, mut item_start) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.extend(group_item(&head, &group[item_start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.extend(group_item(&head, &group[item_start..i]));
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One item of a use group, prefixed with the group's own path.
+fn group_item<'a>(head: &[&'a str], item: &'a str) -> Vec<Vec<&'a str>> {
+    let item = item.trim();
+    if item.is_empty() || item == "self" {
+        return vec![head.to_vec()];
+    }
+    paths_at(item).into_iter().map(|tail| head.iter().copied().chain(tail).collect()).collect()
 }
 
 /// Each file's module and the other files of its crate it imports.
@@ -172,6 +205,16 @@ fn the_circle_check_finds_a_circle_where_there_is_one() {
     let found = circles(&imports(dir.path()));
     let want: Vec<Module> = vec![vec!["a".into()], vec!["room".into(), "b".into()]];
     assert_eq!(found, vec![want]);
+    // The same circle through use groups and a path call on the module a group brought in.
+    std::fs::write(src.join("a.rs"), "use crate::{error, room::{self, b}};\nfn g() { b::Thing; }\n")
+        .expect("a.rs");
+    std::fs::write(src.join("room/b.rs"), "use crate::{a, error::E};\nfn f() { a::g() }\n").expect("b.rs");
+    std::fs::write(src.join("error.rs"), "pub struct E;\n").expect("error.rs");
+    std::fs::write(src.join("lib.rs"), "pub mod a;\npub mod error;\npub mod room;\n").expect("lib.rs");
+    assert_eq!(
+        circles(&imports(dir.path())),
+        vec![vec![vec!["a".to_string()], vec!["room".into(), "b".into()]]]
+    );
 }
 
 /// The node loop's rooms (`kvol-node/src`) and the rooms each may import, as their `//!` says;

@@ -132,6 +132,7 @@ impl Node {
     }
 
     /// Stops the agent as a service manager does: SIGTERM, then waits for it to exit.
+    #[allow(dead_code)] // not every test that shares this module uses it
     pub fn terminate(&mut self) {
         let mut child = self.child.take().expect("the agent runs");
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
