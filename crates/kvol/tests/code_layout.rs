@@ -252,3 +252,49 @@ fn each_room_of_the_node_loop_imports_only_what_it_may() {
     }
     assert!(wrong.is_empty(), "imports across rooms that the rooms' docs forbid:\n{}", wrong.join("\n"));
 }
+
+/// Each function of `code` (by its `fn` line and the closing brace at the same indent) and its
+/// length in lines.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = trimmed
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("async ");
+        let Some(rest) = signature.strip_prefix("fn ") else { continue };
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i..].iter().position(|l| *l == close) {
+            out.push((name, end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_agents_hall_stays_small_each_file_under_800_lines_and_no_function_over_80() {
+    let agent = crates_dir().join("kvol-node/src/agent");
+    let mut files = Vec::new();
+    rust_files(&agent, &mut files);
+    assert!(files.len() >= 2, "the agent is a folder of rooms: {}", agent.display());
+    let mut too_big = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("readable source");
+        if text.lines().count() >= 800 {
+            too_big.push(format!("{}: {} lines", file.display(), text.lines().count()));
+        }
+        for (name, length) in function_lengths(&code_of(&text)) {
+            if length > 80 {
+                too_big.push(format!("{}: fn {name} is {length} lines", file.display()));
+            }
+        }
+    }
+    assert!(too_big.is_empty(), "the hall grows again:\n{}", too_big.join("\n"));
+    // The measure itself: a function of 3 lines is 3 lines long.
+    assert_eq!(function_lengths("fn a() {\n    b();\n}\n"), vec![("a".to_string(), 3)]);
+}
