@@ -24,12 +24,15 @@ pub const REFRESH_AT_LIFE_PERCENT: u32 = 80;
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// Whether a token issued at `issued`, expiring at `expires`, is to be replaced at `now`
-/// (kubelet's token manager): expired, older than 24 h, or past 80 % of its life. Pure.
-pub fn needs_refresh(issued: SystemTime, expires: SystemTime, now: SystemTime) -> bool {
+/// (kubelet's token manager): expired, older than 24 h, or past 80 % of its life. `held_for`
+/// is how long it has been held by the monotonic clock, which a wall clock set back cannot
+/// shorten: past 80 % of its life by that clock it is replaced too (kubelet, reading the wall
+/// clock alone, keeps a token that expires while its node's clock runs an hour behind). Pure.
+pub fn needs_refresh(issued: SystemTime, expires: SystemTime, now: SystemTime, held_for: Duration) -> bool {
     if now >= expires {
         return true;
     }
-    let age = now.duration_since(issued).unwrap_or_default();
+    let age = now.duration_since(issued).unwrap_or_default().max(held_for);
     let life = expires.duration_since(issued).unwrap_or_default();
     age >= MAX_TOKEN_AGE || age >= life * REFRESH_AT_LIFE_PERCENT / 100
 }
@@ -40,6 +43,8 @@ struct Cached {
     token: String,
     issued: SystemTime,
     expires: SystemTime,
+    /// When it was minted, by the monotonic clock.
+    minted: std::time::Instant,
 }
 
 impl fmt::Debug for Cached {
@@ -72,7 +77,9 @@ impl TokenCache {
         now: SystemTime,
     ) -> Result<String, String> {
         let key = (pod.uid.clone(), want.clone());
-        if let Some(cached) = self.lock().get(&key).filter(|c| !needs_refresh(c.issued, c.expires, now)) {
+        if let Some(cached) =
+            self.lock().get(&key).filter(|c| !needs_refresh(c.issued, c.expires, now, c.minted.elapsed()))
+        {
             return Ok(cached.token.clone());
         }
         let status = self.source.token(pod, want).await?;
@@ -82,7 +89,7 @@ impl TokenCache {
         let asked =
             want.expiration_seconds.map_or(DEFAULT_LIFETIME, |s| Duration::from_secs(s.max(0) as u64));
         let expires = expiry(&status).unwrap_or(now + asked);
-        let cached = Cached { token, issued: now, expires };
+        let cached = Cached { token, issued: now, expires, minted: std::time::Instant::now() };
         self.lock().insert(key, cached.clone());
         Ok(cached.token)
     }
@@ -126,7 +133,29 @@ mod tests {
             ("ten minutes, at 8 min", Duration::from_secs(600), Duration::from_secs(480), true),
         ];
         for (name, life, age, want) in cases {
-            assert_eq!(needs_refresh(t0, t0 + life, t0 + age), want, "{name}");
+            assert_eq!(needs_refresh(t0, t0 + life, t0 + age, age), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_clock_jump_neither_keeps_a_token_past_its_life_nor_drops_a_fresh_one_for_long() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let min = |m: u64| Duration::from_secs(m * 60);
+        let life = min(60);
+        // (name, the wall clock's reading, held for by the monotonic clock, refresh)
+        let cases = [
+            ("no jump, 50 min in", t0 + min(50), min(50), true),
+            ("set back an hour, 50 min in: the monotonic age counts", t0 - min(10), min(50), true),
+            ("set back an hour, 10 min in", t0 - min(50), min(10), false),
+            (
+                "set forward an hour, 1 min in: looks expired, minted again (early, harmless)",
+                t0 + min(61),
+                min(1),
+                true,
+            ),
+        ];
+        for (name, now, held_for, want) in cases {
+            assert_eq!(needs_refresh(t0, t0 + life, now, held_for), want, "{name}");
         }
     }
 

@@ -69,6 +69,8 @@ pub(super) struct Loop<'a> {
     /// The standalone control plane (`None` in a cluster).
     pub(super) claims: Option<&'a ClaimsController>,
     pub(super) started: SystemTime,
+    /// The same moment by the monotonic clock, for how long the agent has run.
+    pub(super) started_at: Instant,
     pub(super) metrics_address: Option<String>,
     /// Pod volume directories no plugin could be named for, with why, while they last.
     pub(super) orphans_left: Vec<(PathBuf, String)>,
@@ -147,6 +149,7 @@ impl<'a> Loop<'a> {
             source,
             claims,
             started,
+            started_at: Instant::now(),
             metrics_address: outlets.metrics_address,
             orphans_left,
             pod_dirs_left: Vec::new(),

@@ -173,7 +173,8 @@ impl Loop<'_> {
         if !self.node_storage_open {
             let registered: Vec<PathBuf> =
                 self.registration.registered().into_iter().map(|p| p.socket).collect();
-            let since_start = self.started.elapsed().unwrap_or_default();
+            // The monotonic clock: a wall clock set forward must not open this early.
+            let since_start = self.started_at.elapsed();
             self.node_storage_open =
                 may_report(&self.sockets_at_start, &registered, |p| p.exists(), since_start);
             if self.node_storage_open {
