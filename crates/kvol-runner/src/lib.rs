@@ -5,7 +5,10 @@
 //! backoff and the pod phase), `status` (what `kvol status` shows); `runner` is the thin loop
 //! that asks CRI and the runtime API and does what they decide.
 
+pub mod actions;
+pub mod backoff;
 pub mod container;
 pub mod env;
 pub mod labels;
 pub mod sandbox;
+pub mod status;
