@@ -8,7 +8,12 @@
 pub mod actions;
 pub mod backoff;
 pub mod container;
+pub mod cri_view;
 pub mod env;
 pub mod labels;
+pub mod runner;
 pub mod sandbox;
 pub mod status;
+pub mod worker;
+
+pub use runner::{Runner, RunnerConfig, RunnerError};
