@@ -121,6 +121,7 @@ impl Runner {
             changed = wanted.changed() => if changed.is_err() { return },
             _ = stop.wait_for(|s| *s) => return,
         }
+        tokio::spawn(write_status(self.shared.status.subscribe(), self.shared.state_dir.join(STATUS_FILE)));
         let mut viewer = Viewer::default();
         let mut workers: BTreeMap<String, watch::Sender<Input>> = BTreeMap::new();
         let mut runtime_failing = false;
@@ -197,5 +198,37 @@ impl Runner {
         pod.metadata.uid.as_deref().is_some_and(|u| !u.is_empty())
             && pod.metadata.deletion_timestamp.is_none()
             && node.is_none_or(|n| n.is_empty() || n == self.shared.node_name)
+    }
+}
+
+/// The pods' status file under the runner's directory: `{"pods": [PodView…]}`, replaced whole
+/// at every change.
+pub const STATUS_FILE: &str = "pods.json";
+
+/// The status as [`STATUS_FILE`] holds it.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct StatusFile {
+    pub pods: Vec<serde_json::Value>,
+}
+
+async fn write_status(mut status: watch::Receiver<Arc<BTreeMap<String, PodView>>>, file: PathBuf) {
+    loop {
+        let pods: Vec<serde_json::Value> =
+            status.borrow_and_update().values().filter_map(|v| serde_json::to_value(v).ok()).collect();
+        let json = serde_json::to_vec_pretty(&StatusFile { pods }).unwrap_or_default();
+        let temporary = file.with_extension("json.tmp");
+        let written = async {
+            if let Some(dir) = file.parent() {
+                tokio::fs::create_dir_all(dir).await?;
+            }
+            tokio::fs::write(&temporary, &json).await?;
+            tokio::fs::rename(&temporary, &file).await
+        };
+        if let Err(e) = written.await {
+            tracing::warn!(file = %file.display(), error = %e, "cannot write the pods' status");
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
     }
 }
