@@ -51,6 +51,9 @@ pub struct Shared {
     pub status: watch::Sender<Arc<BTreeMap<String, PodView>>>,
     /// A worker did something: look at the runtime again now.
     pub relist: Notify,
+    /// How many looks at the runtime have started: a worker acts only on a look that started
+    /// after its last action (an older one may not show what it just made).
+    pub looks: std::sync::atomic::AtomicU64,
     /// Workers that finished (their pod is gone from the runtime and its volumes let go).
     finished: Mutex<Vec<String>>,
 }
@@ -102,6 +105,7 @@ impl Runner {
             node: config.node,
             status: watch::channel(Arc::new(BTreeMap::new())).0,
             relist: Notify::new(),
+            looks: std::sync::atomic::AtomicU64::new(0),
             finished: Mutex::new(Vec::new()),
         };
         Ok(Runner { shared: Arc::new(shared), poll: config.poll })
@@ -127,13 +131,14 @@ impl Runner {
         let mut runtime_failing = false;
         loop {
             let objects = Arc::clone(&wanted.borrow_and_update());
+            let look = self.shared.looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             match viewer.look(&self.shared.cri).await {
                 Ok(view) => {
                     if runtime_failing {
                         tracing::info!(endpoint = %self.shared.cri.endpoint(), "container runtime answers again");
                     }
                     runtime_failing = false;
-                    self.dispatch(&objects, view, &mut workers);
+                    self.dispatch(&objects, view, look, &mut workers);
                 }
                 Err(e) => {
                     if !runtime_failing {
@@ -157,6 +162,7 @@ impl Runner {
         &self,
         objects: &Arc<ObjectSet>,
         mut view: crate::cri_view::RuntimeView,
+        look: u64,
         workers: &mut BTreeMap<String, watch::Sender<Input>>,
     ) {
         for uid in std::mem::take(&mut *self.shared.finished.lock().unwrap_or_else(|e| e.into_inner())) {
@@ -176,6 +182,7 @@ impl Runner {
                 seen: view.pods.remove(&uid).unwrap_or_default(),
                 objects: Arc::clone(objects),
                 grace: view.grace.get(&uid).copied(),
+                look,
             };
             match workers.get(&uid) {
                 Some(tx) => {

@@ -30,6 +30,8 @@ pub struct Input {
     pub objects: Arc<ObjectSet>,
     /// The grace period the runtime's containers carry (for a pod known only from them).
     pub grace: Option<i64>,
+    /// The number of the look `seen` comes from.
+    pub look: u64,
 }
 
 /// One pod's worker state.
@@ -46,6 +48,10 @@ pub struct Worker {
     /// The pod was handed over to kvol (its volumes are held until released).
     held: bool,
     last_pod: Option<Arc<Pod>>,
+    /// The first look that shows what this worker last did.
+    fresh_from: u64,
+    /// This pass changed something in the runtime.
+    acted: bool,
 }
 
 fn now() -> Duration {
@@ -66,6 +72,8 @@ impl Worker {
             failures: BTreeMap::new(),
             held: false,
             last_pod: None,
+            fresh_from: 0,
+            acted: false,
         }
     }
 
@@ -73,6 +81,13 @@ impl Worker {
     pub async fn run(mut self, mut input: watch::Receiver<Input>) {
         loop {
             let current = input.borrow_and_update().clone();
+            if current.look < self.fresh_from {
+                // What the runtime showed before the last action: wait for a newer look.
+                if input.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
             let wake = match current.pod.clone() {
                 Some(pod) => {
                     self.last_pod = Some(Arc::clone(&pod));
@@ -86,7 +101,10 @@ impl Worker {
                     Some(Duration::from_secs(1))
                 }
             };
-            self.shared.relist.notify_one();
+            if std::mem::take(&mut self.acted) {
+                self.fresh_from = self.shared.looks.load(std::sync::atomic::Ordering::SeqCst) + 1;
+                self.shared.relist.notify_one();
+            }
             let sleep = wake.unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 changed = input.changed() => if changed.is_err() { return },
@@ -171,7 +189,17 @@ impl Worker {
         decided: &mut actions::PodActions,
     ) -> Result<(), String> {
         let grace = grace_of(Some(pod), input.grace);
-        if decided.kill_pod {
+        let live = input.seen.sandboxes.iter().any(|s| s.ready)
+            || input.seen.containers.iter().any(|c| c.state != State::Exited);
+        let decided_something = (decided.kill_pod && live)
+            || decided.create_sandbox.is_some()
+            || decided.start_init.is_some()
+            || !decided.start.is_empty()
+            || !decided.kill.is_empty()
+            || !decided.remove.is_empty()
+            || !decided.remove_sandboxes.is_empty();
+        self.acted |= decided_something;
+        if decided.kill_pod && live {
             self.stop_all(&input.seen, grace).await;
         }
         for (id, why) in &decided.kill {
@@ -385,6 +413,7 @@ impl Worker {
     /// A pod no longer wanted: containers stopped (grace period), sandboxes stopped and
     /// removed, and only then its volumes let go. True once nothing of it is left.
     async fn tear_down(&mut self, input: &Input) -> bool {
+        self.acted |= !input.seen.sandboxes.is_empty() || !input.seen.containers.is_empty();
         let pod = self.last_pod.clone();
         let grace = grace_of(pod.as_deref(), input.grace);
         let started = std::time::Instant::now();
