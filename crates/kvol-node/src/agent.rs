@@ -242,6 +242,9 @@ async fn run(
         }
     };
     let mut objects_rx = source.subscribe();
+    if let Some(tap) = config.objects_tap.clone() {
+        crate::sources::forward(source.subscribe(), tap);
+    }
     let wake = Arc::new(Notify::new());
     // The runtime API: a runner's pods in, the node's view out.
     let (runner, runner_problems) = crate::runtime::runner_pods::RunnerPods::open(
