@@ -1,0 +1,422 @@
+//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a crashing container is restarted with kubelet's back-off, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
+//!
+//! Needs root, `containerd`, `ctr`, `runc` on PATH and a static `/bin/busybox` (Debian's
+//! `containerd runc busybox-static`); skipped, saying so, without them.
+
+#[allow(dead_code)]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{Daemon, Node, enter_private_mount_namespace, wait_for_path};
+
+const IMAGE: &str = "kvol.test/busybox:1";
+/// The sandbox image containerd is configured with; the same busybox, sleeping.
+const PAUSE: &str = "kvol.test/pause:1";
+const WEB_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e1";
+const CRASH_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e2";
+
+fn tools() -> Result<PathBuf, String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("not root".into());
+    }
+    for tool in ["containerd", "ctr", "runc", "tar", "sha256sum"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
+        if !found {
+            return Err(format!("{tool} is not on PATH (apt-get install containerd runc busybox-static)"));
+        }
+    }
+    let busybox = PathBuf::from(std::env::var_os("KVOL_BUSYBOX").unwrap_or_else(|| "/bin/busybox".into()));
+    let file = std::fs::read(&busybox).map_err(|e| format!("no busybox at {}: {e}", busybox.display()))?;
+    if !is_static_elf(&file) {
+        return Err(format!(
+            "{} is not a static busybox (apt-get install busybox-static)",
+            busybox.display()
+        ));
+    }
+    Ok(busybox)
+}
+
+/// A 64-bit ELF executable without a PT_INTERP program header (no dynamic loader).
+fn is_static_elf(file: &[u8]) -> bool {
+    if file.len() < 64 || &file[..4] != b"\x7fELF" || file[4] != 2 {
+        return false;
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([file[at], file[at + 1]]) as usize;
+    let phoff = u64::from_le_bytes(file[0x20..0x28].try_into().unwrap()) as usize;
+    let (size, count) = (u16_at(0x36), u16_at(0x38));
+    (0..count).all(|i| {
+        let at = phoff + i * size;
+        file.get(at..at + 4).is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap()) != 3)
+    })
+}
+
+fn run(command: &mut Command) -> String {
+    let out = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sha256(file: &Path) -> String {
+    run(Command::new("sha256sum").arg(file)).split_whitespace().next().unwrap().to_string()
+}
+
+/// A one-layer docker-archive image of busybox and its applet links, tagged `tags`.
+fn build_image(dir: &Path, busybox: &Path, tags: &[&str]) -> PathBuf {
+    let rootfs = dir.join("rootfs");
+    let out = dir.join("image");
+    for sub in ["bin", "tmp", "etc", "proc", "sys", "dev"] {
+        std::fs::create_dir_all(rootfs.join(sub)).unwrap();
+    }
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
+    for applet in run(Command::new(busybox).arg("--list-full")).lines() {
+        let link = rootfs.join(applet);
+        if applet == "bin/busybox" || link.exists() {
+            continue;
+        }
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink("/bin/busybox", link).unwrap();
+    }
+    let layer = out.join("layer.tar");
+    run(Command::new("tar")
+        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&layer)
+        .arg("."));
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sleep", "100000"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", sha256(&layer))]}
+    });
+    let config_file = out.join("config.json");
+    std::fs::write(&config_file, serde_json::to_vec(&config).unwrap()).unwrap();
+    let config_name = format!("{}.json", sha256(&config_file));
+    std::fs::rename(&config_file, out.join(&config_name)).unwrap();
+    let manifest = serde_json::json!([{"Config": config_name, "RepoTags": tags, "Layers": ["layer.tar"]}]);
+    std::fs::write(out.join("manifest.json"), serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let archive = dir.join("busybox.tar");
+    run(Command::new("tar").arg("-C").arg(&out).arg("-cf").arg(&archive).arg("."));
+    archive
+}
+
+/// A private containerd under a scratch directory; on drop every task is killed and removed
+/// before containerd stops, and the scratch directory takes the rest (shims, mounts).
+struct Containerd {
+    dir: kvol_test_support::ScratchRoot,
+    socket: PathBuf,
+    daemon: Option<Daemon>,
+}
+
+impl Containerd {
+    fn start() -> Containerd {
+        let dir = kvol_test_support::ScratchRoot::new();
+        let root = dir.path().to_path_buf();
+        let socket = root.join("containerd.sock");
+        let config = format!(
+            r#"version = 2
+root = "{root}/root"
+state = "{root}/state"
+[grpc]
+  address = "{socket}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{root}/cni/bin"
+    conf_dir = "{root}/cni/conf"
+"#,
+            root = root.display(),
+            socket = socket.display(),
+        );
+        std::fs::write(root.join("config.toml"), config).unwrap();
+        let mut command = Command::new("containerd");
+        command.arg("--config").arg(root.join("config.toml"));
+        command.arg("--root").arg(root.join("root")).arg("--state").arg(root.join("state"));
+        command.arg("--address").arg(&socket);
+        let daemon = Daemon::spawn("containerd", command, &root.join("containerd.log"));
+        wait_for_path(&socket, "containerd's socket", Duration::from_secs(30));
+        let containerd = Containerd { dir, socket, daemon: Some(daemon) };
+        // The CRI plugin answers a moment after the socket appears.
+        let start = Instant::now();
+        while containerd.ctr(&["version"]).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "containerd never answered\n{}",
+                containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        containerd
+    }
+
+    fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// `ctr -a SOCK -n k8s.io ARGS`: its stdout, or its stderr as the error.
+    fn ctr(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("ctr").arg("-a").arg(&self.socket).args(["-n", "k8s.io"]).args(args).output();
+        let out = out.map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Container ids (`ctr containers ls -q`) and running tasks (`ctr tasks ls`).
+    fn containers(&self) -> Vec<String> {
+        self.ctr(&["containers", "ls", "-q"]).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+
+    fn tasks(&self) -> Vec<String> {
+        self.ctr(&["tasks", "ls", "-q"]).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        for task in self.tasks() {
+            let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", &task]);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let tasks = self.tasks();
+            for task in &tasks {
+                let _ = self.ctr(&["tasks", "delete", "-f", task]);
+            }
+            if self.tasks().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for container in self.containers() {
+            let _ = self.ctr(&["containers", "delete", &container]);
+        }
+        if std::thread::panicking() {
+            eprintln!("containerd's log:\n{}", self.log());
+        }
+        self.daemon.take();
+        // The scratch directory, dropped next, stops the shims and unmounts what is left.
+    }
+}
+
+fn manifests(marker_dir: &Path) -> (String, String) {
+    let config_map = r#"apiVersion: v1
+kind: ConfigMap
+metadata: {name: app, namespace: default}
+data: {app.conf: "colour=blue", greeting: "hello from a configmap"}
+"#;
+    let web = format!(
+        r#"{config_map}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: default, uid: {WEB_UID}}}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 10
+  containers:
+  - name: main
+    image: {IMAGE}
+    command: [sh, -c]
+    args:
+    - |
+      trap 'echo "TERM at $(date +%s)" > /marker/term; exit 0' TERM
+      echo "env=$GREETING"
+      echo "file=$(cat /cfg/app.conf)"
+      echo "subpath=$(cat /etc/app.conf)"
+      echo "$(cat /etc/app.conf) written by the container" > /scratch/seen
+      echo started > /marker/started
+      while true; do sleep 1; done
+    env:
+    - name: GREETING
+      valueFrom: {{configMapKeyRef: {{name: app, key: greeting}}}}
+    volumeMounts:
+    - {{name: cfg, mountPath: /cfg}}
+    - {{name: cfg, mountPath: /etc/app.conf, subPath: app.conf}}
+    - {{name: scratch, mountPath: /scratch}}
+    - {{name: marker, mountPath: /marker}}
+  volumes:
+  - {{name: cfg, configMap: {{name: app}}}}
+  - {{name: scratch, emptyDir: {{}}}}
+  - {{name: marker, hostPath: {{path: {marker}, type: DirectoryOrCreate}}}}
+"#,
+        marker = marker_dir.display()
+    );
+    let crash = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: crash, namespace: default, uid: {CRASH_UID}}}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {IMAGE}
+    command: [sh, -c, "echo crashing; exit 1"]
+"#
+    );
+    (web, crash)
+}
+
+/// The runner's status of the pod of `uid`, from `<root>/runner/pods.json`.
+fn pod_status(node: &Node, uid: &str) -> Option<Value> {
+    let text = std::fs::read_to_string(node.root.join("runner/pods.json")).ok()?;
+    let file: Value = serde_json::from_str(&text).ok()?;
+    file["pods"].as_array()?.iter().find(|p| p["uid"] == uid).cloned()
+}
+
+/// Waits until `ok` holds of the pod's status; panics with the status and the agent's log.
+fn wait_pod(node: &Node, uid: &str, limit: Duration, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = pod_status(node, uid).filter(|s| ok(s)) {
+            return status;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: not within {limit:?}; status {:#?}\n{}",
+            pod_status(node, uid),
+            node.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn main_container(status: &Value) -> &Value {
+    &status["containers"][0]
+}
+
+#[test]
+fn pods_run_on_a_real_containerd() {
+    let busybox = match tools() {
+        Ok(busybox) => busybox,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    enter_private_mount_namespace();
+    // Dropped last: the agent is killed (Node's drop) before containerd's tasks are.
+    let containerd = Containerd::start();
+    let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
+    containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+
+    let mut node = Node::new();
+    node.agent_args =
+        vec!["--container-runtime-endpoint".into(), containerd.endpoint(), "--no-components".into()];
+    node.start();
+    node.runtime_socket();
+    let marker = node.root.join("marker");
+    let (web, crash) = manifests(&marker);
+
+    // Manifest → container running.
+    let written = Instant::now();
+    node.write("web.yaml", &web);
+    let running = wait_pod(&node, WEB_UID, Duration::from_secs(60), "web running", |s| {
+        main_container(s)["state"] == "running"
+    });
+    let to_running = written.elapsed();
+    eprintln!("web: manifest written → container running in {} ms", to_running.as_millis());
+    assert_eq!(running["phase"], "Running", "{running:#}");
+    assert_eq!(running["ready"], true, "{running:#}");
+    let web_id = main_container(&running)["containerId"].as_str().unwrap().to_string();
+    wait_for_path(&marker.join("started"), "the container's start marker", Duration::from_secs(10));
+
+    // What it saw, from its log in kubelet's layout, and what it wrote, on the host.
+    let log = node.root.join(format!("logs/pods/default_web_{WEB_UID}/main/0.log"));
+    let start = Instant::now();
+    let said = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("subpath=") || start.elapsed() > Duration::from_secs(10) {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("web's log:\n{said}");
+    for want in
+        ["stdout F env=hello from a configmap", "stdout F file=colour=blue", "stdout F subpath=colour=blue"]
+    {
+        assert!(said.lines().any(|l| l.ends_with(want)), "missing {want:?} in {}:\n{said}", log.display());
+    }
+    let seen = node.root.join(format!("kubelet/pods/{WEB_UID}/volumes/kubernetes.io~empty-dir/scratch/seen"));
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "colour=blue written by the container\n");
+
+    // A crashing container: restarted at once, then after kubelet's 10 s back-off.
+    node.write("crash.yaml", &crash);
+    let looping = wait_pod(&node, CRASH_UID, Duration::from_secs(30), "crash loop", |s| {
+        main_container(s)["reason"] == "CrashLoopBackOff"
+            && main_container(s)["restartCount"].as_u64() >= Some(1)
+    });
+    let backing_off = Instant::now();
+    eprintln!("crash: {:#}", main_container(&looping));
+    assert_eq!(looping["phase"], "Running", "Always restarts: kubelet's phase stays Running");
+    assert!(
+        main_container(&looping)["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("back-off 10s restarting failed container=main pod=crash_default(")
+    );
+    let restarted = wait_pod(&node, CRASH_UID, Duration::from_secs(30), "second restart", |s| {
+        main_container(s)["restartCount"].as_u64() >= Some(2)
+    });
+    let waited = backing_off.elapsed();
+    eprintln!("crash: restart 2 came {} ms after CrashLoopBackOff was first seen", waited.as_millis());
+    assert!(waited >= Duration::from_secs(8), "the back-off was not kept: {waited:?} {restarted:#}");
+
+    // kill -9 of the agent: the running container is adopted, not restarted.
+    let before = containerd.containers().len();
+    node.kill_9();
+    node.start();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = wait_pod(&node, WEB_UID, Duration::from_secs(30), "web adopted", |s| {
+        main_container(s)["state"] == "running"
+    });
+    assert_eq!(main_container(&after)["containerId"], web_id.as_str(), "the same container runs: {after:#}");
+    assert_eq!(main_container(&after)["restartCount"], 0, "{after:#}");
+    let web_tasks: Vec<_> = containerd.tasks().into_iter().filter(|t| t == &web_id).collect();
+    assert_eq!(web_tasks.len(), 1, "its task still runs");
+    assert!(
+        containerd.containers().len() <= before + 1,
+        "nothing doubled (the crash pod may have one more attempt)"
+    );
+
+    // Removed: SIGTERM reaches it, then nothing of it is left.
+    let removed = Instant::now();
+    node.remove("web.yaml");
+    node.remove("crash.yaml");
+    let start = Instant::now();
+    while pod_status(&node, WEB_UID).is_some() || pod_status(&node, CRASH_UID).is_some() {
+        assert!(start.elapsed() < Duration::from_secs(60), "pods never went\n{}", node.agent_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "both pods removed (containers stopped, sandboxes removed, volumes gone) in {} ms",
+        removed.elapsed().as_millis()
+    );
+    let term = std::fs::read_to_string(marker.join("term")).expect("the TERM trap wrote its marker");
+    assert!(term.starts_with("TERM at "), "{term}");
+    assert_eq!(containerd.containers(), Vec::<String>::new(), "containers left in containerd");
+    assert_eq!(containerd.tasks(), Vec::<String>::new(), "tasks left in containerd");
+    let left: Vec<_> =
+        node.mounts().into_iter().filter(|m| m.target.starts_with(node.root.join("kubelet/pods"))).collect();
+    assert!(left.is_empty(), "left mounted: {left:#?}");
+}
