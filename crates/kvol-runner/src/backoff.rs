@@ -31,6 +31,14 @@ impl Backoff {
         (since < entry.backoff).then(|| entry.backoff - since)
     }
 
+    /// Whether `key` must still wait after its last [`Backoff::next`] (kubelet's image pull
+    /// back-off, `IsInBackOffSinceUpdate`): the time left, or `None`.
+    pub fn waiting_since_update(&self, key: &str, now: Duration) -> Option<Duration> {
+        let entry = self.entries.get(key)?;
+        let since = now.saturating_sub(entry.last_update);
+        (since < entry.backoff).then(|| entry.backoff - since)
+    }
+
     /// `key` goes now: its next wait doubles (up to [`MAX`]), or starts again at [`INITIAL`]
     /// when it was forgotten.
     pub fn next(&mut self, key: &str, event: Duration, now: Duration) {
@@ -105,6 +113,21 @@ mod tests {
         b.next("k", S(0), S(0));
         b.next("k", S(700), S(700));
         assert_eq!(b.current("k"), INITIAL, "a next after the quiet time starts over");
+    }
+
+    #[test]
+    fn pull_waits_count_from_the_last_failure() {
+        let mut b = Backoff::default();
+        assert_eq!(b.waiting_since_update("img", S(100)), None, "never failed");
+        b.next("img", S(100), S(100));
+        // (case, now, expected)
+        let cases =
+            [("at once", S(100), Some(S(10))), ("4 s on", S(104), Some(S(6))), ("10 s on", S(110), None)];
+        for (name, now, want) in cases {
+            assert_eq!(b.waiting_since_update("img", now), want, "{name}");
+        }
+        b.next("img", S(110), S(110));
+        assert_eq!(b.waiting_since_update("img", S(125)), Some(S(5)), "the second wait is 20 s");
     }
 
     #[test]

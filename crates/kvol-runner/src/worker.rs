@@ -191,14 +191,13 @@ impl Worker {
         let grace = grace_of(Some(pod), input.grace);
         let live = input.seen.sandboxes.iter().any(|s| s.ready)
             || input.seen.containers.iter().any(|c| c.state != State::Exited);
-        let decided_something = (decided.kill_pod && live)
+        // A start that fails before the runtime makes anything (a pull, a config error)
+        // changes nothing there: no new look is asked for it.
+        self.acted |= (decided.kill_pod && live)
             || decided.create_sandbox.is_some()
-            || decided.start_init.is_some()
-            || !decided.start.is_empty()
             || !decided.kill.is_empty()
             || !decided.remove.is_empty()
             || !decided.remove_sandboxes.is_empty();
-        self.acted |= decided_something;
         if decided.kill_pod && live {
             self.stop_all(&input.seen, grace).await;
         }
@@ -319,6 +318,7 @@ impl Worker {
             .await
             .map_err(|e| Waiting { reason: "CreateContainerError".into(), message: e.runtime_message() })?
             .container_id;
+        self.acted = true;
         self.cri
             .start_container(cri::StartContainerRequest { container_id: id.clone() })
             .await
@@ -352,7 +352,7 @@ impl Worker {
         }
         let key = format!("{}_{image}", self.uid);
         let now = now();
-        if self.image_backoff.waiting(&key, now, now).is_some() {
+        if self.image_backoff.waiting_since_update(&key, now).is_some() {
             let message = format!("Back-off pulling image \"{image}\"");
             return Err(Waiting { reason: "ImagePullBackOff".into(), message });
         }

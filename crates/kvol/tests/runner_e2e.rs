@@ -1,4 +1,4 @@
-//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a crashing container is restarted with kubelet's back-off, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
+//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a missing image and a missing key are kubelet's reasons, a crashing container is restarted with kubelet's back-off, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
 //!
 //! Needs root, `containerd`, `ctr`, `runc` on PATH and a static `/bin/busybox` (Debian's
 //! `containerd runc busybox-static`); skipped, saying so, without them.
@@ -18,6 +18,8 @@ const IMAGE: &str = "kvol.test/busybox:1";
 const PAUSE: &str = "kvol.test/pause:1";
 const WEB_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e1";
 const CRASH_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e2";
+const BAD_IMAGE_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e3";
+const BAD_ENV_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e4";
 
 fn tools() -> Result<PathBuf, String> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -219,7 +221,7 @@ impl Drop for Containerd {
     }
 }
 
-fn manifests(marker_dir: &Path) -> (String, String) {
+fn manifests(marker_dir: &Path) -> (String, String, String) {
     let config_map = r#"apiVersion: v1
 kind: ConfigMap
 metadata: {name: app, namespace: default}
@@ -274,7 +276,29 @@ spec:
     command: [sh, -c, "echo crashing; exit 1"]
 "#
     );
-    (web, crash)
+    let bad = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: bad-image, namespace: default, uid: {BAD_IMAGE_UID}}}
+spec:
+  hostNetwork: true
+  containers:
+  - {{name: main, image: "127.0.0.1:1/kvol/absent:1"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: bad-env, namespace: default, uid: {BAD_ENV_UID}}}
+spec:
+  hostNetwork: true
+  containers:
+  - name: main
+    image: {IMAGE}
+    env:
+    - name: X
+      valueFrom: {{configMapKeyRef: {{name: app, key: nope}}}}
+"#
+    );
+    (web, crash, bad)
 }
 
 /// The runner's status of the pod of `uid`, from `<root>/runner/pods.json`.
@@ -326,7 +350,7 @@ fn pods_run_on_a_real_containerd() {
     node.start();
     node.runtime_socket();
     let marker = node.root.join("marker");
-    let (web, crash) = manifests(&marker);
+    let (web, crash, bad) = manifests(&marker);
 
     // Manifest → container running.
     let written = Instant::now();
@@ -359,6 +383,33 @@ fn pods_run_on_a_real_containerd() {
     }
     let seen = node.root.join(format!("kubelet/pods/{WEB_UID}/volumes/kubernetes.io~empty-dir/scratch/seen"));
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "colour=blue written by the container\n");
+
+    // Bad input: each a kubelet reason in its pod's status, nothing else affected.
+    node.write("bad.yaml", &bad);
+    // ErrImagePull, then ImagePullBackOff until the back-off's 10 s pass, then a pull again.
+    wait_pod(&node, BAD_IMAGE_UID, Duration::from_secs(30), "image pull back-off", |s| {
+        main_container(s)["reason"] == "ImagePullBackOff" && s["phase"] == "Pending"
+    });
+    let backing_off = Instant::now();
+    let pulled = wait_pod(&node, BAD_IMAGE_UID, Duration::from_secs(30), "image pulled again", |s| {
+        main_container(s)["reason"] == "ErrImagePull"
+    });
+    eprintln!(
+        "bad-image: pulled again {} ms after ImagePullBackOff was seen",
+        backing_off.elapsed().as_millis()
+    );
+    assert!(
+        main_container(&pulled)["message"].as_str().unwrap().contains("127.0.0.1:1/kvol/absent:1"),
+        "{pulled:#}"
+    );
+    let config_error = wait_pod(&node, BAD_ENV_UID, Duration::from_secs(30), "config error", |s| {
+        main_container(s)["reason"] == "CreateContainerConfigError"
+    });
+    assert_eq!(main_container(&config_error)["message"], "couldn't find key nope in ConfigMap default/app");
+    assert_eq!(config_error["phase"], "Pending");
+    let web_now = pod_status(&node, WEB_UID).unwrap();
+    assert_eq!(main_container(&web_now)["containerId"], web_id.as_str(), "web untouched: {web_now:#}");
+    node.remove("bad.yaml");
 
     // A crashing container: restarted at once, then after kubelet's 10 s back-off.
     node.write("crash.yaml", &crash);
@@ -404,12 +455,13 @@ fn pods_run_on_a_real_containerd() {
     node.remove("web.yaml");
     node.remove("crash.yaml");
     let start = Instant::now();
-    while pod_status(&node, WEB_UID).is_some() || pod_status(&node, CRASH_UID).is_some() {
+    let uids = [WEB_UID, CRASH_UID, BAD_IMAGE_UID, BAD_ENV_UID];
+    while uids.iter().any(|uid| pod_status(&node, uid).is_some()) {
         assert!(start.elapsed() < Duration::from_secs(60), "pods never went\n{}", node.agent_log());
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!(
-        "both pods removed (containers stopped, sandboxes removed, volumes gone) in {} ms",
+        "every pod removed (containers stopped, sandboxes removed, volumes gone) in {} ms",
         removed.elapsed().as_millis()
     );
     let term = std::fs::read_to_string(marker.join("term")).expect("the TERM trap wrote its marker");
