@@ -360,6 +360,13 @@ fn pods_run_on_a_real_containerd() {
     });
     let to_running = written.elapsed();
     eprintln!("web: manifest written → container running in {} ms", to_running.as_millis());
+    let web_lines: Vec<String> = node
+        .agent_log()
+        .lines()
+        .filter(|l| l.contains(WEB_UID) || l.contains("pod=default/web"))
+        .map(|l| l.chars().take(160).collect())
+        .collect();
+    eprintln!("the agent's lines of it:\n{}", web_lines.join("\n"));
     assert_eq!(running["phase"], "Running", "{running:#}");
     assert_eq!(running["ready"], true, "{running:#}");
     let web_id = main_container(&running)["containerId"].as_str().unwrap().to_string();
