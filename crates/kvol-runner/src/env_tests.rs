@@ -46,7 +46,8 @@ fn vars(pairs: &[(&str, &str)]) -> Result<Vec<(String, String)>, String> {
 
 #[test]
 fn environment_table() {
-    let cases: Vec<(&str, serde_json::Value, Result<Vec<(String, String)>, String>)> = vec![
+    type Vars = Result<Vec<(String, String)>, String>;
+    let cases: Vec<(&str, serde_json::Value, Vars)> = vec![
         (
             "values expand earlier ones; unknown stays",
             json!({"env": [{"name": "A", "value": "x"}, {"name": "B", "value": "$(A)-$(NOPE)-$$(A)"}]}),

@@ -132,7 +132,8 @@ mod tests {
     fn sandbox_and_container_labels_are_kubelets() {
         let pod = pod();
         let container = &pod.spec.as_ref().unwrap().containers[0];
-        let cases: &[(&str, HashMap<String, String>, &str, Option<&str>)] = &[
+        type Map = HashMap<String, String>;
+        let cases: &[(&str, Map, &str, Option<&str>)] = &[
             ("pod label kept", sandbox_labels(&pod), "app", Some("web")),
             ("kubelet's name wins over the pod's", sandbox_labels(&pod), POD_NAME, Some("web")),
             ("namespace", sandbox_labels(&pod), POD_NAMESPACE, Some("shop")),
