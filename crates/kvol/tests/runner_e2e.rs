@@ -1,4 +1,4 @@
-//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a missing image and a missing key are kubelet's reasons, a crashing container is restarted with kubelet's back-off, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
+//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a missing image and a missing key are kubelet's reasons, a pod that ends under `Never` succeeds with its termination message, a crashing container is restarted with kubelet's back-off, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
 //!
 //! Needs root, `containerd`, `ctr`, `runc` on PATH and a static `/bin/busybox` (Debian's
 //! `containerd runc busybox-static`); skipped, saying so, without them.
@@ -20,6 +20,7 @@ const WEB_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e1";
 const CRASH_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e2";
 const BAD_IMAGE_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e3";
 const BAD_ENV_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e4";
+const DONE_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e5";
 
 fn tools() -> Result<PathBuf, String> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -298,7 +299,20 @@ spec:
       valueFrom: {{configMapKeyRef: {{name: app, key: nope}}}}
 "#
     );
-    (web, crash, bad)
+    let done = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: done, namespace: default, uid: {DONE_UID}}}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: {IMAGE}
+    command: [sh, -c, "echo -n 'all done' > /dev/termination-log"]
+"#
+    );
+    (web, crash, format!("{bad}---\n{done}"))
 }
 
 /// The runner's status of the pod of `uid`, from `<root>/runner/pods.json`.
@@ -391,6 +405,23 @@ fn pods_run_on_a_real_containerd() {
     let seen = node.root.join(format!("kubelet/pods/{WEB_UID}/volumes/kubernetes.io~empty-dir/scratch/seen"));
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "colour=blue written by the container\n");
 
+    // `kvol status` shows it as kubelet's PodStatus does.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(["status", "-o", "json", "--root"])
+        .arg(&node.root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown =
+        status["pods"].as_array().unwrap().iter().find(|p| p["pod"] == "default/web").cloned().unwrap();
+    assert_eq!(
+        (shown["phase"].as_str(), shown["ready"].as_bool()),
+        (Some("Running"), Some(true)),
+        "{shown:#}"
+    );
+    assert_eq!(main_container(&shown)["state"], "running");
+
     // Bad input: each a kubelet reason in its pod's status, nothing else affected.
     node.write("bad.yaml", &bad);
     // ErrImagePull, then ImagePullBackOff until the back-off's 10 s pass, then a pull again.
@@ -414,6 +445,12 @@ fn pods_run_on_a_real_containerd() {
     });
     assert_eq!(main_container(&config_error)["message"], "couldn't find key nope in ConfigMap default/app");
     assert_eq!(config_error["phase"], "Pending");
+    // A pod that ran to its end under Never: Succeeded, its termination message read back.
+    let done = wait_pod(&node, DONE_UID, Duration::from_secs(30), "done", |s| s["phase"] == "Succeeded");
+    assert_eq!(main_container(&done)["state"], "terminated", "{done:#}");
+    assert_eq!(main_container(&done)["reason"], "Completed", "{done:#}");
+    assert_eq!(main_container(&done)["exitCode"], 0, "{done:#}");
+    assert_eq!(main_container(&done)["message"], "all done", "{done:#}");
     let web_now = pod_status(&node, WEB_UID).unwrap();
     assert_eq!(main_container(&web_now)["containerId"], web_id.as_str(), "web untouched: {web_now:#}");
     node.remove("bad.yaml");
@@ -462,7 +499,7 @@ fn pods_run_on_a_real_containerd() {
     node.remove("web.yaml");
     node.remove("crash.yaml");
     let start = Instant::now();
-    let uids = [WEB_UID, CRASH_UID, BAD_IMAGE_UID, BAD_ENV_UID];
+    let uids = [WEB_UID, CRASH_UID, BAD_IMAGE_UID, BAD_ENV_UID, DONE_UID];
     while uids.iter().any(|uid| pod_status(&node, uid).is_some()) {
         assert!(start.elapsed() < Duration::from_secs(60), "pods never went\n{}", node.agent_log());
         std::thread::sleep(Duration::from_millis(20));
