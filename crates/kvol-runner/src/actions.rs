@@ -46,6 +46,10 @@ pub struct ContainerSeen {
     /// The runtime's reason for an exit (`Completed`, `Error`, `OOMKilled`).
     pub reason: String,
     pub message: String,
+    /// A liveness or startup probe failed it: it is stopped (and restarted as the policy says).
+    pub failed_probe: Option<crate::probes::Kind>,
+    /// Its readiness as its probes say (`None`: it has no readiness or startup probe).
+    pub probed_ready: Option<bool>,
 }
 
 /// What the runtime has for one pod.
@@ -244,21 +248,29 @@ fn decide_new_sandbox(
 fn decide_containers(
     pod: &Pod,
     spec: &PodSpec,
-    seen: &PodSeen,
+    seen_all: &PodSeen,
     backoff: &mut Backoff,
     now: Duration,
     actions: &mut PodActions,
 ) {
     let mut keep = 0;
     for container in &spec.containers {
-        let status = seen.latest(&container.name);
+        let status = seen_all.latest(&container.name);
         match status.map(|s| s.state) {
+            Some(State::Running) if status.and_then(|s| s.failed_probe).is_some() => {
+                let seen = status.expect("running");
+                let kind = seen.failed_probe.expect("failed");
+                actions.kill.push((seen.id.clone(), crate::probes::restart_message(&container.name, kind)));
+                if restart_policy(spec) != "Never" {
+                    start_if_not_backing_off(pod, container, seen_all, backoff, now, actions, false);
+                }
+            }
             Some(State::Running) => {
                 let hash = labels::container_hash(container);
                 if status.and_then(|s| s.hash).is_some_and(|h| h != hash) {
                     let id = status.map(|s| s.id.clone()).unwrap_or_default();
                     actions.kill.push((id, format!("container {} definition changed", container.name)));
-                    start_if_not_backing_off(pod, container, seen, backoff, now, actions, false);
+                    start_if_not_backing_off(pod, container, seen_all, backoff, now, actions, false);
                 } else {
                     keep += 1;
                 }
@@ -266,10 +278,10 @@ fn decide_containers(
             Some(State::Created | State::Unknown) => {
                 let id = status.map(|s| s.id.clone()).unwrap_or_default();
                 actions.kill.push((id, format!("container {} is not running", container.name)));
-                start_if_not_backing_off(pod, container, seen, backoff, now, actions, false);
+                start_if_not_backing_off(pod, container, seen_all, backoff, now, actions, false);
             }
             _ if should_start(spec, status) => {
-                start_if_not_backing_off(pod, container, seen, backoff, now, actions, false)
+                start_if_not_backing_off(pod, container, seen_all, backoff, now, actions, false)
             }
             _ => {}
         }
@@ -278,7 +290,7 @@ fn decide_containers(
     let known = |name: &str| {
         spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| c.name == name)
     };
-    for c in seen.containers.iter().filter(|c| c.state == State::Running && !known(&c.name)) {
+    for c in seen_all.containers.iter().filter(|c| c.state == State::Running && !known(&c.name)) {
         actions.kill.push((c.id.clone(), format!("container {} is not in the pod's spec", c.name)));
     }
     if keep == 0 && actions.start.is_empty() && actions.waiting.is_empty() {

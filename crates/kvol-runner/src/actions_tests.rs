@@ -51,6 +51,8 @@ fn c(pod: &Pod, spec: &str) -> ContainerSeen {
         finished_at: if state == State::Exited { secs(NOW) } else { 0 },
         reason: String::new(),
         message: String::new(),
+        failed_probe: None,
+        probed_ready: None,
     }
 }
 
@@ -319,4 +321,24 @@ fn a_changed_spec_restarts_the_container() {
     let got = compute(&pod, &seen, &mut Backoff::default(), Duration::from_secs(NOW));
     assert_eq!(got.kill.len(), 1);
     assert_eq!(got.start, vec!["a".to_string()]);
+}
+
+#[test]
+fn a_failed_liveness_probe_restarts_unless_never() {
+    // (case, policy, restarted)
+    for (name, policy, restarted) in
+        [("Always", "Always", true), ("OnFailure", "OnFailure", true), ("Never", "Never", false)]
+    {
+        let pod = pod(policy, &[], &["a"]);
+        let mut running = c(&pod, "a:running");
+        running.failed_probe = Some(crate::probes::Kind::Liveness);
+        let seen = PodSeen { sandboxes: vec![sandbox("s1", 0, true)], containers: vec![running] };
+        let got = compute(&pod, &seen, &mut Backoff::default(), Duration::from_secs(NOW));
+        assert_eq!(
+            got.kill,
+            vec![("a-0".to_string(), "Container a failed liveness probe, will be restarted".to_string())],
+            "{name}"
+        );
+        assert_eq!(got.start == vec!["a".to_string()], restarted, "{name}");
+    }
 }

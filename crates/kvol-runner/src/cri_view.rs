@@ -92,6 +92,8 @@ impl Viewer {
             finished_at: 0,
             reason: String::new(),
             message: String::new(),
+            failed_probe: None,
+            probed_ready: None,
         };
         if state != State::Exited {
             return seen;

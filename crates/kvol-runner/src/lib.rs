@@ -17,3 +17,5 @@ pub mod status;
 pub mod worker;
 
 pub use runner::{Runner, RunnerConfig, RunnerError};
+pub mod prober;
+pub mod probes;

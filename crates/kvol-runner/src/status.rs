@@ -107,8 +107,8 @@ fn container_view(
     match seen.map(|s| s.state) {
         Some(State::Running) => {
             view.state = "running".into();
-            // No readiness probes yet: a running regular container is ready.
-            view.ready = !init;
+            // A running regular container is ready unless its probes say otherwise.
+            view.ready = !init && seen.and_then(|s| s.probed_ready).unwrap_or(true);
         }
         Some(State::Exited) => {
             let s = seen.expect("seen");

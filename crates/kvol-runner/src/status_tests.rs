@@ -30,6 +30,8 @@ fn seen(specs: &[(&str, State, i32, u32)]) -> PodSeen {
                 finished_at: 0,
                 reason: String::new(),
                 message: String::new(),
+                failed_probe: None,
+                probed_ready: None,
             })
             .collect(),
     }
@@ -143,4 +145,18 @@ fn serialised_as_kubelet_names_it() {
         json!({"pod": "shop/web", "uid": "u-1", "phase": "Running", "ready": true,
             "containers": [{"name": "a", "state": "running", "restartCount": 2, "ready": true, "containerId": "a-2"}]})
     );
+}
+
+#[test]
+fn readiness_from_the_probes() {
+    // (case, probed, container ready, pod ready)
+    for (name, probed, ready) in
+        [("no probe", None, true), ("probe passing", Some(true), true), ("probe failing", Some(false), false)]
+    {
+        let mut seen = seen(&[("a", State::Running, 0, 0)]);
+        seen.containers[0].probed_ready = probed;
+        let view = pod_view(&pod("Always", &[], &["a"]), &seen, &BTreeMap::new(), "");
+        assert_eq!((view.containers[0].ready, view.ready), (ready, ready), "{name}");
+        assert_eq!(view.phase, "Running", "{name}");
+    }
 }

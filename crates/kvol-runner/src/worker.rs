@@ -15,6 +15,7 @@ use crate::backoff::Backoff;
 use crate::container::{ContainerContext, container_config};
 use crate::env::EnvContext;
 use crate::labels::PodIds;
+use crate::probes::{self, Kind};
 use crate::runner::Shared;
 use crate::sandbox::sandbox_config;
 use crate::status::{PodView, pod_view};
@@ -52,6 +53,8 @@ pub struct Worker {
     fresh_from: u64,
     /// This pass changed something in the runtime.
     acted: bool,
+    /// The probes of the pod's running containers, by container id.
+    probes: BTreeMap<(String, probes::Kind), probes::Tracker>,
 }
 
 fn now() -> Duration {
@@ -74,6 +77,7 @@ impl Worker {
             last_pod: None,
             fresh_from: 0,
             acted: false,
+            probes: BTreeMap::new(),
         }
     }
 
@@ -148,6 +152,9 @@ impl Worker {
             let _ = self.volumes.wait_for_volumes(wait).await;
             return Some(Duration::ZERO);
         }
+        let mut seen = input.seen.clone();
+        self.annotate_probes(pod, &mut seen);
+        let input = &Input { seen, ..input.clone() };
         let mut decided = actions::compute(pod, &input.seen, &mut self.backoff, now());
         let mut wake = decided.wake_in;
         let message = match self.apply(pod, input, &mut decided).await {
@@ -165,7 +172,103 @@ impl Worker {
             wake = Some(wake.map_or(Duration::from_secs(1), |w| w.min(Duration::from_secs(1))));
         }
         self.publish(pod_view(pod, &input.seen, &waiting, &message));
-        wake
+        let (probe_wake, changed) = self.run_probes(pod, &input.seen, &decided).await;
+        // A probe's result changed: decide and show again at once.
+        let probe_wake = if changed { Some(Duration::ZERO) } else { probe_wake };
+        match (wake, probe_wake) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Marks the running containers with what their probes say: a failed liveness or
+    /// startup probe, and readiness.
+    fn annotate_probes(&self, pod: &Pod, seen: &mut PodSeen) {
+        let Some(spec) = pod.spec.as_ref() else { return };
+        for c in seen.containers.iter_mut().filter(|c| c.state == State::Running) {
+            let Some(container) = spec.containers.iter().find(|s| s.name == c.name) else { continue };
+            let tracker = |kind: Kind| self.probes.get(&(c.id.clone(), kind));
+            let failed = |kind: Kind| {
+                kind.of(container)
+                    .is_some_and(|p| tracker(kind).is_some_and(|t| t.failed(&probes::timing(p, kind))))
+            };
+            let started =
+                Kind::Startup.of(container).is_none() || tracker(Kind::Startup).is_some_and(|t| t.passing);
+            c.failed_probe = if failed(Kind::Startup) {
+                Some(Kind::Startup)
+            } else if started && failed(Kind::Liveness) {
+                Some(Kind::Liveness)
+            } else {
+                None
+            };
+            c.probed_ready = match (started, Kind::Readiness.of(container)) {
+                (false, _) => Some(false),
+                (true, Some(_)) => Some(tracker(Kind::Readiness).is_some_and(|t| t.passing)),
+                (true, None) => None,
+            };
+        }
+    }
+
+    /// Runs the probes that are due; when the next is due, and whether a result changed.
+    async fn run_probes(
+        &mut self,
+        pod: &Pod,
+        seen: &PodSeen,
+        decided: &actions::PodActions,
+    ) -> (Option<Duration>, bool) {
+        let Some(spec) = pod.spec.as_ref() else { return (None, false) };
+        let running: Vec<_> = seen
+            .containers
+            .iter()
+            .filter(|c| c.state == State::Running && !decided.kill.iter().any(|(id, _)| *id == c.id))
+            .collect();
+        self.probes.retain(|(id, _), _| running.iter().any(|c| &c.id == id));
+        let (mut wake, mut changed) = (None::<Duration>, false);
+        for c in running {
+            let Some(container) = spec.containers.iter().find(|s| s.name == c.name) else { continue };
+            let started_at = Duration::from_nanos(c.created_at.max(0) as u64);
+            for kind in [Kind::Startup, Kind::Liveness, Kind::Readiness] {
+                let Some(probe) = kind.of(container) else { continue };
+                let startup_passed =
+                    self.probes.get(&(c.id.clone(), Kind::Startup)).is_some_and(|t| t.passing);
+                let waits_for_startup =
+                    kind != Kind::Startup && Kind::Startup.of(container).is_some() && !startup_passed;
+                if waits_for_startup || (kind == Kind::Startup && startup_passed) {
+                    continue;
+                }
+                let timing = probes::timing(probe, kind);
+                let key = (c.id.clone(), kind);
+                let due = self
+                    .probes
+                    .entry(key.clone())
+                    .or_insert_with(|| probes::Tracker::new(kind))
+                    .due_in(&timing, started_at, now());
+                if due > Duration::ZERO {
+                    wake = Some(wake.map_or(due, |w| w.min(due)));
+                    continue;
+                }
+                let outcome = crate::prober::run(
+                    &self.cri,
+                    &c.id,
+                    container,
+                    probe,
+                    &self.shared.host_ip,
+                    timing.timeout,
+                )
+                .await;
+                if let Err(why) = &outcome {
+                    tracing::debug!(pod = %PodIds::of(pod).key(), container = %c.name, probe = kind.name(), %why, "probe failed");
+                }
+                let tracker = self.probes.get_mut(&key).expect("inserted above");
+                if tracker.record(&timing, outcome.is_ok(), now()) {
+                    changed = true;
+                    tracing::info!(pod = %PodIds::of(pod).key(), container = %c.name, probe = kind.name(), passing = tracker.passing, "probe result changed");
+                }
+                changed |= kind != Kind::Readiness && tracker.failed(&timing);
+                wake = Some(wake.map_or(timing.period, |w| w.min(timing.period)));
+            }
+        }
+        (wake, changed)
     }
 
     /// Hands the pod over to kvol so its volumes stay until the runner releases them (a pod
