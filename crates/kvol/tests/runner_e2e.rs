@@ -1,4 +1,4 @@
-//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a missing image and a missing key are kubelet's reasons, a pod that ends under `Never` succeeds with its termination message, a crashing container is restarted with kubelet's back-off, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
+//! The pod runner on a real containerd: a private containerd (Debian's, with runc) under a scratch directory, a busybox image built here from the host's static busybox, and the real `kvol agent --container-runtime-endpoint` — a pod reads a ConfigMap (a file, a subPath, an env) and writes an emptyDir, a missing image and a missing key are kubelet's reasons, a pod that ends under `Never` succeeds with its termination message, a crashing container is restarted with kubelet's back-off, a readiness probe turns true and a failed liveness probe restarts, a kill -9 of the agent restarts nothing, and a removed pod gets SIGTERM before nothing of it is left in containerd and no mount.
 //!
 //! Needs root, `containerd`, `ctr`, `runc` on PATH and a static `/bin/busybox` (Debian's
 //! `containerd runc busybox-static`); skipped, saying so, without them.
@@ -21,6 +21,28 @@ const CRASH_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e2";
 const BAD_IMAGE_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e3";
 const BAD_ENV_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e4";
 const DONE_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e5";
+const PROBED_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e6";
+
+/// Ready 2 s after it starts (its readiness probe finds /tmp/ready); unhealthy 5 s after (its
+/// liveness probe stops finding /tmp/alive), so restarted.
+const PROBED: &str = r#"apiVersion: v1
+kind: Pod
+metadata: {name: probed, namespace: default, uid: 3c9a0000-0000-4000-8000-00000000e2e6}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: kvol.test/busybox:1
+    command: [sh, -c, "touch /tmp/alive; sleep 2; touch /tmp/ready; sleep 3; rm /tmp/alive; sleep 1000"]
+    readinessProbe:
+      exec: {command: [cat, /tmp/ready]}
+      periodSeconds: 1
+    livenessProbe:
+      exec: {command: [cat, /tmp/alive]}
+      periodSeconds: 1
+      failureThreshold: 2
+"#;
 
 fn tools() -> Result<PathBuf, String> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -477,6 +499,31 @@ fn pods_run_on_a_real_containerd() {
     eprintln!("crash: restart 2 came {} ms after CrashLoopBackOff was first seen", waited.as_millis());
     assert!(waited >= Duration::from_secs(8), "the back-off was not kept: {waited:?} {restarted:#}");
 
+    // Probes: not ready, then ready once its readiness probe passes; restarted once its
+    // liveness probe fails twice.
+    let probed_at = Instant::now();
+    node.write("probed.yaml", PROBED);
+    let unready = wait_pod(&node, PROBED_UID, Duration::from_secs(30), "probed running", |s| {
+        main_container(s)["state"] == "running"
+    });
+    assert_eq!(
+        (unready["ready"].as_bool(), main_container(&unready)["ready"].as_bool()),
+        (Some(false), Some(false)),
+        "{unready:#}"
+    );
+    wait_pod(&node, PROBED_UID, Duration::from_secs(30), "probed ready", |s| s["ready"] == true);
+    let ready_after = probed_at.elapsed();
+    let restarted = wait_pod(&node, PROBED_UID, Duration::from_secs(30), "probed restarted", |s| {
+        main_container(s)["restartCount"] == 1 && main_container(s)["state"] == "running"
+    });
+    eprintln!(
+        "probed: ready {} ms after its manifest, restarted by its liveness probe {} ms after it: {restarted:#}",
+        ready_after.as_millis(),
+        probed_at.elapsed().as_millis()
+    );
+    assert!(probed_at.elapsed() >= Duration::from_secs(5), "restarted before its liveness probe could fail");
+    node.remove("probed.yaml");
+
     // kill -9 of the agent: the running container is adopted, not restarted.
     let before = containerd.containers().len();
     node.kill_9();
@@ -499,7 +546,7 @@ fn pods_run_on_a_real_containerd() {
     node.remove("web.yaml");
     node.remove("crash.yaml");
     let start = Instant::now();
-    let uids = [WEB_UID, CRASH_UID, BAD_IMAGE_UID, BAD_ENV_UID, DONE_UID];
+    let uids = [WEB_UID, CRASH_UID, BAD_IMAGE_UID, BAD_ENV_UID, DONE_UID, PROBED_UID];
     while uids.iter().any(|uid| pod_status(&node, uid).is_some()) {
         assert!(start.elapsed() < Duration::from_secs(60), "pods never went\n{}", node.agent_log());
         std::thread::sleep(Duration::from_millis(20));
