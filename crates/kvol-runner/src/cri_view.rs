@@ -168,9 +168,9 @@ fn termination_message(
     }
 }
 
-/// The end of a CRI log (`<time> <stream> <P|F> <text>` lines) as the container wrote it:
-/// the last [`MAX_FALLBACK_LINES`] lines, at most [`MAX_FALLBACK_BYTES`].
-pub fn log_tail(log: &str) -> String {
+/// A CRI log (`<time> <stream> <P|F> <text>` lines) as the container wrote it: partial lines
+/// (`P`) joined to the next.
+pub fn log_text(log: &str) -> String {
     let mut text = String::new();
     for line in log.lines() {
         let mut fields = line.splitn(4, ' ');
@@ -181,6 +181,13 @@ pub fn log_tail(log: &str) -> String {
             text.push('\n');
         }
     }
+    text
+}
+
+/// The end of a CRI log (`<time> <stream> <P|F> <text>` lines) as the container wrote it:
+/// the last [`MAX_FALLBACK_LINES`] lines, at most [`MAX_FALLBACK_BYTES`].
+pub fn log_tail(log: &str) -> String {
+    let text = log_text(log);
     let lines: Vec<&str> = text.lines().collect();
     let mut tail = lines[lines.len().saturating_sub(MAX_FALLBACK_LINES)..].join("\n");
     if !tail.is_empty() {

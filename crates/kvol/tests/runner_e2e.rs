@@ -427,6 +427,19 @@ fn pods_run_on_a_real_containerd() {
     let seen = node.root.join(format!("kubelet/pods/{WEB_UID}/volumes/kubernetes.io~empty-dir/scratch/seen"));
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "colour=blue written by the container\n");
 
+    // `kvol pod logs` prints it without the CRI prefixes.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(["pod", "logs", "default/web", "--root"])
+        .arg(&node.root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "env=hello from a configmap\nfile=colour=blue\nsubpath=colour=blue\n",
+        "kvol pod logs"
+    );
+
     // `kvol status` shows it as kubelet's PodStatus does.
     let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
         .args(["status", "-o", "json", "--root"])
@@ -496,6 +509,17 @@ fn pods_run_on_a_real_containerd() {
         main_container(s)["restartCount"].as_u64() >= Some(2)
     });
     let waited = backing_off.elapsed();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(["pod", "logs", "crash", "--previous", "-c", "main", "--root"])
+        .arg(&node.root)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "crashing\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     eprintln!("crash: restart 2 came {} ms after CrashLoopBackOff was first seen", waited.as_millis());
     assert!(waited >= Duration::from_secs(8), "the back-off was not kept: {waited:?} {restarted:#}");
 
