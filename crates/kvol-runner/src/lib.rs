@@ -13,6 +13,7 @@ pub mod env;
 pub mod labels;
 pub mod runner;
 pub mod sandbox;
+pub mod shared;
 pub mod status;
 pub mod worker;
 

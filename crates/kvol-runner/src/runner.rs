@@ -13,8 +13,9 @@ use tokio::sync::{Notify, watch};
 
 use crate::cri_view::Viewer;
 use crate::sandbox::SandboxContext;
+use crate::shared::{Shared, Volumes};
 use crate::status::PodView;
-use crate::worker::{Input, Volumes, Worker};
+use crate::worker::{Input, Worker};
 
 /// How the runner is set up.
 #[derive(Clone, Debug)]
@@ -35,34 +36,6 @@ pub struct RunnerConfig {
     pub node: NodeResources,
     /// How often the runtime is looked at when nothing happens.
     pub poll: Duration,
-}
-
-/// What the workers share.
-#[derive(Debug)]
-pub struct Shared {
-    pub cri: CriClient,
-    pub volumes: Volumes,
-    pub sandbox_context: SandboxContext,
-    pub state_dir: PathBuf,
-    pub node_name: String,
-    pub host_ip: String,
-    pub node: NodeResources,
-    /// Every pod's status, by uid.
-    pub status: watch::Sender<Arc<BTreeMap<String, PodView>>>,
-    /// A worker did something: look at the runtime again now.
-    pub relist: Notify,
-    /// How many looks at the runtime have started: a worker acts only on a look that started
-    /// after its last action (an older one may not show what it just made).
-    pub looks: std::sync::atomic::AtomicU64,
-    /// Workers that finished (their pod is gone from the runtime and its volumes let go).
-    finished: Mutex<Vec<String>>,
-}
-
-impl Shared {
-    pub fn forget(&self, uid: &str) {
-        self.finished.lock().unwrap_or_else(|e| e.into_inner()).push(uid.to_string());
-        self.relist.notify_one();
-    }
 }
 
 /// Errors that stop the runner before it runs.

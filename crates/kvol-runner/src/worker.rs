@@ -16,11 +16,9 @@ use crate::container::{ContainerContext, container_config};
 use crate::env::EnvContext;
 use crate::labels::PodIds;
 use crate::probes::{self, Kind};
-use crate::runner::Shared;
 use crate::sandbox::sandbox_config;
+use crate::shared::{Shared, Volumes};
 use crate::status::{PodView, pod_view};
-
-pub type Volumes = rt::pod_volumes_client::PodVolumesClient<tonic::transport::Channel>;
 
 /// What a worker is told at each look: the pod (None: no longer wanted), what the runtime has
 /// of it, and the objects its environment is made from.
