@@ -42,9 +42,9 @@ pub fn go_quote(value: &str) -> String {
 }
 
 /// A container's resource (`limits.cpu`, `requests.memory`, `limits.ephemeral-storage` …) as
-/// kubelet writes it: the quantity divided by `divisor` (`"1"` when unset), rounded up — CPU
-/// in thousandths, memory and storage in bytes. An unknown resource or a bad quantity is an
-/// error naming it.
+/// kubelet writes it: the quantity divided by `divisor` (`"1"` when unset or zero, as kubelet
+/// reads it: the API server fills an unset divisor with `"0"`), rounded up — CPU in thousandths,
+/// memory and storage in bytes. An unknown resource or a bad quantity is an error naming it.
 pub fn resource_value(resource: &str, quantity: &str, divisor: Option<&str>) -> Result<String, String> {
     let divisor = divisor.filter(|d| !d.is_empty()).unwrap_or("1");
     let kind = resource.split_once('.').map(|(_, kind)| kind).unwrap_or(resource);
@@ -64,9 +64,12 @@ pub fn resource_value(resource: &str, quantity: &str, divisor: Option<&str>) -> 
             ));
         }
     };
-    if per == 0 {
-        return Err(format!("{resource}: divisor {divisor:?} is zero"));
-    }
+    // A zero divisor means "1" of the resource's unit: a core in thousandths, a byte.
+    let per = match (per, kind) {
+        (0, "cpu") => 1000,
+        (0, _) => 1,
+        (per, _) => per,
+    };
     Ok(value.div_ceil(per).to_string())
 }
 
@@ -149,7 +152,11 @@ mod tests {
             ("requests.cpu", "1500m", Some("1"), Ok("2")),
             ("limits.cpu", "1Ki", Some("1"), Ok("1024")),
             ("limits.cpu", "0.5", Some("100m"), Ok("5")),
-            ("limits.memory", "1Gi", Some("0"), Err("is zero")),
+            // The API server's default for an unset divisor: read as 1, as kubelet reads it.
+            ("limits.memory", "1Gi", Some("0"), Ok("1073741824")),
+            ("limits.memory", "64Mi", Some("0Mi"), Ok("67108864")),
+            ("limits.cpu", "1500m", Some("0"), Ok("2")),
+            ("requests.cpu", "250m", Some("0m"), Ok("1")),
             ("limits.memory", "lots", None, Err("quantity \"lots\"")),
             ("limits.gpu", "1", None, Err("not a resource")),
         ];

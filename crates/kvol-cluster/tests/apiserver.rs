@@ -49,10 +49,12 @@ async fn pod_with_claim(client: &Client, pod: &str, node: &str) {
     .await;
     create(
         &Api::<Pod>::namespaced(client.clone(), "default"),
-        json!({"metadata": {"name": pod}, "spec": {"nodeName": node,
+        kvol_test_support::pods::mounting_its_volumes(
+            json!({"metadata": {"name": pod}, "spec": {"nodeName": node,
             "containers": [{"name": "c", "image": "none"}],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}},
                         {"name": "scratch", "emptyDir": {}}]}}),
+        ),
     )
     .await;
 }
@@ -98,9 +100,11 @@ async fn the_api_source_holds_the_nodes_pods_and_only_what_they_reference_throug
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     create(
         &pods,
-        json!({"metadata": {"name": "inline"}, "spec": {"nodeName": "n1",
+        kvol_test_support::pods::mounting_its_volumes(
+            json!({"metadata": {"name": "inline"}, "spec": {"nodeName": "n1",
             "containers": [{"name": "c", "image": "none"}],
             "volumes": [{"name": "eph", "csi": {"driver": DRIVER}}]}}),
+        ),
     )
     .await;
     until(&source, "the inline pod", |s| s.pods.contains_key("default/inline")).await;
@@ -314,9 +318,11 @@ async fn unrelated_objects(client: &Client, prefix: &str, count: usize) {
                     _ => drop(
                         create(
                             &pods,
-                            json!({"metadata": {"name": name}, "spec": {"nodeName": "elsewhere",
+                            kvol_test_support::pods::mounting_its_volumes(
+                                json!({"metadata": {"name": name}, "spec": {"nodeName": "elsewhere",
                         "containers": [{"name": "c", "image": "none"}],
                         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}]}}),
+                            ),
                         )
                         .await,
                     ),

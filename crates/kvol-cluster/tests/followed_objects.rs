@@ -36,8 +36,10 @@ fn secret_value<'a>(set: &'a ObjectSet, name: &str, key: &str) -> Option<&'a [u8
 async fn pod(client: &Client, name: &str, node: &str, volumes: Value) {
     create(
         &Api::<Pod>::namespaced(client.clone(), "default"),
-        json!({"metadata": {"name": name}, "spec": {"nodeName": node,
+        kvol_test_support::pods::mounting_its_volumes(
+            json!({"metadata": {"name": name}, "spec": {"nodeName": node,
             "containers": [{"name": "c", "image": "none"}], "volumes": volumes}}),
+        ),
     )
     .await;
 }

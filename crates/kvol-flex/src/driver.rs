@@ -8,7 +8,6 @@
 //! already in the pipe and is read without waiting for end-of-file: a background process that
 //! inherited the pipe (a FUSE daemon, say) can neither hold the call up nor be killed by it.
 
-use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -18,13 +17,13 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use serde::Serialize;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::process::Child;
 
 use crate::error::{FlexError, Result};
 use crate::options::RedactedArgs;
+use crate::protocol::{Command, DriverStatus};
 use crate::{status, trust};
 
 /// How long to wait for a killed driver to be reaped before leaving it to tokio's orphan reaper
@@ -35,64 +34,6 @@ const SPAWN_RETRIES: u32 = 5;
 const SPAWN_RETRY_DELAY: Duration = Duration::from_millis(20);
 /// Bytes read from the output pipe at a time.
 const CHUNK: usize = 16 * 1024;
-
-/// The Flexvolume commands, spelled as drivers receive them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Command {
-    Init,
-    Attach,
-    Detach,
-    WaitForAttach,
-    IsAttached,
-    MountDevice,
-    UnmountDevice,
-    Mount,
-    Unmount,
-    GetVolumeName,
-    ExpandVolume,
-    ExpandFs,
-}
-
-impl Command {
-    /// Every command.
-    pub const ALL: [Command; 12] = [
-        Command::Init,
-        Command::Attach,
-        Command::Detach,
-        Command::WaitForAttach,
-        Command::IsAttached,
-        Command::MountDevice,
-        Command::UnmountDevice,
-        Command::Mount,
-        Command::Unmount,
-        Command::GetVolumeName,
-        Command::ExpandVolume,
-        Command::ExpandFs,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Command::Init => "init",
-            Command::Attach => "attach",
-            Command::Detach => "detach",
-            Command::WaitForAttach => "waitforattach",
-            Command::IsAttached => "isattached",
-            Command::MountDevice => "mountdevice",
-            Command::UnmountDevice => "unmountdevice",
-            Command::Mount => "mount",
-            Command::Unmount => "unmount",
-            Command::GetVolumeName => "getvolumename",
-            Command::ExpandVolume => "expandvolume",
-            Command::ExpandFs => "expandfs",
-        }
-    }
-}
-
-impl fmt::Display for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Limits on every driver call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,41 +64,6 @@ impl Default for CallLimits {
             max_output: 1 << 20,
         }
     }
-}
-
-/// What `init` says a driver can do; absent keys keep upstream's defaults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriverCapabilities {
-    pub attach: bool,
-    pub selinux_relabel: bool,
-    pub supports_metrics: bool,
-    pub fs_group: bool,
-    #[serde(rename = "requiresFSResize")]
-    pub requires_fs_resize: bool,
-}
-
-impl Default for DriverCapabilities {
-    fn default() -> Self {
-        DriverCapabilities {
-            attach: true,
-            selinux_relabel: true,
-            supports_metrics: false,
-            fs_group: true,
-            requires_fs_resize: true,
-        }
-    }
-}
-
-/// A driver's reply to one command (upstream's `DriverStatus`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DriverStatus {
-    pub status: String,
-    pub message: String,
-    pub device: String,
-    pub volume_name: String,
-    pub attached: bool,
-    pub capabilities: DriverCapabilities,
 }
 
 /// One installed driver: its plugin name (`vendor/driver`), its executable and its limits.

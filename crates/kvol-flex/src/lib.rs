@@ -9,11 +9,13 @@ pub mod naming;
 pub mod options;
 pub mod plugin;
 pub mod prober;
+pub mod protocol;
 pub mod status;
 pub mod trust;
 
-pub use driver::{CallLimits, Command, DriverCapabilities, DriverStatus, FlexDriver};
+pub use driver::{CallLimits, FlexDriver};
 pub use error::FlexError;
 pub use install::{InstallOutcome, Installed, install};
 pub use plugin::FlexVolumePlugin;
 pub use prober::{DriverState, FlexProber, ProbedDriver, ProberConfig, probe_all_once};
+pub use protocol::{Command, DriverCapabilities, DriverStatus};

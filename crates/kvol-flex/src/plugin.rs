@@ -39,9 +39,10 @@ use kvol_plugin::{
     AccessMode, PluginError, PluginHost, PluginKind, SourceKey, SpecSource, VolumePlugin, VolumeSpec,
 };
 
-use crate::driver::{Command, DriverCapabilities, DriverStatus, FlexDriver};
+use crate::driver::FlexDriver;
 use crate::error::{FlexError, Result};
 use crate::options::{FlexSource, Options, driver_options, mount_extras, secret_values, to_json};
+use crate::protocol::{Command, DriverCapabilities, DriverStatus};
 
 /// The plugin directory all Flexvolume drivers stage under:
 /// `<root>/plugins/kubernetes.io/flexvolume/<driver name>/mounts/<volume name>`.
@@ -473,7 +474,9 @@ fn reached(root: &Root, path: &Path) -> PluginResult<bool> {
 #[async_trait]
 impl VolumeMounter for FlexVolumePlugin {
     /// Mounts once: an already mounted target is left alone; a missing one is created (0750)
-    /// and removed again if the mount fails (a missing Secret included).
+    /// and removed again if the mount fails (a missing Secret included). A volume mounted
+    /// read-write gets the pod's fsGroup (with its change policy) unless the driver's `init`
+    /// said `fsGroup: false`; as kubelet, a failure there is said, not fatal.
     async fn publish(&self, req: &PublishRequest<'_>) -> PluginResult<()> {
         let root = self.host.paths.open_root()?;
         create_parent(&root, req.target)?;
@@ -485,7 +488,14 @@ impl VolumeMounter for FlexVolumePlugin {
         if mounted.is_err() {
             let _ = remove_empty(&root, req.target);
         }
-        mounted
+        mounted?;
+        let read_only = req.read_only || self.source(req.spec)?.read_only;
+        if self.capabilities.fs_group
+            && let Err(e) = kvol_plugin::beneath::give_pod_fs_group(req.target, req.pod, read_only)
+        {
+            tracing::warn!(driver = %self.driver.name, target = %req.target.display(), error = %e, "fsGroup not given");
+        }
+        Ok(())
     }
 
     /// `unmount <target>`, then removes the target if the driver left it. A missing target is

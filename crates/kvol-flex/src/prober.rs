@@ -40,10 +40,11 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::driver::{CallLimits, DriverCapabilities};
+use crate::driver::CallLimits;
 use crate::error::{FlexError, Result};
 use crate::install::DEFAULT_PLUGIN_DIR;
 use crate::plugin::FlexVolumePlugin;
+use crate::protocol::DriverCapabilities;
 use crate::{naming, trust};
 
 /// How the prober is set up.

@@ -11,8 +11,8 @@ use std::fmt;
 use serde::Deserializer;
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 
-use crate::driver::{Command, DriverCapabilities, DriverStatus};
 use crate::error::{FlexError, Result};
+use crate::protocol::{Command, DriverCapabilities, DriverStatus};
 
 /// The status a driver prints when a command worked.
 pub const STATUS_SUCCESS: &str = "Success";

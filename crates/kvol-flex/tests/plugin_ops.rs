@@ -378,7 +378,11 @@ async fn publishing_calls_mount_with_pod_options_and_unpublishing_calls_unmount(
         ("kubernetes.io/mounterArgs.FsGroup", "2000"),
     ]));
     assert_eq!(json(&argv[1]), expected);
-    assert_eq!(mode(&target), 0o750);
+    // The driver mounted read-write and said nothing of fsGroup: kubelet gives the volume the
+    // pod's fsGroup itself (g+rwx and setgid on the 0750 directory).
+    assert_eq!(mode(&target), 0o770);
+    assert_ne!(std::os::unix::fs::MetadataExt::mode(&fs::metadata(&target).unwrap()) & 0o2000, 0, "setgid");
+    assert_eq!(std::os::unix::fs::MetadataExt::gid(&fs::metadata(&target).unwrap()), 2000);
 
     mounter.unpublish(&unpublish(&target)).await.unwrap();
     assert_eq!(f.argv("unmount"), [target.display().to_string()]);
@@ -386,6 +390,28 @@ async fn publishing_calls_mount_with_pod_options_and_unpublishing_calls_unmount(
     mounter.unpublish(&unpublish(&target)).await.unwrap();
     assert_eq!(f.count("unmount"), 1, "a target already gone needs no unmount");
     assert_eq!(f.mounter.calls(), []);
+}
+
+#[tokio::test]
+async fn the_pods_fs_group_is_given_unless_the_driver_takes_none_or_the_volume_is_read_only() {
+    use std::os::unix::fs::MetadataExt;
+    // (what, init's capabilities, read-only, the target's mode and gid after publish)
+    let rows = [
+        ("a driver that says nothing", "{}", false, (0o2770, 2000)),
+        ("a driver that takes no fsGroup", r#"{"attach": false, "fsGroup": false}"#, false, (0o750, 0)),
+        ("a read-only volume", "{}", true, (0o750, 0)),
+    ];
+    for (what, capabilities, read_only, want) in rows {
+        let f = Fixture::new();
+        f.reply("init", &format!(r#"{{"status":"Success","capabilities":{capabilities}}}"#));
+        let plugin = f.plugin().await;
+        let spec = flex_pv("pv-1", None, read_only);
+        let pod = PodInfo { fs_group: Some(2000), ..pod() };
+        let target = f.target("pv-1");
+        plugin.mounter().unwrap().publish(&publish(&spec, &pod, &target)).await.unwrap();
+        let meta = fs::metadata(&target).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.gid()), want, "{what}");
+    }
 }
 
 #[tokio::test]

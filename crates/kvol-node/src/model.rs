@@ -53,6 +53,10 @@ pub struct DesiredVolume {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DesiredState {
     pub volumes: BTreeMap<PodVolumeKey, DesiredVolume>,
+    /// Volumes of those pods that no container (init, regular or ephemeral) mounts or takes
+    /// as a device, with their pod's `namespace/name`: not set up, as the v1.26 kubelet sets up
+    /// only the volumes some container uses; listed so status can say why.
+    pub unused: BTreeMap<PodVolumeKey, String>,
 }
 
 /// A volume attached to this node (node-driven attach).

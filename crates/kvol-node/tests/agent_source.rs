@@ -53,7 +53,7 @@ fn objects_sent_through_a_channel_source_are_mounted_and_torn_down() {
 
     let host = root.join("host-data");
     let web = pod(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: shop}}\nspec:\n  containers: [{{name: a, image: b}}]\n  volumes:\n  - {{name: cache, emptyDir: {{medium: Memory, sizeLimit: 8Mi}}}}\n  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: shop}}\nspec:\n  containers: [{{name: a, image: b, volumeMounts: [{{name: cache, mountPath: /c}}, {{name: host, mountPath: /h}}]}}]\n  volumes:\n  - {{name: cache, emptyDir: {{medium: Memory, sizeLimit: 8Mi}}}}\n  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n",
         host.display()
     ));
     let mut objects = ObjectSet::default();

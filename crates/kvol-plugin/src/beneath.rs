@@ -368,6 +368,16 @@ pub fn apply_pod_fs_group(
     Ok(())
 }
 
+/// The pod's `fsGroup` given to a volume it just set up, with its change policy, as kubelet's
+/// `SetVolumeOwnership` gives it for the plugins that take one (local volumes, Flexvolume):
+/// nothing for a pod without an fsGroup or a read-only volume.
+pub fn give_pod_fs_group(root: &Path, pod: &crate::plugin::PodInfo, read_only: bool) -> crate::Result<()> {
+    match pod.fs_group {
+        Some(group) if !read_only => apply_pod_fs_group(root, group, pod.fs_group_change_policy, false),
+        _ => Ok(()),
+    }
+}
+
 struct Walk<'a> {
     gid: u32,
     file_bits: u32,

@@ -8,6 +8,8 @@
 //! is stopped too. Data is never removed through a mount: a root with a mount left below it is
 //! left on disk, and said.
 
+pub mod pods;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

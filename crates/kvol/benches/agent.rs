@@ -26,7 +26,7 @@ const STORAGE: &str = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetada
 
 fn pod_with_claim(i: usize) -> String {
     format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: c{i}, namespace: default}}\nspec: {{storageClassName: fast, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Mi}}}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: c{i}}}}}]\n"
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: c{i}, namespace: default}}\nspec: {{storageClassName: fast, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Mi}}}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: c{i}}}}}]\n"
     )
 }
 

@@ -47,9 +47,11 @@ where
 
 /// A pod on the bench node with one CSI ephemeral volume of the bundled driver.
 fn ephemeral_pod(name: &str) -> serde_json::Value {
-    json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
+    kvol_test_support::pods::mounting_its_volumes(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
         "containers": [{"name": "c", "image": "none"}],
-        "volumes": [{"name": "data", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1Mi"}}}]}})
+        "volumes": [{"name": "data", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1Mi"}}}]}}),
+    )
 }
 
 /// Volumes the agent's status file shows published (0 until this agent has written one).
@@ -189,7 +191,8 @@ fn main() {
 
 /// A pod with every pod's `kube-api-access` projected volume, two ConfigMaps and a Secret.
 fn api_objects_pod(name: &str) -> serde_json::Value {
-    json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
+    kvol_test_support::pods::mounting_its_volumes(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
         "serviceAccountName": "default", "containers": [{"name": "c", "image": "none"}],
         "volumes": [
             {"name": "kube-api-access-b7x2k", "projected": {"defaultMode": 420, "sources": [
@@ -198,13 +201,16 @@ fn api_objects_pod(name: &str) -> serde_json::Value {
                 {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}},
             {"name": "settings", "configMap": {"name": "settings"}},
             {"name": "features", "configMap": {"name": "features"}},
-            {"name": "creds", "secret": {"secretName": "creds"}}]}})
+            {"name": "creds", "secret": {"secretName": "creds"}}]}}),
+    )
 }
 
 /// The same pod's weight in the agent's path with one emptyDir: the baseline.
 fn empty_dir_pod(name: &str) -> serde_json::Value {
-    json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
-        "containers": [{"name": "c", "image": "none"}], "volumes": [{"name": "scratch", "emptyDir": {}}]}})
+    kvol_test_support::pods::mounting_its_volumes(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": NODE,
+        "containers": [{"name": "c", "image": "none"}], "volumes": [{"name": "scratch", "emptyDir": {}}]}}),
+    )
 }
 
 /// Pod created → its volumes published, for pods of API objects and emptyDir pods (medians),

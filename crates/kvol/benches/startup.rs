@@ -28,7 +28,8 @@ fn pod(i: usize) -> String {
         .map(|v| format!("  - {{name: v{v}, csi: {{driver: hostpath.csi.kvol.io}}}}"))
         .collect();
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n{}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: default}}\nspec:\n  containers: {}\n  volumes:\n{}\n",
+        kvol_test_support::pods::containers_using("app", &volumes.join("\n")),
         volumes.join("\n")
     )
 }

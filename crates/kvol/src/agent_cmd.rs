@@ -295,9 +295,9 @@ async fn wait_until_settled(root: &std::path::Path, limit: Duration) -> bool {
         }
         let phases: Vec<(String, Phase)> =
             report.volumes.iter().map(|v| (format!("{}/{}", v.pod, v.volume), v.phase)).collect();
-        let steady = phases
-            .iter()
-            .all(|(_, p)| matches!(p, Phase::Published | Phase::Uncertain | Phase::Failed | Phase::Pending));
+        let steady = phases.iter().all(|(_, p)| {
+            matches!(p, Phase::Published | Phase::Uncertain | Phase::Failed | Phase::Pending | Phase::Unused)
+        });
         match &last {
             Some((previous, since)) if *previous == phases && steady => {
                 if since.elapsed() >= Duration::from_secs(2) {

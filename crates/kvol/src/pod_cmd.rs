@@ -3,6 +3,7 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use kvol_runtime_api::proto::{
@@ -14,7 +15,8 @@ use serde_json::{Value, json};
 #[derive(Debug, clap::Subcommand)]
 pub enum PodCommand {
     /// Wait until every volume of the pod is published (exit 0), or say which are not and why
-    /// when the timeout passes (exit 1); with --gone, until none is left on the node.
+    /// when the timeout passes (exit 1); with --gone, until none is left on the node. An agent
+    /// still starting is waited for within the same timeout.
     Wait(WaitArgs),
     /// A container's mounts and devices, as the runtime gets them (subPaths bound on the way).
     Mounts(MountsArgs),
@@ -106,8 +108,7 @@ pub fn run(command: &PodCommand) -> anyhow::Result<ExitCode> {
             PodCommand::Mounts(args) => mounts(args).await,
             PodCommand::Admit(args) => admit(args).await,
             PodCommand::Release(args) => {
-                let mut client =
-                    kvol_runtime_api::connect(&args.socket.path()).await.map_err(anyhow::Error::msg)?;
+                let mut client = kvol_runtime_api::connect(&args.socket.path()).await?;
                 client.release_pod(ReleasePodRequest { pod_uid: args.uid.clone() }).await.map_err(status)?;
                 println!("released {}", args.uid);
                 Ok(ExitCode::SUCCESS)
@@ -131,9 +132,17 @@ fn volumes_json(s: &PodVolumeStatus) -> Value {
     json!({"podUid": s.pod_uid, "pod": s.pod, "ready": s.ready, "message": s.message, "volumes": volumes})
 }
 
+/// Waits for the pod within `--timeout`, the agent's socket included: a wait started beside an
+/// agent that is still starting (a unit, a script) waits for it, and says so once.
 async fn wait(args: &WaitArgs) -> anyhow::Result<ExitCode> {
-    let mut client = kvol_runtime_api::connect(&args.socket.path()).await.map_err(anyhow::Error::msg)?;
-    let request = WaitRequest { pod_uid: args.uid.clone(), timeout_ms: args.timeout.saturating_mul(1000) };
+    let socket = args.socket.path();
+    let deadline = std::time::Instant::now() + Duration::from_secs(args.timeout.into());
+    let waiting = || eprintln!("waiting for the kvol agent's runtime api at {}", socket.display());
+    let mut client =
+        kvol_runtime_api::connect_within(&socket, Duration::from_secs(args.timeout.into()), waiting).await?;
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let timeout_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+    let request = WaitRequest { pod_uid: args.uid.clone(), timeout_ms };
     let answer = if args.gone {
         client.wait_for_volumes_gone(request).await
     } else {
@@ -149,7 +158,7 @@ async fn wait(args: &WaitArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn mounts(args: &MountsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = kvol_runtime_api::connect(&args.socket.path()).await.map_err(anyhow::Error::msg)?;
+    let mut client = kvol_runtime_api::connect(&args.socket.path()).await?;
     let request = ContainerMountsRequest { pod_uid: args.uid.clone(), container: args.container.clone() };
     let answer = client.container_mounts(request).await.map_err(status)?.into_inner();
     let out = match args.format {
@@ -197,14 +206,14 @@ async fn admit(args: &AdmitArgs) -> anyhow::Result<ExitCode> {
     } else {
         std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?
     };
-    let mut client = kvol_runtime_api::connect(&args.socket.path()).await.map_err(anyhow::Error::msg)?;
+    let mut client = kvol_runtime_api::connect(&args.socket.path()).await?;
     let answer = client.admit_pod(AdmitPodRequest { pod_json: text.into_bytes() }).await.map_err(status)?;
     println!("{}", answer.into_inner().pod_uid);
     Ok(ExitCode::SUCCESS)
 }
 
 async fn watch(args: &WatchArgs) -> anyhow::Result<ExitCode> {
-    let mut client = kvol_runtime_api::connect(&args.socket.path()).await.map_err(anyhow::Error::msg)?;
+    let mut client = kvol_runtime_api::connect(&args.socket.path()).await?;
     let request = WatchRequest { pod_uid: args.uid.clone().unwrap_or_default() };
     let mut stream = client.watch_volumes(request).await.map_err(status)?.into_inner();
     while let Some(change) = stream.message().await.map_err(status)? {

@@ -228,7 +228,8 @@ fn phase(report: &StatusReport, pod: &str, name: &str) -> Option<Phase> {
 
 fn pod(name: &str, volumes: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n{volumes}"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: {}\n  volumes:\n{volumes}",
+        kvol_test_support::pods::containers_using("app", volumes)
     )
 }
 
@@ -751,4 +752,50 @@ fn the_readmes_first_command_serves_its_claim_from_a_loop_device_and_leaves_none
     let left = kvol_test_support::loop_devices_of(scratch.path());
     assert!(left.is_empty(), "loop devices left after the command exited: {left:?}");
     assert!(scratch.leftovers().is_empty(), "{}", scratch.leftovers());
+}
+
+#[test]
+fn a_volume_no_container_uses_is_not_set_up_and_status_says_why() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("storage.yaml", STORAGE);
+    // The claim is not mounted here (a RWO claim would block another node);
+    // the emptyDir no container uses gets no directory; the one used is published.
+    let pod = "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: idle, namespace: default}\nspec: {storageClassName: kvol-hostpath, accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Mi}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default, uid: 5e1d0a11-0000-4000-8000-000000000001}\nspec:\n  initContainers: [{name: init, image: busybox, volumeMounts: [{name: used, mountPath: /u}]}]\n  containers: [{name: c, image: busybox}]\n  volumes:\n  - {name: used, emptyDir: {}}\n  - {name: spare, emptyDir: {}}\n  - {name: claim, persistentVolumeClaim: {claimName: idle}}\n";
+    node.write("pod.yaml", pod);
+    node.start();
+    let report =
+        node.wait("the used volume published", |r| phase(r, "default/app", "used") == Some(Phase::Published));
+    for name in ["spare", "claim"] {
+        let v = volume(&report, "default/app", name).unwrap_or_else(|| panic!("{name} is listed"));
+        assert_eq!(v.phase, Phase::Unused, "{name}");
+        let reason = v.pending_reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("no container of pod default/app mounts volume") && reason.contains(name),
+            "{reason}"
+        );
+    }
+    let pod_dir = node.root.join("kubelet/pods/5e1d0a11-0000-4000-8000-000000000001/volumes");
+    assert!(pod_dir.join("kubernetes.io~empty-dir/used").is_dir());
+    assert!(!pod_dir.join("kubernetes.io~empty-dir/spare").exists(), "an unused emptyDir is not made");
+    assert!(!pod_dir.join("kubernetes.io~csi").exists(), "an unused claim is not mounted");
+    // `kvol status` says it too, and a runner's wait is not held up by it.
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_kvol")).args(["status", "--root"]).arg(&node.root).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("spare")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("unused") && line.contains("no container of pod default/app mounts"), "{line}");
+    // A container that starts using it: set up.
+    node.write(
+        "pod.yaml",
+        &pod.replace(
+            "containers: [{name: c, image: busybox}]",
+            "containers: [{name: c, image: busybox, volumeMounts: [{name: spare, mountPath: /s}]}]",
+        ),
+    );
+    node.wait("the spare volume published once used", |r| {
+        phase(r, "default/app", "spare") == Some(Phase::Published)
+    });
+    node.remove("pod.yaml");
+    node.wait("every volume gone", |r| r.volumes.is_empty());
 }

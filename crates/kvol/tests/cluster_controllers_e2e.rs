@@ -363,9 +363,11 @@ fn the_controllers_attach_for_a_node_only_kvol_manages_and_no_mounted_volume_lea
         runtime.block_on(async {
             create(
                 &pods,
-                json!({"metadata": {"name": pod}, "spec": {"nodeName": NODE,
+                kvol_test_support::pods::mounting_its_volumes(
+                    json!({"metadata": {"name": pod}, "spec": {"nodeName": NODE,
                     "containers": [{"name": "app", "image": "busybox"}],
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}}),
+                ),
             )
             .await;
         });

@@ -81,10 +81,12 @@ async fn bound_claim(
 
 /// A pod on `node` with a CSI ephemeral volume of the bundled driver and an emptyDir.
 fn pod(name: &str, node: &str) -> serde_json::Value {
-    json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": node,
+    kvol_test_support::pods::mounting_its_volumes(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": node,
         "containers": [{"name": "c", "image": "none"}],
         "volumes": [{"name": "data", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "1Mi"}}},
-                    {"name": "cache", "emptyDir": {}}]}})
+                    {"name": "cache", "emptyDir": {}}]}}),
+    )
 }
 
 /// This thread in a mount namespace of its own (the agent inherits it), a runtime, a real
@@ -262,12 +264,14 @@ fn the_agent_mounts_its_nodes_pods_from_the_api_and_keeps_them_through_an_outage
         .await;
         create(
             &pods,
-            json!({"metadata": {"name": "kinds", "namespace": "default"}, "spec": {"nodeName": NODE,
+            kvol_test_support::pods::mounting_its_volumes(
+                json!({"metadata": {"name": "kinds", "namespace": "default"}, "spec": {"nodeName": NODE,
                 "containers": [{"name": "c", "image": "none"}],
                 "volumes": [
                     {"name": "host", "hostPath": {"path": host_dir, "type": "DirectoryOrCreate"}},
                     {"name": "fast", "flexVolume": {"driver": "kvol/tmpfs", "options": {"size": "8Mi"}}},
                     {"name": "claimed", "persistentVolumeClaim": {"claimName": "claimed"}}]}}),
+            ),
         )
         .await;
     });
@@ -425,9 +429,11 @@ fn migrated_gce_pd(
         .await;
         create(
             &Api::<Pod>::namespaced(client.clone(), "default"),
-            json!({"metadata": {"name": "migrated", "namespace": "default"}, "spec": {"nodeName": NODE,
+            kvol_test_support::pods::mounting_its_volumes(
+                json!({"metadata": {"name": "migrated", "namespace": "default"}, "spec": {"nodeName": NODE,
                 "containers": [{"name": "c", "image": "none"}],
                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "gce"}}]}}),
+            ),
         )
         .await;
     });
@@ -841,9 +847,11 @@ fn every_pods_api_access_volume_holds_a_token_the_api_server_accepts() {
     let uid = runtime.block_on(async {
         let pod: Pod = create(
             &pods,
-            json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"nodeName": NODE,
+            kvol_test_support::pods::mounting_its_volumes(
+                json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"nodeName": NODE,
                 "serviceAccountName": "default", "containers": [{"name": "c", "image": "none"}],
                 "volumes": [kube_api_access()]}}),
+            ),
         )
         .await;
         pod.metadata.uid.expect("a uid")
@@ -943,9 +951,11 @@ fn a_claim_the_resizer_grew_is_grown_on_the_node_and_its_status_says_so() {
         claims.patch_status("grown", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
         create(
             &pods,
-            json!({"metadata": {"name": "db", "namespace": "default"}, "spec": {"nodeName": NODE,
+            kvol_test_support::pods::mounting_its_volumes(
+                json!({"metadata": {"name": "db", "namespace": "default"}, "spec": {"nodeName": NODE,
                 "containers": [{"name": "c", "image": "none"}],
                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "grown"}}]}}),
+            ),
         )
         .await;
     });

@@ -44,7 +44,8 @@ fn code_of(text: &str) -> String {
         .join("\n")
 }
 
-/// The `a::b::c` identifiers following each occurrence of `prefix` in `code`.
+/// The `a::b::c` identifiers following each occurrence of `prefix` in `code`, a use group
+/// (`crate::{a, b::{c, d}}`) read as each of its paths.
 fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
     let mut found = Vec::new();
     for (at, _) in code.match_indices(prefix) {
@@ -52,11 +53,43 @@ fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;
         }
-        let rest = &code[at + prefix.len()..];
-        let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
-        found.push(rest[..end].split("::").filter(|p| !p.is_empty()).collect());
+        found.extend(paths_at(&code[at + prefix.len()..]));
     }
     found
+}
+
+/// The paths a use tree at the start of `rest` names: `a::b`, or a group `{…}` after it.
+fn paths_at(rest: &str) -> Vec<Vec<&str>> {
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
+    let head: Vec<&str> = rest[..end].split("::").filter(|p| !p.is_empty()).collect();
+    let Some(group) = rest[end..].strip_prefix('{') else { return vec![head] };
+    let mut out = Vec::new();
+    let (mut depth, mut item_start) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.extend(group_item(&head, &group[item_start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.extend(group_item(&head, &group[item_start..i]));
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One item of a use group, prefixed with the group's own path.
+fn group_item<'a>(head: &[&'a str], item: &'a str) -> Vec<Vec<&'a str>> {
+    let item = item.trim();
+    if item.is_empty() || item == "self" {
+        return vec![head.to_vec()];
+    }
+    paths_at(item).into_iter().map(|tail| head.iter().copied().chain(tail).collect()).collect()
 }
 
 /// Each file's module and the other files of its crate it imports.
@@ -172,6 +205,16 @@ fn the_circle_check_finds_a_circle_where_there_is_one() {
     let found = circles(&imports(dir.path()));
     let want: Vec<Module> = vec![vec!["a".into()], vec!["room".into(), "b".into()]];
     assert_eq!(found, vec![want]);
+    // The same circle through use groups and a path call on the module a group brought in.
+    std::fs::write(src.join("a.rs"), "use crate::{error, room::{self, b}};\nfn g() { b::Thing; }\n")
+        .expect("a.rs");
+    std::fs::write(src.join("room/b.rs"), "use crate::{a, error::E};\nfn f() { a::g() }\n").expect("b.rs");
+    std::fs::write(src.join("error.rs"), "pub struct E;\n").expect("error.rs");
+    std::fs::write(src.join("lib.rs"), "pub mod a;\npub mod error;\npub mod room;\n").expect("lib.rs");
+    assert_eq!(
+        circles(&imports(dir.path())),
+        vec![vec![vec!["a".to_string()], vec!["room".into(), "b".into()]]]
+    );
 }
 
 /// The node loop's rooms (`kvol-node/src`) and the rooms each may import, as their `//!` says;
@@ -208,4 +251,50 @@ fn each_room_of_the_node_loop_imports_only_what_it_may() {
         );
     }
     assert!(wrong.is_empty(), "imports across rooms that the rooms' docs forbid:\n{}", wrong.join("\n"));
+}
+
+/// Each function of `code` (by its `fn` line and the closing brace at the same indent) and its
+/// length in lines.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = trimmed
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("async ");
+        let Some(rest) = signature.strip_prefix("fn ") else { continue };
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i..].iter().position(|l| *l == close) {
+            out.push((name, end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_agents_hall_stays_small_each_file_under_800_lines_and_no_function_over_80() {
+    let agent = crates_dir().join("kvol-node/src/agent");
+    let mut files = Vec::new();
+    rust_files(&agent, &mut files);
+    assert!(files.len() >= 2, "the agent is a folder of rooms: {}", agent.display());
+    let mut too_big = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("readable source");
+        if text.lines().count() >= 800 {
+            too_big.push(format!("{}: {} lines", file.display(), text.lines().count()));
+        }
+        for (name, length) in function_lengths(&code_of(&text)) {
+            if length > 80 {
+                too_big.push(format!("{}: fn {name} is {length} lines", file.display()));
+            }
+        }
+    }
+    assert!(too_big.is_empty(), "the hall grows again:\n{}", too_big.join("\n"));
+    // The measure itself: a function of 3 lines is 3 lines long.
+    assert_eq!(function_lengths("fn a() {\n    b();\n}\n"), vec![("a".to_string(), 3)]);
 }

@@ -29,7 +29,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: app, namespace: default, uid: 7d1c0c55-0000-4000-8000-000000000001}
 spec:
-  containers: [{name: c, image: none}]
+  containers: [{name: c, image: none, volumeMounts: [{name: data, mountPath: /data}]}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
 ";
 
@@ -352,7 +352,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: restorer, namespace: default}
 spec:
-  containers: [{name: c, image: none}]
+  containers: [{name: c, image: none, volumeMounts: [{name: data, mountPath: /data}]}]
   volumes: [{name: data, persistentVolumeClaim: {claimName: restored}}]
 ";
 
@@ -570,6 +570,18 @@ fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path).unwrap_or_default().lines().map(String::from).collect()
 }
 
+/// Whether `done` holds within [`LIMIT`].
+fn wait_until(done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() >= LIMIT {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 fn wait_for(what: &str, done: impl Fn() -> bool) {
     let start = Instant::now();
     while !done() {
@@ -631,7 +643,15 @@ fn a_change_of_a_components_own_config_file_reaches_it_as_its_definition_says() 
 
     // SIGHUP for the ticker, once its copy holds the change over its defaults.
     rename_save(&etc.join("ticker.yaml"), "level: 1\n");
-    wait_for("the ticker told by SIGHUP", || lines(&ticker_log) == ["started", "reloaded"]);
+    // Said in full if it never comes: the ticker's own log, its copy, and the agent's.
+    let told = wait_until(|| lines(&ticker_log) == ["started", "reloaded"]);
+    assert!(
+        told,
+        "never the ticker told by SIGHUP: ticker log {:?}, copy {:?}\nagent log:\n{}",
+        lines(&ticker_log),
+        copy(&ticker_copy),
+        node.agent_log()
+    );
     let text = copy(&ticker_copy);
     assert!(
         text.contains("level: 1") && text.contains("name: ticker"),

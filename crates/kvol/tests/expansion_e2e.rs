@@ -40,7 +40,7 @@ spec: {{volumeName: pv-grow, accessModes: [ReadWriteOnce], resources: {{requests
 }
 
 const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: db, namespace: default}\n\
-                   spec: {containers: [{name: c, image: busybox}], volumes: [{name: data, persistentVolumeClaim: {claimName: grow}}]}\n";
+                   spec: {containers: [{name: c, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}], volumes: [{name: data, persistentVolumeClaim: {claimName: grow}}]}\n";
 
 async fn controller(socket: &Path) -> ControllerClient<tonic::transport::Channel> {
     let start = Instant::now();
@@ -257,7 +257,7 @@ apiVersion: v1
 kind: Pod
 metadata: {{name: app, namespace: default}}
 spec:
-  containers: [{{name: c, image: busybox}}]
+  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}, {{name: other, mountPath: /other}}]}}]
   volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}, {{name: other, persistentVolumeClaim: {{claimName: other}}}}]
 "#
     )

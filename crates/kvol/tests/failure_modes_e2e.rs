@@ -3,7 +3,9 @@
 #[allow(dead_code)]
 mod support;
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvol_node::report::status::{Phase, StatusReport};
@@ -34,7 +36,7 @@ fn a_mount_that_answered_garbage_is_uncertain_never_published() {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     node.write(
         "pod.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  containers: [{name: c, image: busybox}]\n  volumes: [{name: vol, flexVolume: {driver: kvol/garbage}}]\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  containers: [{name: c, image: busybox, volumeMounts: [{name: vol, mountPath: /v}]}]\n  volumes: [{name: vol, flexVolume: {driver: kvol/garbage}}]\n",
     );
     node.start();
     // Failed at least twice: the record is kept (uncertain, for teardown) and retried.
@@ -67,7 +69,7 @@ fn an_empty_dir_takes_the_pods_fs_group_on_disk_and_in_memory() {
     let mut node = Node::new();
     node.write(
         "pod.yaml",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  securityContext: {fsGroup: 4321}\n  containers: [{name: c, image: busybox}]\n  volumes:\n  - {name: disk, emptyDir: {}}\n  - {name: memory, emptyDir: {medium: Memory}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: default}\nspec:\n  containers: [{name: c, image: busybox}]\n  volumes: [{name: disk, emptyDir: {}}]\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  securityContext: {fsGroup: 4321}\n  containers: [{name: c, image: busybox, volumeMounts: [{name: disk, mountPath: /d}, {name: memory, mountPath: /m}]}]\n  volumes:\n  - {name: disk, emptyDir: {}}\n  - {name: memory, emptyDir: {medium: Memory}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: default}\nspec:\n  containers: [{name: c, image: busybox, volumeMounts: [{name: disk, mountPath: /d}]}]\n  volumes: [{name: disk, emptyDir: {}}]\n",
     );
     node.start();
     let report = node
@@ -84,6 +86,75 @@ fn an_empty_dir_takes_the_pods_fs_group_on_disk_and_in_memory() {
     let plain = volume(&report, "default/plain", "disk").unwrap();
     let meta = std::fs::metadata(plain.target.as_ref().unwrap()).unwrap();
     assert_eq!((meta.gid(), meta.mode() & 0o7777), (0, 0o777), "no fsGroup: root's group, no setgid");
+}
+
+/// Each file below `dir` with its mode and change time (ns): what an fsGroup walk changes.
+fn modes_and_ctimes(dir: &Path) -> BTreeMap<PathBuf, (u32, i64)> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            out.extend(modes_and_ctimes(&path));
+        }
+        out.insert(path, (meta.mode(), meta.ctime() * 1_000_000_000 + meta.ctime_nsec()));
+    }
+    out
+}
+
+#[test]
+fn fs_group_on_root_mismatch_walks_no_emptydir_again_after_a_restart_a_kill_or_a_lost_journal() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  securityContext: {fsGroup: 4321, fsGroupChangePolicy: OnRootMismatch}\n  containers: [{name: c, image: busybox, volumeMounts: [{name: disk, mountPath: /d}, {name: memory, mountPath: /m}]}]\n  volumes:\n  - {name: disk, emptyDir: {}}\n  - {name: memory, emptyDir: {medium: Memory}}\n",
+    );
+    node.start();
+    let published =
+        |r: &StatusReport| r.volumes.len() == 2 && r.volumes.iter().all(|v| v.phase == Phase::Published);
+    let report = node.wait(LIMIT, published).unwrap();
+    // What a container wrote since: files 0644 (umask 022) in the setgid root, so of the
+    // fsGroup but without g+w — a walk would give them g+w, and a new change time.
+    let roots: Vec<PathBuf> = report.volumes.iter().map(|v| v.target.clone().unwrap()).collect();
+    for root in &roots {
+        for d in 0..10 {
+            let sub = root.join(format!("d{d}"));
+            std::fs::create_dir(&sub).unwrap();
+            for f in 0..200 {
+                std::fs::write(sub.join(format!("f{f}")), "x").unwrap();
+                std::fs::set_permissions(sub.join(format!("f{f}")), std::fs::Permissions::from_mode(0o644))
+                    .unwrap();
+            }
+        }
+    }
+    let before: Vec<_> = roots.iter().map(|r| modes_and_ctimes(r)).collect();
+    assert!(before.iter().all(|files| files.len() == 2010), "the files are there");
+
+    for how in ["a restart (SIGTERM)", "a kill -9", "a kill -9 and a lost journal"] {
+        match how {
+            "a restart (SIGTERM)" => node.terminate(),
+            _ => node.kill_9(),
+        }
+        if how.ends_with("lost journal") {
+            std::fs::remove_file(node.root.join("state.redb")).unwrap();
+        }
+        node.start();
+        let report =
+            node.wait(LIMIT, published).unwrap_or_else(|e| panic!("{how}: {e}\n{}", node.agent_log()));
+        for (root, was) in roots.iter().zip(&before) {
+            let v = report.volumes.iter().find(|v| v.target.as_ref() == Some(root)).unwrap();
+            let now = modes_and_ctimes(root);
+            let changed = was.iter().filter(|(path, old)| now.get(*path) != Some(old)).count();
+            assert_eq!(
+                changed,
+                0,
+                "{how}: volume {} walked again: {changed} of {} files changed",
+                v.volume,
+                was.len()
+            );
+        }
+    }
 }
 
 #[test]
@@ -137,7 +208,7 @@ fn the_directory_of_a_pod_that_is_gone_goes_even_with_files_in_it_but_never_thro
 
 const STORAGE: &str = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: kvol-hostpath}\nprovisioner: hostpath.csi.kvol.io\n---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: hostpath.csi.kvol.io}\nspec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Persistent, Ephemeral]}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data, namespace: default}\nspec:\n  storageClassName: kvol-hostpath\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 16Mi}}\n";
 
-const CSI_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  containers: [{name: c, image: busybox}]\n  volumes:\n  - {name: data, persistentVolumeClaim: {claimName: data}}\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n";
+const CSI_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\nspec:\n  containers: [{name: c, image: busybox, volumeMounts: [{name: data, mountPath: /d}, {name: scratch, mountPath: /s}]}]\n  volumes:\n  - {name: data, persistentVolumeClaim: {claimName: data}}\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n";
 
 #[test]
 fn a_lost_empty_or_corrupt_vol_data_json_does_not_keep_a_volume_mounted() {
@@ -206,7 +277,8 @@ fn a_hung_flexvolume_driver_holds_up_only_its_own_volumes_at_start() {
     flex_driver(&node, "hung", "sleep 600");
     let pod = |name: &str, volume: &str| {
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: c, image: busybox}}]\n  volumes: [{volume}]\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: {}\n  volumes: [{volume}]\n",
+            kvol_test_support::pods::containers_using("c", &format!("[{volume}]"))
         )
     };
     node.write("a.yaml", &pod("cache", "{name: v, emptyDir: {}}"));

@@ -50,7 +50,7 @@ fn install(flex_dir: &Path, dir_name: &str, script: &[u8]) {
 
 fn pod(name: &str, driver: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n  - {{name: v, flexVolume: {{driver: {driver}}}}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox, volumeMounts: [{{name: v, mountPath: /v}}]}}]\n  volumes:\n  - {{name: v, flexVolume: {{driver: {driver}}}}}\n"
     )
 }
 

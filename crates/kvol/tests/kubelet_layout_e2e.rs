@@ -122,12 +122,12 @@ impl Drop for KubeletNode {
 
 fn csi_pod(name: &str, driver: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n  - {{name: scratch, csi: {{driver: {driver}}}}}\n---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Ephemeral]}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox, volumeMounts: [{{name: scratch, mountPath: /s}}]}}]\n  volumes:\n  - {{name: scratch, csi: {{driver: {driver}}}}}\n---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {driver}}}\nspec: {{attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Ephemeral]}}\n"
     )
 }
 
 /// A pod with an emptyDir and a Flexvolume (the example driver kvol/tmpfs) volume.
-const OTHER_PLUGINS: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: others, namespace: default}\nspec:\n  containers: [{name: app, image: busybox}]\n  volumes:\n  - {name: cache, emptyDir: {}}\n  - {name: fast, flexVolume: {driver: kvol/tmpfs, options: {size: 8Mi}}}\n";
+const OTHER_PLUGINS: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: others, namespace: default}\nspec:\n  containers: [{name: app, image: busybox, volumeMounts: [{name: cache, mountPath: /c}, {name: fast, mountPath: /f}]}]\n  volumes:\n  - {name: cache, emptyDir: {}}\n  - {name: fast, flexVolume: {driver: kvol/tmpfs, options: {size: 8Mi}}}\n";
 
 /// The address the agent serves metrics on, from its log (it was told port 0).
 fn metrics_address(node: &KubeletNode) -> String {
@@ -312,7 +312,10 @@ apiVersion: v1
 kind: Pod
 metadata: {{name: db, namespace: default}}
 spec:
-  containers: [{{name: app, image: busybox}}]
+  containers:
+  - name: app
+    image: busybox
+    volumeMounts: [{{name: data, mountPath: /d}}, {{name: local, mountPath: /l}}, {{name: cache, mountPath: /c}}, {{name: fast, mountPath: /f}}]
   volumes:
   - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
   - {{name: local, persistentVolumeClaim: {{claimName: local}}}}

@@ -259,7 +259,9 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
                 {"name": "dapi", "downwardAPI": {"items": [
                     {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
                     {"path": "mem_limit", "resourceFieldRef":
-                        {"containerName": "main", "resource": "limits.memory", "divisor": "1Mi"}}]}},
+                        {"containerName": "main", "resource": "limits.memory", "divisor": "1Mi"}},
+                    // No divisor: the API server fills in "0", which kubelet reads as 1.
+                    {"path": "cpu_limit", "resourceFieldRef": {"containerName": "main", "resource": "limits.cpu"}}]}},
                 {"name": "proj", "projected": {"sources": [
                     {"configMap": {"name": "oracle-cm", "items": [{"key": "a.txt", "path": "cm/a.txt"}]}},
                     {"secret": {"name": "oracle-secret",

@@ -28,6 +28,7 @@ const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: {name: app-secret,
 
 /// The kubelet oracle's pod, with `labels` and a projected token when asked.
 fn pod(tier: &str, token: bool) -> String {
+    let token_mount = if token { ", {name: tok, mountPath: /tok}" } else { "" };
     let token = if token {
         "\n  - name: tok\n    projected: {sources: [{serviceAccountToken: {path: token}}]}"
     } else {
@@ -48,6 +49,7 @@ spec:
   - name: main
     image: busybox
     resources: {{limits: {{cpu: 100m, memory: 64Mi}}}}
+    volumeMounts: [{{name: cm, mountPath: /cm}}, {{name: sec, mountPath: /sec}}, {{name: dapi, mountPath: /dapi}}, {{name: proj, mountPath: /proj}}{token_mount}]
   volumes:
   - name: cm
     configMap:

@@ -26,14 +26,20 @@ fn pod(name: &str, uid: &str, config_map: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A client of the node's agent, waiting for it as long as a runner would (the agent may be
+/// starting, or restarting over the socket a killed one left).
+async fn connect(node: &Node) -> Result<PodVolumesClient<Channel>, kvol_runtime_api::ConnectError> {
+    let socket = node.root.join(kvol_runtime_api::SOCKET_NAME);
+    kvol_runtime_api::connect_within(&socket, Duration::from_secs(30), || {}).await
+}
+
 fn started() -> (Node, tokio::runtime::Runtime, PodVolumesClient<Channel>) {
     enter_private_mount_namespace();
     let mut node = Node::new();
     node.write("config.yaml", CONFIG);
     node.start();
-    let socket = node.runtime_socket();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let api = runtime.block_on(kvol_runtime_api::connect(&socket)).unwrap();
+    let api = runtime.block_on(connect(&node)).unwrap();
     (node, runtime, api)
 }
 
@@ -179,17 +185,9 @@ fn a_runners_pod_outlives_an_agent_killed_with_9_and_its_subpath_binds_go_with_i
 
     node.kill_9();
     node.start();
-    let socket = node.root.join(kvol_runtime_api::SOCKET_NAME);
-    let mut api = runtime.block_on(async {
-        let start = Instant::now();
-        loop {
-            match kvol_runtime_api::connect(&socket).await {
-                Ok(api) => break api,
-                Err(e) => assert!(start.elapsed() < Duration::from_secs(30), "{e}"),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    // The killed agent's socket is still there, and nothing listens on it until the new one
+    // binds: the client waits for the agent, as a runner started beside it must.
+    let mut api = runtime.block_on(connect(&node)).unwrap();
     // The restarted agent has the pod from its first pass: nothing was torn down.
     let again = runtime.block_on(api.wait_for_volumes(wait.clone())).unwrap().into_inner();
     assert!(again.ready, "{again:#?}\n{}", node.agent_log());
@@ -203,4 +201,52 @@ fn a_runners_pod_outlives_an_agent_killed_with_9_and_its_subpath_binds_go_with_i
         node.mounts().into_iter().filter(|m| m.target.starts_with(node.root.join("kubelet/pods"))).collect();
     assert!(left.is_empty(), "{left:#?}");
     assert!(!bound.exists(), "the bind's mount point is removed");
+}
+
+fn kvol_pod(node: &Node, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"));
+    command.arg("pod").args(args).arg("--root").arg(&node.root);
+    command
+}
+
+#[test]
+fn a_wait_started_before_the_agent_waits_for_it_within_its_timeout_and_says_so() {
+    enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.write("config.yaml", CONFIG);
+    let uid = "00000000-0000-4000-8000-000000000009";
+    node.write("pod.json", std::str::from_utf8(&pod("early", uid, "app")).unwrap());
+
+    // No agent, a short deadline: the wait waits out its timeout, then says plainly that no
+    // agent answers where it looked and how to point it elsewhere.
+    let start = Instant::now();
+    let alone = kvol_pod(&node, &["wait", uid, "--timeout", "1"]).output().unwrap();
+    let said = String::from_utf8_lossy(&alone.stderr);
+    assert!(!alone.status.success(), "{said}");
+    assert!(start.elapsed() >= Duration::from_millis(900), "gave up after {:?}", start.elapsed());
+    assert!(said.contains("waiting for the kvol agent's runtime api at"), "{said}");
+    assert!(said.contains("no kvol agent answers at") && said.contains("--state-dir"), "{said}");
+    // The other commands do not wait: they say the same at once.
+    let mounts = kvol_pod(&node, &["mounts", uid, "c"]).output().unwrap();
+    let said = String::from_utf8_lossy(&mounts.stderr);
+    assert!(!mounts.status.success() && said.contains("no kvol agent answers at"), "{said}");
+    assert!(said.contains(&node.root.join("runtime.sock").display().to_string()), "{said}");
+
+    // Started first (a unit beside the agent's), the wait is answered once the agent is up.
+    let wait = kvol_pod(&node, &["wait", uid, "--timeout", "60"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    node.start();
+    let out = wait.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", node.agent_log());
+    assert!(stderr.contains("waiting for the kvol agent's runtime api at"), "{stderr}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["ready"], true, "{answer:#}");
+    node.remove("pod.json");
+    let gone = kvol_pod(&node, &["wait", uid, "--gone", "--timeout", "30"]).output().unwrap();
+    assert!(gone.status.success(), "{}", String::from_utf8_lossy(&gone.stderr));
 }

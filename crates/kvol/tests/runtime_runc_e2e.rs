@@ -147,7 +147,9 @@ fn a_runner_runs_a_real_container_on_kvols_volumes() {
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "the socket is the owner's only");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut api = runtime.block_on(kvol_runtime_api::connect(&socket)).unwrap();
+    let mut api = runtime
+        .block_on(kvol_runtime_api::connect_within(&socket, std::time::Duration::from_secs(30), || {}))
+        .unwrap();
 
     // Handed over, waited for.
     let uid = runtime

@@ -57,8 +57,12 @@ pub fn desired_state(objects: &ObjectSet, node_name: &str) -> DesiredState {
 pub fn desired_state_on(objects: &ObjectSet, node: &NodeContext) -> DesiredState {
     let mut state = DesiredState::default();
     for pod in objects.pods.values().filter(|pod| wants_volumes(pod, &node.node_name)) {
-        for volume in pod_volumes(objects, node, pod) {
+        let (volumes, unused) = pod_volumes(objects, node, pod);
+        for volume in volumes {
             state.volumes.entry(volume.key.clone()).or_insert(volume);
+        }
+        for (key, pod_name) in unused {
+            state.unused.entry(key).or_insert(pod_name);
         }
     }
     state
@@ -105,16 +109,26 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
     s.filter(|s| !s.is_empty())
 }
 
-/// One desired volume per volume name of the pod.
-fn pod_volumes(objects: &ObjectSet, node: &NodeContext, pod: &Pod) -> Vec<DesiredVolume> {
+/// A pod's volumes and its pod's `namespace/name`, as [`DesiredState::unused`] keeps them.
+type Unused = Vec<(PodVolumeKey, String)>;
+
+/// One desired volume per volume name of the pod that some container uses, and the names of
+/// those none uses (kubelet's rule: a volume no container mounts or maps is not set up).
+fn pod_volumes(objects: &ObjectSet, node: &NodeContext, pod: &Pod) -> (Vec<DesiredVolume>, Unused) {
     let info = pod_info(pod);
     let pod_name = format!("{}/{}", info.namespace, info.name);
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
     let invalid = invalid_volumes(volumes).map(|reason| format!("pod {pod_name} is invalid: {reason}"));
     let used = kvol_api::volume_mode::pod_use(pod);
     let mut out: Vec<DesiredVolume> = Vec::new();
+    let mut unused = Unused::new();
     for volume in volumes {
         if out.iter().any(|d| d.key.volume == volume.name) {
+            continue;
+        }
+        if invalid.is_none() && !used.mounted.contains(&volume.name) && !used.as_device(&volume.name) {
+            let key = PodVolumeKey { pod_uid: info.uid.clone(), volume: volume.name.clone() };
+            unused.push((key, pod_name.clone()));
             continue;
         }
         let resolved = match &invalid {
@@ -142,7 +156,7 @@ fn pod_volumes(objects: &ObjectSet, node: &NodeContext, pod: &Pod) -> Vec<Desire
             claim_size: claim_size(objects, &info, volume),
         });
     }
-    out
+    (out, unused)
 }
 
 /// What a configMap, secret, downwardAPI or projected volume is to hold, or why it cannot be
@@ -404,11 +418,19 @@ mod tests {
         ]
     }
 
-    /// Pod `ns/p` (uid `u-p`) with the given volumes and extra spec and status fields.
+    /// Pod `ns/p` (uid `u-p`) with the given volumes, each mounted by its container `c`, and
+    /// extra spec and status fields (which may replace the containers).
     fn pod(volumes: Value, extra: Value) -> Value {
+        let mounts: Vec<Value> = volumes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| json!({"name": v["name"], "mountPath": format!("/{}", v["name"].as_str().unwrap_or("x"))}))
+            .collect();
         let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
                              "metadata": {"name": "p", "namespace": "ns", "uid": "u-p"},
-                             "spec": {"containers": [{"name": "c", "image": "i"}], "volumes": volumes}});
+                             "spec": {"containers": [{"name": "c", "image": "i", "volumeMounts": mounts}],
+                                      "volumes": volumes}});
         for (path, value) in extra.as_object().cloned().unwrap_or_default() {
             let (part, field) = path.split_once('.').expect("extra fields are part.field");
             pod[part][field] = value;
@@ -734,6 +756,47 @@ mod tests {
                 assert_eq!(key.pod_uid, "u-p", "{what}");
                 assert_eq!(volume.pod_name, "ns/p", "{what}");
             }
+        }
+    }
+
+    #[test]
+    fn only_the_volumes_some_container_uses_are_wanted() {
+        let volumes = json!([{"name": "init", "emptyDir": {}}, {"name": "app", "emptyDir": {}},
+                             {"name": "debug", "emptyDir": {}}, {"name": "dev", "persistentVolumeClaim": {"claimName": "blk"}},
+                             {"name": "idle", "emptyDir": {}}, {"name": "idle-claim", "persistentVolumeClaim": {"claimName": "bound"}}]);
+        let mount = |name: &str| json!([{"name": name, "mountPath": "/m"}]);
+        // (what, containers, init containers, ephemeral containers, the wanted and the unused names)
+        let cases = [
+            (
+                "no container mounts anything",
+                json!([{"name": "c"}]),
+                json!([]),
+                json!([]),
+                vec![],
+                vec!["app", "debug", "dev", "idle", "idle-claim", "init"],
+            ),
+            (
+                "each kind of container counts, and a device counts",
+                json!([{"name": "c", "volumeMounts": mount("app"), "volumeDevices": [{"name": "dev", "devicePath": "/dev/x"}]}]),
+                json!([{"name": "i", "volumeMounts": mount("init")}]),
+                json!([{"name": "e", "volumeMounts": mount("debug")}]),
+                vec!["app", "debug", "dev", "init"],
+                vec!["idle", "idle-claim"],
+            ),
+        ];
+        for (what, containers, init, ephemeral, wanted, unused) in cases {
+            let mut values = storage();
+            values.push(pod(
+                volumes.clone(),
+                json!({"spec.containers": containers, "spec.initContainers": init, "spec.ephemeralContainers": ephemeral}),
+            ));
+            let state = desired_state(&objects(values), "node-1");
+            let names =
+                |keys: Vec<&PodVolumeKey>| keys.into_iter().map(|k| k.volume.clone()).collect::<Vec<_>>();
+            assert_eq!(names(state.volumes.keys().collect()), wanted, "{what}");
+            assert_eq!(names(state.unused.keys().collect()), unused, "{what}");
+            assert!(state.unused.values().all(|pod| pod == "ns/p"), "{what}");
+            assert!(state.volumes.values().all(|v| v.pending.is_none()), "{what}: {state:#?}");
         }
     }
 

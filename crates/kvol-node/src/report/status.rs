@@ -157,6 +157,9 @@ pub enum Phase {
     Uncertain,
     TearingDown,
     Failed,
+    /// No container of the pod mounts it or takes it as a device: not set up, as kubelet
+    /// does not set such a volume up.
+    Unused,
 }
 
 impl Phase {
@@ -172,6 +175,7 @@ impl Phase {
             Phase::Uncertain => "uncertain",
             Phase::TearingDown => "tearing-down",
             Phase::Failed => "failed",
+            Phase::Unused => "unused",
         }
     }
 }
@@ -498,6 +502,7 @@ mod tests {
             (Phase::Uncertain, "uncertain"),
             (Phase::TearingDown, "tearing-down"),
             (Phase::Failed, "failed"),
+            (Phase::Unused, "unused"),
         ];
         for (phase, name) in table {
             assert_eq!(serde_json::to_value(phase).unwrap(), serde_json::json!(name));

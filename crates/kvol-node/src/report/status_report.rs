@@ -204,7 +204,36 @@ pub fn volume_statuses(
                 .map(|r| format!("{} running for {:.1} s", r.operation, r.started.elapsed().as_secs_f64())),
         });
     }
+    volumes.extend(unused_statuses(desired, exec));
     volumes
+}
+
+/// The volumes no container uses, as status lists them: not set up, with kubelet's rule as
+/// the reason (one still published from before is listed above, tearing down).
+fn unused_statuses<'a>(
+    desired: &'a DesiredState,
+    exec: &'a ExecSnapshot,
+) -> impl Iterator<Item = VolumeStatus> + 'a {
+    desired.unused.iter().filter(|(key, _)| !exec.actual.published.contains_key(*key)).map(|(key, pod)| {
+        VolumeStatus {
+            pod: pod.clone(),
+            pod_uid: key.pod_uid.clone(),
+            volume: key.volume.clone(),
+            plugin: None,
+            phase: Phase::Unused,
+            migrated: false,
+            device_path: None,
+            staging_path: None,
+            target: None,
+            last_error: None,
+            pending_reason: Some(format!(
+                "no container of pod {pod} mounts volume {:?} (volumeMounts) or maps it (volumeDevices): \
+                 not set up, as kubelet sets up only the volumes its containers use",
+                key.volume
+            )),
+            progress: None,
+        }
+    })
 }
 
 /// A failure as status shows it: the operation, how often, the driver's words, and the backoff

@@ -24,20 +24,20 @@ pub struct PodView {
 
 impl PodView {
     /// Whether every volume the pod wants is published (a pod without volumes: as soon as it
-    /// is known).
+    /// is known); a volume no container uses is not waited for.
     pub fn ready(&self) -> bool {
-        self.pod.is_some() && self.volumes.iter().all(|v| v.phase == Phase::Published)
+        self.pod.is_some() && self.volumes.iter().all(|v| matches!(v.phase, Phase::Published | Phase::Unused))
     }
 
-    /// Whether nothing of the pod is left on the node.
+    /// Whether nothing of the pod is left on the node (a volume no container uses never was).
     pub fn gone(&self) -> bool {
-        self.volumes.is_empty()
+        self.volumes.iter().all(|v| v.phase == Phase::Unused)
     }
 
     /// Kubelet's "unmounted volumes=[…]" sentence, with each volume's reason.
     pub fn message(&self) -> String {
         let waiting: Vec<&VolumeStatus> =
-            self.volumes.iter().filter(|v| v.phase != Phase::Published).collect();
+            self.volumes.iter().filter(|v| !matches!(v.phase, Phase::Published | Phase::Unused)).collect();
         if waiting.is_empty() {
             return format!("every volume of pod {} is published", self.name);
         }

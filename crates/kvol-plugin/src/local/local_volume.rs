@@ -280,7 +280,15 @@ impl VolumeMounter for LocalVolumePlugin {
             _ => PathBuf::from(source.path),
         };
         let root = self.host.paths.open_root()?;
-        bind_to_target(mounter, &root, &bind_source, req.target, true, req.read_only || spec.read_only)
+        let read_only = req.read_only || spec.read_only;
+        let fresh = !is_mounted(mounter, req.target)?;
+        bind_to_target(mounter, &root, &bind_source, req.target, true, read_only)?;
+        // The pod's fsGroup on the volume's first mount for this pod, as kubelet's local plugin
+        // gives it (kubelet also skips it while another pod mounts the volume).
+        if fresh {
+            crate::beneath::give_pod_fs_group(req.target, req.pod, read_only)?;
+        }
+        Ok(())
     }
 
     async fn unpublish(&self, req: &UnpublishRequest<'_>) -> Result<()> {
@@ -305,7 +313,7 @@ mod tests {
 
     use super::*;
     use crate::local::test_support::{
-        any_block_device, block_on, publish_request, recording_host, unpublish_request,
+        POD, any_block_device, block_on, publish_request, recording_host, unpublish_request,
     };
     use crate::mount::{MountCall, Mounter};
 
@@ -336,6 +344,32 @@ mod tests {
             }),
             ..PersistentVolume::default()
         })
+    }
+
+    #[test]
+    fn a_read_write_directory_takes_the_pods_fs_group_on_its_first_mount_as_its_policy_says() {
+        use std::os::unix::fs::MetadataExt;
+        let (root, host, _mounter) = recording_host();
+        let plugin = LocalVolumePlugin::new(host);
+        let disk = root.path().join("disk");
+        fs::create_dir(&disk).unwrap();
+        let spec = local_pv(&disk, None, hostname_in(&["node-a"]));
+        // (what, read-only, fsGroup, policy, the target's gid and setgid after the publish)
+        let policy = crate::plugin::FsGroupChangePolicy::OnRootMismatch;
+        let rows = [
+            ("no fsGroup", false, None, policy, (0, false)),
+            ("read-only", true, Some(4321), policy, (0, false)),
+            ("read-write, root mismatches", false, Some(4321), policy, (4321, true)),
+        ];
+        for (i, (what, read_only, fs_group, policy, want)) in rows.into_iter().enumerate() {
+            let pod = crate::plugin::PodInfo { fs_group, fs_group_change_policy: policy, ..POD.clone() };
+            let target = root.path().join(format!("pods/u{i}/volumes/kubernetes.io~local-volume/pv-1"));
+            let request = PublishRequest { pod: &pod, ..publish_request(&spec, &target, read_only) };
+            block_on(plugin.publish(&request)).unwrap();
+            // The recording mounter binds nothing: the walk ran on the target directory itself.
+            let meta = fs::metadata(&target).unwrap();
+            assert_eq!((meta.gid(), meta.mode() & 0o2000 != 0), want, "{what}");
+        }
     }
 
     #[test]

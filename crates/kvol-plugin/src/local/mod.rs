@@ -187,7 +187,7 @@ pub(crate) mod test_support {
     use crate::plugin::{PodInfo, PublishRequest, UnpublishRequest};
     use crate::spec::VolumeSpec;
 
-    static POD: PodInfo = PodInfo {
+    pub static POD: PodInfo = PodInfo {
         name: String::new(),
         namespace: String::new(),
         uid: String::new(),

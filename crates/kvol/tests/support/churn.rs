@@ -171,7 +171,8 @@ fn random_pod(rng: &mut fastrand::Rng, name: &str, drivers: &[String]) -> (PodPl
         lines.push("  - {name: scratch, emptyDir: {}}".to_string());
     }
     docs.push(format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: app, image: busybox}}]\n  volumes:\n{}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: {}\n  volumes:\n{}\n",
+        kvol_test_support::pods::containers_using("app", &lines.join("\n")),
         lines.join("\n")
     ));
     (PodPlan { name: name.to_string(), volumes }, docs.join("---\n"))

@@ -92,7 +92,7 @@ spec: {{storageClassName: grows, accessModes: [ReadWriteOnce], resources: {{requ
     if pod {
         text.push_str(
             "---\napiVersion: v1\nkind: Pod\nmetadata: {name: app, namespace: default}\n\
-             spec: {containers: [{name: c, image: busybox}], volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]}\n",
+             spec: {containers: [{name: c, image: busybox, volumeMounts: [{name: data, mountPath: /data}]}], volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]}\n",
         );
     }
     text

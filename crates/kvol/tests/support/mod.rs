@@ -132,6 +132,22 @@ impl Node {
         child.wait().unwrap();
     }
 
+    /// Stops the agent as a service manager does: SIGTERM, then waits for it to exit.
+    #[allow(dead_code)] // not every test that shares this module uses it
+    pub fn terminate(&mut self) {
+        let mut child = self.child.take().expect("the agent runs");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Sends `signal` to the running agent (SIGSTOP freezes it, SIGCONT thaws it).
+    #[allow(dead_code)] // not every test that shares this module uses it
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("the agent runs");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+    }
+
     /// The agent's exit status, when it has exited on its own.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().unwrap())

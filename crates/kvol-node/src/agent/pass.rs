@@ -1,0 +1,445 @@
+//! The loop's pass: objects → desired state → resolutions → (resync) → plan → operations → runtime view and status, each step a method of [`Loop`], doing again only what changed.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use kvol_claims::ClaimsController;
+use kvol_components_runtime::ComponentRuntime;
+use kvol_components_runtime::components::ComponentStates;
+use kvol_csi::registration::RegistrationWatcher;
+use kvol_csi::{CsiRegistrationHandler, MemoryObjects, NodeObjects};
+use kvol_flex::prober::FlexProber;
+use kvol_plugin::migration::NodeMigration;
+use kvol_plugin::{Mounter, PluginHost, PluginRegistry, Snapshot};
+
+use super::start::{CsiParts, NodeParts, ObjectSecrets, secrets_from, undecided_flex_drivers};
+use crate::actual::repair::{adopt_leftovers, repair_drift};
+use crate::config::AgentConfig;
+use crate::desired::pods::{NodeContext, desired_state_on};
+use crate::desired::resolve_all;
+use crate::executor::Executor;
+use crate::model::{DesiredState, ObjectSet};
+use crate::reconciler::{Resolutions, expansions, plan, republish, waits_for_in_use};
+use crate::report::metrics::Metrics;
+use crate::report::status::StatusReport;
+use crate::report::status_report::{REPORT_REFRESH, StatusWrite, status_write};
+use crate::runtime::runner_pods::RunnerPods;
+use crate::sources::ObjectSource;
+
+/// The source's objects with the provisioned volumes laid over them, and what they want.
+pub(super) struct ObjectsView {
+    pub source: Arc<ObjectSet>,
+    /// The versions of what is laid over the source's set: the provisioned volumes, the
+    /// runner's pods.
+    pub overlays: Overlays,
+    pub objects: ObjectSet,
+    pub desired: DesiredState,
+}
+
+/// The agent's loop: each [`Loop::pass`] takes the same named steps, from the objects to the
+/// status file; the parts it works with were set up by [`run`].
+pub(super) struct Loop<'a> {
+    pub(super) config: &'a AgentConfig,
+    /// Whether the agent takes VolumeSnapshots (the `snapshot-controller` component runs).
+    pub(super) snapshots_on: bool,
+    /// Why the config file's last change or components' own files were not applied.
+    pub(super) component_problems: Vec<String>,
+    /// The supervised component processes, for the status report.
+    pub(super) components: ComponentStates,
+    pub(super) host: &'a PluginHost,
+    pub(super) mounter: &'a dyn Mounter,
+    pub(super) registry: &'a Arc<PluginRegistry>,
+    pub(super) executor: &'a Arc<Executor>,
+    pub(super) handler: &'a Arc<CsiRegistrationHandler>,
+    pub(super) registration: &'a RegistrationWatcher,
+    pub(super) flex_prober: &'a FlexProber,
+    /// Flexvolume drivers on disk at start whose first probe has not ended: the teardown of a
+    /// volume of theirs waits for it (their volumes resolve only once they load).
+    pub(super) undecided_flex: BTreeSet<String>,
+    /// The registration sockets there at start, and whether the cluster may be told the
+    /// node's storage yet (once it may, it always may).
+    pub(super) sockets_at_start: Vec<PathBuf>,
+    pub(super) node_storage_open: bool,
+    pub(super) objects: &'a MemoryObjects,
+    pub(super) metrics: &'a Arc<Metrics>,
+    pub(super) secrets: &'a ObjectSecrets,
+    pub(super) source: &'a dyn ObjectSource,
+    /// The standalone control plane (`None` in a cluster).
+    pub(super) claims: Option<&'a ClaimsController>,
+    pub(super) started: SystemTime,
+    pub(super) metrics_address: Option<String>,
+    /// Pod volume directories no plugin could be named for, with why, while they last.
+    pub(super) orphans_left: Vec<(PathBuf, String)>,
+    /// Directories of pods no longer wanted that could not be removed, with why.
+    pub(super) pod_dirs_left: Vec<(PathBuf, String)>,
+    pub(super) last_resync: Instant,
+    pub(super) last_status: Option<(StatusReport, Instant)>,
+    /// What the last status report was made from, and when.
+    pub(super) last_report: Option<(ReportInputs, Instant)>,
+    /// The last resolutions and what they were made from.
+    pub(super) cached_resolutions: Option<(ResolveKey, Arc<Resolutions>)>,
+    /// A changed status held back by [`status_write`]: when a pass must write it.
+    pub(super) status_deferred: Option<Instant>,
+    pub(super) cached_view: Option<ObjectsView>,
+    /// The volumes of claims, for the stats collector (`None`: stats are off).
+    pub(super) stats_volumes:
+        Option<tokio::sync::watch::Sender<Arc<Vec<crate::report::volume_stats::ClaimedVolume>>>>,
+    /// The actual state's version and the objects the volumes of claims were last found from.
+    pub(super) last_claimed: Option<(u64, Arc<ObjectSet>, Overlays)>,
+    /// The pods a runner handed over the runtime API.
+    pub(super) runner: &'a Arc<RunnerPods>,
+    /// The node as the runtime API answers from it, and what it was last made from.
+    pub(super) runtime_view: tokio::sync::watch::Sender<Arc<crate::runtime::view::RuntimeView>>,
+    pub(super) last_view: Option<(u64, Arc<ObjectSet>, Overlays)>,
+}
+
+/// What the loop works with, set up by `run` before the first pass.
+pub(super) struct Parts<'a> {
+    pub config: &'a AgentConfig,
+    pub node: &'a NodeParts,
+    pub csi: &'a CsiParts,
+    pub source: &'a dyn ObjectSource,
+    pub claims: Option<&'a ClaimsController>,
+    pub executor: &'a Arc<Executor>,
+    pub runner: &'a Arc<RunnerPods>,
+}
+
+/// What the rooms beside the loop hand it: where metrics are served, whom to tell the claims'
+/// volumes, where to publish the runtime view.
+pub(super) struct Outlets {
+    pub metrics_address: Option<String>,
+    pub stats_volumes:
+        Option<tokio::sync::watch::Sender<Arc<Vec<crate::report::volume_stats::ClaimedVolume>>>>,
+    pub runtime_view: tokio::sync::watch::Sender<Arc<crate::runtime::view::RuntimeView>>,
+}
+
+impl<'a> Loop<'a> {
+    /// A loop that has made no pass yet; `orphans_left` are the pod volume directories start-up
+    /// could name no plugin for.
+    pub(super) fn new(
+        parts: Parts<'a>,
+        components: &ComponentRuntime,
+        outlets: Outlets,
+        orphans_left: Vec<(PathBuf, String)>,
+        started: SystemTime,
+    ) -> Loop<'a> {
+        let Parts { config, node, csi, source, claims, executor, runner } = parts;
+        Loop {
+            config,
+            snapshots_on: components.snapshots_on(),
+            component_problems: components.problems(),
+            components: components.states(),
+            host: &node.host,
+            mounter: node.mounter.as_ref(),
+            registry: &node.registry,
+            executor,
+            handler: &csi.handler,
+            registration: &csi.watcher,
+            flex_prober: &node.prober,
+            undecided_flex: undecided_flex_drivers(&config.volume_plugin_dir, &node.prober),
+            sockets_at_start: csi.sockets_at_start.clone(),
+            node_storage_open: false,
+            objects: &csi.objects,
+            metrics: &node.metrics,
+            secrets: &node.secrets,
+            source,
+            claims,
+            started,
+            metrics_address: outlets.metrics_address,
+            orphans_left,
+            pod_dirs_left: Vec::new(),
+            last_resync: Instant::now(),
+            last_status: None,
+            last_report: None,
+            cached_resolutions: None,
+            status_deferred: None,
+            cached_view: None,
+            stats_volumes: outlets.stats_volumes,
+            last_claimed: None,
+            runner,
+            runtime_view: outlets.runtime_view,
+            last_view: None,
+        }
+    }
+}
+
+impl Loop<'_> {
+    /// One pass: objects → desired state → resolutions → (resync) → plan → operations → status.
+    pub(super) fn pass(&mut self) {
+        let pass_started = Instant::now();
+        let view = self.objects_view();
+        if let Some(claims) = self.claims {
+            let in_use = || self.executor.volumes_in_use();
+            claims.pass(&view.objects, &view.source, &self.handler.drivers(), in_use, self.snapshots_on);
+        }
+        let viewed = pass_started.elapsed();
+        let snapshot = self.registry.snapshot();
+        let resolutions = self.resolve(&snapshot, &view);
+        let resolved = pass_started.elapsed();
+        if self.last_resync.elapsed() >= self.config.resync {
+            self.last_resync = Instant::now();
+            self.resync(&view.desired);
+        }
+        self.submit(&view.desired, &resolutions);
+        self.offer_runtime_view(&view, &resolutions);
+        let submitted = pass_started.elapsed();
+        let problems = self.problems(&view.objects);
+        let inputs = ReportInputs {
+            executor: self.executor.version(),
+            source: Arc::clone(&view.source),
+            provisioned: view.overlays,
+            plugins: snapshot.generation(),
+            problems,
+            components: self.components.snapshot(),
+            snapshots: self.claims.map_or(0, ClaimsController::snapshots_version),
+        };
+        let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
+        let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
+        let written = match status_write(changed, since, REPORT_REFRESH, self.executor.is_idle()) {
+            StatusWrite::Now => {
+                let written = self.report(
+                    inputs.problems.clone(),
+                    &view.objects,
+                    &view.desired,
+                    &resolutions,
+                    &snapshot,
+                );
+                self.last_report = Some((inputs, Instant::now()));
+                written
+            }
+            StatusWrite::After(wait) => {
+                self.status_deferred = Some(Instant::now() + wait);
+                false
+            }
+            StatusWrite::NotYet => false,
+        };
+        self.offer_claimed_volumes(&view);
+        tracing::debug!(
+            elapsed_us = pass_started.elapsed().as_micros() as u64,
+            view_us = viewed.as_micros() as u64,
+            resolve_us = (resolved - viewed).as_micros() as u64,
+            submit_us = (submitted - resolved).as_micros() as u64,
+            volumes = view.desired.volumes.len(),
+            status_written = written,
+            "reconcile pass"
+        );
+        self.cached_view = Some(view);
+    }
+
+    /// The objects with the provisioned volumes laid over them, and the desired state, made
+    /// again only when the source or the provisioned records changed: most passes follow an
+    /// operation, not a change of objects.
+    fn objects_view(&mut self) -> ObjectsView {
+        let from_source = self.source.current();
+        let provisioned = self.claims.map_or(0, ClaimsController::provisioned_version);
+        let runner = self.runner.version();
+        match self.cached_view.take() {
+            Some(v) if Arc::ptr_eq(&v.source, &from_source) && v.overlays == (provisioned, runner) => v,
+            _ => {
+                let mut set = (*from_source).clone();
+                self.runner.overlay(&mut set);
+                let provisioned = self.claims.map_or(0, |claims| claims.overlay(&mut set));
+                let node = NodeContext {
+                    node_name: self.config.node_name.clone(),
+                    allocatable: self.host.node.allocatable,
+                    mints_tokens: self.host.tokens.is_some(),
+                };
+                let desired = desired_state_on(&set, &node);
+                secrets_from(self.secrets, &set);
+                // The whole set: a CSIDriver removed from the source stops applying at once.
+                self.objects.set_csi_drivers(set.csi_drivers.values().cloned());
+                ObjectsView { source: from_source, overlays: (provisioned, runner), objects: set, desired }
+            }
+        }
+    }
+
+    /// How each wanted volume is served, with the node's migration as its CSINode says; made
+    /// again only when the objects, the plugins or the node's migration changed.
+    fn resolve(&mut self, snapshot: &Snapshot, view: &ObjectsView) -> Arc<Resolutions> {
+        let config = self.config;
+        let own = NodeMigration::of_own_node(
+            &config.node_name,
+            &config.gates,
+            self.handler.drivers().iter().map(|d| d.name.as_str()),
+        );
+        let node = self.objects.csi_node(&config.node_name).map(|c| NodeMigration::from_csinode(&c));
+        let migration = node.unwrap_or(own);
+        let key = ResolveKey {
+            source: Arc::clone(&view.source),
+            provisioned: view.overlays,
+            plugins: snapshot.generation(),
+            migration,
+        };
+        if let Some((last, resolutions)) = &self.cached_resolutions
+            && *last == key
+        {
+            return Arc::clone(resolutions);
+        }
+        let resolutions =
+            Arc::new(resolve_all(snapshot, &config.gates, &key.migration, &self.host.paths, &view.desired));
+        self.cached_resolutions = Some((key, Arc::clone(&resolutions)));
+        resolutions
+    }
+
+    /// Now and then: published records checked against the mount table, and directories of
+    /// pods gone that no record accounts for adopted for teardown.
+    fn resync(&mut self, desired: &DesiredState) {
+        repair_drift(self.executor, self.mounter);
+        let (listed, pod_dirs_left) =
+            adopt_leftovers(&self.host.paths, self.executor, desired, self.registry);
+        // An orphan gone from the listing is no longer a problem.
+        self.orphans_left.retain(|(path, _)| listed.iter().any(|d| &d.path == path));
+        // Said once, shown while it lasts.
+        for (path, reason) in pod_dirs_left.iter().filter(|left| !self.pod_dirs_left.contains(left)) {
+            tracing::warn!(path = %path.display(), %reason, "pod directory left");
+        }
+        self.pod_dirs_left = pod_dirs_left;
+    }
+
+    /// The node as the runtime API answers from it, made again when the objects, the runner's
+    /// pods or the executor's state changed.
+    fn offer_runtime_view(&mut self, view: &ObjectsView, resolutions: &Resolutions) {
+        let exec = self.executor.snapshot();
+        let inputs = (self.executor.version(), Arc::clone(&view.source), view.overlays);
+        let same = self
+            .last_view
+            .as_ref()
+            .is_some_and(|(v, s, o)| *v == inputs.0 && Arc::ptr_eq(s, &inputs.1) && *o == inputs.2);
+        if same {
+            return;
+        }
+        let volumes = crate::report::status_report::volume_statuses(&view.desired, resolutions, &exec);
+        let made = crate::runtime::view::make(&view.objects, volumes, &exec.actual);
+        self.runtime_view.send_if_modified(|current| {
+            if **current == made {
+                return false;
+            }
+            *current = Arc::new(made);
+            true
+        });
+        self.last_view = Some(inputs);
+    }
+
+    /// The plan's operations and the republishes due, submitted to the executor.
+    fn submit(&mut self, desired: &DesiredState, resolutions: &Resolutions) {
+        if !self.undecided_flex.is_empty() {
+            let decided: BTreeSet<String> = self.flex_prober.status().into_iter().map(|d| d.name).collect();
+            self.undecided_flex.retain(|name| !decided.contains(name));
+        }
+        let exec = self.executor.snapshot();
+        // In a cluster, an attachable volume is mounted only once the API lists it in use.
+        let reported = self.config.node_storage.as_ref().and_then(|sink| sink.reported_in_use());
+        for op in plan(desired, resolutions, &exec.actual, &exec.busy()) {
+            if reported.as_ref().is_some_and(|reported| waits_for_in_use(&op, resolutions, reported)) {
+                continue;
+            }
+            if !self.undecided_flex.is_empty() && self.undecided_flex.contains(op.plugin()) {
+                continue;
+            }
+            self.executor.submit(op);
+        }
+        let due = republish(
+            desired,
+            resolutions,
+            &exec.actual,
+            &exec.published_at,
+            Instant::now(),
+            self.config.republish,
+        );
+        for op in due.into_iter().chain(expansions(desired, resolutions, &exec.actual)) {
+            self.executor.submit(op);
+        }
+    }
+
+    /// Tells the stats collector which published volumes come from claims, when the published
+    /// volumes or the objects changed since it was last told.
+    fn offer_claimed_volumes(&mut self, view: &ObjectsView) {
+        let Some(sender) = &self.stats_volumes else { return };
+        let (actual, version) = self.executor.actual();
+        let unchanged = self
+            .last_claimed
+            .as_ref()
+            .is_some_and(|(a, o, v)| *a == version && Arc::ptr_eq(o, &view.source) && *v == view.overlays);
+        if unchanged {
+            return;
+        }
+        let claimed = crate::report::volume_stats::claimed_volumes(&view.objects.pods, &actual.published);
+        drop(actual);
+        sender.send_if_modified(|current| {
+            let changed = **current != claimed;
+            if changed {
+                *current = Arc::new(claimed);
+            }
+            changed
+        });
+        self.last_claimed = Some((version, Arc::clone(&view.source), view.overlays));
+    }
+
+    /// How long to sleep when nothing wakes the loop: until the next retry is due, at most
+    /// 250 ms (plugin changes are polled), at least 5 ms.
+    pub(super) fn nap(&self) -> Duration {
+        let retry_in = self
+            .executor
+            .next_retry()
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_secs(1));
+        let nap = retry_in.min(Duration::from_millis(250)).max(Duration::from_millis(5));
+        match self.status_deferred {
+            Some(at) => nap.min(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))),
+            None => nap,
+        }
+    }
+}
+
+/// The versions of the provisioned volumes and of the runner's pods, laid over a source's set.
+pub(super) type Overlays = (u64, u64);
+
+/// What resolutions are made from, as far as telling a change goes.
+#[derive(Debug)]
+pub(super) struct ResolveKey {
+    source: Arc<ObjectSet>,
+    provisioned: Overlays,
+    plugins: u64,
+    migration: NodeMigration,
+}
+
+impl PartialEq for ResolveKey {
+    /// The objects by identity, as [`ReportInputs`] compares them.
+    fn eq(&self, other: &ResolveKey) -> bool {
+        Arc::ptr_eq(&self.source, &other.source)
+            && self.provisioned == other.provisioned
+            && self.plugins == other.plugins
+            && self.migration == other.migration
+    }
+}
+
+/// What a status report is made from, as far as telling a change goes: the executor's
+/// version, the objects, the plugins, the problems.
+#[derive(Debug)]
+pub(super) struct ReportInputs {
+    pub(super) executor: u64,
+    pub(super) source: Arc<ObjectSet>,
+    pub(super) provisioned: Overlays,
+    pub(super) plugins: u64,
+    pub(super) problems: Vec<String>,
+    /// A component restarted or turned healthy is news for the status.
+    pub(super) components: Vec<kvol_components_runtime::ComponentStatus>,
+    /// Snapshots taken or deleted.
+    pub(super) snapshots: u64,
+}
+
+impl PartialEq for ReportInputs {
+    /// The objects by identity: a new set from the source is a change, and comparing two sets'
+    /// contents on every pass would cost what this saves.
+    fn eq(&self, other: &ReportInputs) -> bool {
+        self.executor == other.executor
+            && Arc::ptr_eq(&self.source, &other.source)
+            && self.provisioned == other.provisioned
+            && self.plugins == other.plugins
+            && self.problems == other.problems
+            && self.components == other.components
+            && self.snapshots == other.snapshots
+    }
+}
