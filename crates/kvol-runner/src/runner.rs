@@ -79,6 +79,7 @@ impl Runner {
             status: watch::channel(Arc::new(BTreeMap::new())).0,
             relist: Notify::new(),
             looks: std::sync::atomic::AtomicU64::new(0),
+            fresh_wanted: Mutex::new(BTreeMap::new()),
             finished: Mutex::new(Vec::new()),
         };
         Ok(Runner { shared: Arc::new(shared), poll: config.poll })
@@ -159,7 +160,14 @@ impl Runner {
             };
             match workers.get(&uid) {
                 Some(tx) => {
-                    tx.send_replace(input);
+                    let forced = self.fresh_look_for(&uid, look);
+                    // A worker is woken only by a change of its own (or the look it waits
+                    // for); the look's number is kept fresh either way.
+                    tx.send_if_modified(|current| {
+                        let changed = forced || !input.same_as(current);
+                        *current = input;
+                        changed
+                    });
                 }
                 None => {
                     let (tx, rx) = watch::channel(input);
@@ -168,6 +176,18 @@ impl Runner {
                     workers.insert(uid, tx);
                 }
             }
+        }
+    }
+
+    /// Whether the worker of `uid` waits for a look at least as new as `look`.
+    fn fresh_look_for(&self, uid: &str, look: u64) -> bool {
+        let mut wanted = self.shared.fresh_wanted.lock().unwrap_or_else(|e| e.into_inner());
+        match wanted.get(uid) {
+            Some(from) if *from <= look => {
+                wanted.remove(uid);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -32,11 +32,21 @@ pub struct Shared {
     /// How many looks at the runtime have started: a worker acts only on a look that started
     /// after its last action (an older one may not show what it just made).
     pub looks: std::sync::atomic::AtomicU64,
+    /// Workers that acted and wait for a look that shows it: by uid, the first such look.
+    pub(crate) fresh_wanted: Mutex<BTreeMap<String, u64>>,
     /// Workers that finished (their pod is gone from the runtime and its volumes let go).
     pub(crate) finished: Mutex<Vec<String>>,
 }
 
 impl Shared {
+    /// A worker acted: the first look from now on is given to it, changed or not.
+    pub fn want_fresh(&self, uid: &str) -> u64 {
+        let from = self.looks.load(std::sync::atomic::Ordering::SeqCst) + 1;
+        self.fresh_wanted.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string(), from);
+        self.relist.notify_one();
+        from
+    }
+
     pub fn forget(&self, uid: &str) {
         self.finished.lock().unwrap_or_else(|e| e.into_inner()).push(uid.to_string());
         self.relist.notify_one();

@@ -33,6 +33,21 @@ pub struct Input {
     pub look: u64,
 }
 
+impl Input {
+    /// The same pod, runtime state, objects and grace period (the look's number aside).
+    pub fn same_as(&self, other: &Input) -> bool {
+        let same_pod = match (&self.pod, &other.pod) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            (None, None) => true,
+            _ => false,
+        };
+        same_pod
+            && self.seen == other.seen
+            && Arc::ptr_eq(&self.objects, &other.objects)
+            && self.grace == other.grace
+    }
+}
+
 /// One pod's worker state.
 #[derive(Debug)]
 pub struct Worker {
@@ -104,8 +119,7 @@ impl Worker {
                 }
             };
             if std::mem::take(&mut self.acted) {
-                self.fresh_from = self.shared.looks.load(std::sync::atomic::Ordering::SeqCst) + 1;
-                self.shared.relist.notify_one();
+                self.fresh_from = self.shared.want_fresh(&self.uid);
             }
             let sleep = wake.unwrap_or(Duration::from_secs(3600));
             tokio::select! {
