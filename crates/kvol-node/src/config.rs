@@ -70,6 +70,9 @@ pub struct AgentConfig {
     /// Serve the runtime API (`kvol.runtime.v1alpha1`) on this unix socket, owner-only
     /// (`<state dir>/runtime.sock` by default); `None`: no API.
     pub runtime_socket: Option<PathBuf>,
+    /// Sent every object set the source gives (the first one too), for a pod runner beside
+    /// the agent; `None`: nobody listens.
+    pub objects_tap: Option<tokio::sync::watch::Sender<Arc<kvol_api::ObjectSet>>>,
 }
 
 impl AgentConfig {
@@ -104,6 +107,7 @@ impl AgentConfig {
             claim_status: None,
             tokens: None,
             runtime_socket: Some(state_dir.join(kvol_runtime_api::SOCKET_NAME)),
+            objects_tap: None,
             state_dir,
         }
     }

@@ -89,6 +89,10 @@ pub struct AgentArgs {
     /// reason) and print the status: a demonstration mode. Volumes stay mounted.
     #[arg(long)]
     pub until_settled: bool,
+    /// Run the pods' containers through this CRI runtime (kubelet's flag), e.g.
+    /// `unix:///run/containerd/containerd.sock`; without it kvol sets up volumes only.
+    #[arg(long, value_name = "unix://PATH")]
+    pub container_runtime_endpoint: Option<String>,
     /// With --until-settled: give up (exit 1) after this long.
     #[arg(long, default_value = "120", value_name = "SECONDS")]
     pub settle_timeout_seconds: u64,
@@ -162,6 +166,10 @@ pub fn run(
     if args.no_runtime_api {
         config.runtime_socket = None;
     }
+    let runner = match &args.container_runtime_endpoint {
+        Some(endpoint) => Some(crate::runner_cmd::prepare(endpoint, args.root.is_some(), &mut config)?),
+        None => None,
+    };
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
@@ -194,6 +202,7 @@ pub fn run(
         } else {
             drop(settled_tx);
         }
+        let runner_stop = runner.map(crate::runner_cmd::RunnerSetup::start).transpose()?;
         let mut settled = None;
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -210,6 +219,9 @@ pub fn run(
                 run_agent_with_source(config, source, shutdown).await.map_err(anyhow::Error::msg)?;
             }
             None => run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?,
+        }
+        if let Some(stop) = runner_stop {
+            let _ = stop.send(true);
         }
         match settled {
             Some(ok) => {

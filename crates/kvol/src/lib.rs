@@ -13,6 +13,8 @@ pub mod lvm_driver_cmd;
 pub mod migrate_cmd;
 pub mod plugins_cmd;
 pub mod pod_cmd;
+pub mod pod_logs_cmd;
+pub mod runner_cmd;
 pub mod status_cmd;
 pub mod translate_cmd;
 

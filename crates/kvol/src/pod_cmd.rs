@@ -26,6 +26,8 @@ pub enum PodCommand {
     Release(UidArgs),
     /// Print each change of the pod's volumes (every pod's without a uid) as a JSON line.
     Watch(WatchArgs),
+    /// A container's log (pods run with `kvol agent --container-runtime-endpoint`).
+    Logs(crate::pod_logs_cmd::LogsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -112,6 +114,7 @@ pub fn run(command: &PodCommand) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             PodCommand::Watch(args) => watch(args).await,
+            PodCommand::Logs(args) => crate::pod_logs_cmd::run(args),
         }
     })
 }

@@ -133,6 +133,11 @@ fn the_table_is_the_default_and_shows_each_volume() {
     assert!(!table.contains("stale"), "this process is alive:\n{table}");
     assert!(lines.contains(&"plugins: kubernetes.io/csi:hostpath.csi.kvol.io, kubernetes.io/nfs"), "{table}");
     assert!(lines.contains(&"  pods.yaml document 3: no kind"), "{table}");
+    assert_eq!(
+        lines.last(),
+        Some(&"pods: volumes only (no container runtime: start the agent with --container-runtime-endpoint)"),
+        "{table}"
+    );
     let columns = lines.iter().position(|l| l.starts_with("POD ")).expect("a column header");
     let words = |line: &str| line.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     assert_eq!(words(lines[columns]), ["POD", "VOLUME", "PLUGIN", "PHASE", "DEVICE/PATH", "LAST", "ERROR"]);

@@ -126,6 +126,9 @@ async fn run(
     let mut components =
         ComponentRuntime::start(config.components.clone(), config.config_file.as_deref()).await?;
     let source = source_of(&config, source, &node)?;
+    if let Some(tap) = config.objects_tap.clone() {
+        crate::sources::forward(source.subscribe(), tap);
+    }
     let runner = runner_pods(&config)?;
     let Beside { rooms, outlets } = start_beside(&config, &node, &runner).await?;
     let wake = Arc::new(Notify::new());

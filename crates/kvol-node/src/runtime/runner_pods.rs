@@ -64,15 +64,19 @@ impl RunnerPods {
     }
 
     /// Takes `text` (a v1 Pod as JSON or YAML) as a runner's pod, checked and completed as a
-    /// manifest's is; refused when `current` (the other sources' set) or the runner already has
-    /// a pod of that namespace/name or uid. Returns its uid.
+    /// manifest's is; refused when `current` (the other sources' set) has another pod of that
+    /// namespace/name or uid, or the runner already has one. The very pod a source has (same
+    /// namespace/name and uid) is taken as held: the source's copy is used while it has it, and
+    /// the volumes stay after it drops it until the runner takes the pod back. Returns its uid.
     pub fn admit(&self, text: &str, current: &ObjectSet) -> Result<String, Refused> {
         let pod = one_pod(text)?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let key = key_of(&pod);
         let mut pods = self.lock();
-        let clash =
-            current.pods.iter().find(|(k, p)| **k == key || p.metadata.uid.as_deref() == Some(uid.as_str()));
+        // The very pod a source has (same namespace/name and uid) is held: its volumes stay
+        // after the source drops it, until the runner takes it back (its containers stopped).
+        let same_uid = |p: &Pod| p.metadata.uid.as_deref() == Some(uid.as_str());
+        let clash = current.pods.iter().find(|(k, p)| (**k == key) != same_uid(p));
         if let Some((other, _)) = clash {
             return Err(Refused::Exists(format!("pod {other} (uid {uid}) is another source's")));
         }
@@ -128,7 +132,11 @@ impl RunnerPods {
     pub fn overlay(&self, set: &mut ObjectSet) {
         for pod in self.lock().values() {
             let key = key_of(pod);
-            if set.pods.contains_key(&key) {
+            if let Some(theirs) = set.pods.get(&key) {
+                if theirs.metadata.uid == pod.metadata.uid {
+                    // Held while its source still has it.
+                    continue;
+                }
                 set.problems.push(kvol_api::SourceProblem {
                     origin: "runtime api".to_string(),
                     document: None,
@@ -225,8 +233,13 @@ mod tests {
         let mut theirs = ObjectSet::default();
         let pod: Pod = serde_json::from_str(POD).unwrap();
         theirs.pods.insert("ci/job".into(), Arc::new(pod));
+        let other_uid = POD.replace("u-1", "u-9");
         assert!(
-            matches!(runner.admit(POD, &theirs), Err(Refused::Exists(m)) if m.contains("another source's"))
+            matches!(runner.admit(&other_uid, &theirs), Err(Refused::Exists(m)) if m.contains("another source's"))
+        );
+        let other_name = POD.replace("\"job\"", "\"job2\"");
+        assert!(
+            matches!(runner.admit(&other_name, &theirs), Err(Refused::Exists(m)) if m.contains("another source's"))
         );
         let cases = [
             (r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "Bad_Name"}}"#, "metadata.name"),
@@ -240,5 +253,25 @@ mod tests {
             }
         }
         assert_eq!(runner.version(), 0, "nothing taken");
+    }
+
+    #[test]
+    fn a_sources_own_pod_is_held_until_taken_back() {
+        let runner = RunnerPods::default();
+        let mut theirs = ObjectSet::default();
+        let pod: Pod = serde_json::from_str(POD).unwrap();
+        theirs.pods.insert("ci/job".into(), Arc::new(pod));
+        assert_eq!(runner.admit(POD, &theirs), Ok("u-1".to_string()));
+        let mut set = theirs.clone();
+        runner.overlay(&mut set);
+        assert_eq!(set.pods.len(), 1);
+        assert!(set.problems.is_empty(), "held silently while the source has it: {:?}", set.problems);
+        let mut dropped = ObjectSet::default();
+        runner.overlay(&mut dropped);
+        assert_eq!(dropped.pods.keys().collect::<Vec<_>>(), ["ci/job"], "kept once the source drops it");
+        assert!(runner.release("u-1"));
+        let mut after = ObjectSet::default();
+        runner.overlay(&mut after);
+        assert!(after.pods.is_empty());
     }
 }

@@ -62,3 +62,16 @@ impl ObjectSource for ChannelSource {
 
     fn shutdown(self: Box<Self>) {}
 }
+
+/// Sends `to` the set `from` has now, then every new one, until either side is gone (a pod
+/// runner beside the agent gets the agent's objects so).
+pub fn forward(mut from: watch::Receiver<Arc<ObjectSet>>, to: watch::Sender<Arc<ObjectSet>>) {
+    tokio::spawn(async move {
+        to.send_replace(Arc::clone(&from.borrow_and_update()));
+        while from.changed().await.is_ok() {
+            if to.send(Arc::clone(&from.borrow_and_update())).is_err() {
+                return;
+            }
+        }
+    });
+}

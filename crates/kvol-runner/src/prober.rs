@@ -1,0 +1,154 @@
+//! Runs one probe of a running container: exec through CRI's ExecSync, tcpSocket by connecting, httpGet by one HTTP/1.1 GET (a status of 200–399 passes), each within its timeout.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvol_cri::{self as cri, CriClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The probe's outcome: `Ok` passes, `Err` says why it failed.
+pub async fn run(
+    cri: &CriClient,
+    container_id: &str,
+    container: &Container,
+    probe: &Probe,
+    pod_ip: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    if let Some(exec) = &probe.exec {
+        let request = cri::ExecSyncRequest {
+            container_id: container_id.to_string(),
+            cmd: exec.command.clone().unwrap_or_default(),
+            timeout: timeout.as_secs() as i64,
+        };
+        let answer = cri.exec_sync(request).await.map_err(|e| e.runtime_message())?;
+        return match answer.exit_code {
+            0 => Ok(()),
+            code => Err(format!("command exited {code}: {}", String::from_utf8_lossy(&answer.stdout).trim())),
+        };
+    }
+    if let Some(tcp) = &probe.tcp_socket {
+        let host = tcp.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| pod_ip.to_string());
+        let port = port_of(&tcp.port, container)?;
+        let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+        return match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("dial tcp {host}:{port}: {e}")),
+            Err(_) => Err(format!("dial tcp {host}:{port}: i/o timeout")),
+        };
+    }
+    if let Some(http) = &probe.http_get {
+        if http.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("HTTPS")) {
+            return Err("https probes are not supported yet".to_string());
+        }
+        let host = http.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| pod_ip.to_string());
+        let port = port_of(&http.port, container)?;
+        let path = http.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".to_string());
+        let headers: Vec<(String, String)> =
+            http.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect();
+        return match tokio::time::timeout(timeout, http_get(&host, port, &path, &headers)).await {
+            Ok(Ok(status)) if (200..400).contains(&status) => Ok(()),
+            Ok(Ok(status)) => Err(format!("HTTP probe failed with statuscode: {status}")),
+            Ok(Err(e)) => Err(format!("Get \"http://{host}:{port}{path}\": {e}")),
+            Err(_) => Err(format!("Get \"http://{host}:{port}{path}\": context deadline exceeded")),
+        };
+    }
+    Err("grpc probes are not supported yet".to_string())
+}
+
+/// A probe's port: a number, or the name of one of the container's ports.
+fn port_of(port: &IntOrString, container: &Container) -> Result<u16, String> {
+    let number = match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => match name.parse::<i32>() {
+            Ok(n) => n,
+            Err(_) => container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .map(|p| p.container_port)
+                .ok_or_else(|| format!("couldn't find port: {name} in container {}", container.name))?,
+        },
+    };
+    u16::try_from(number).ok().filter(|n| *n > 0).ok_or_else(|| format!("invalid port number: {number}"))
+}
+
+/// One GET; the response's status code.
+async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> Result<u16, String> {
+    let mut stream =
+        tokio::net::TcpStream::connect((host, port)).await.map_err(|e| format!("dial tcp: {e}"))?;
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.26\r\nAccept: */*\r\nConnection: close\r\n"
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut head = vec![0u8; 256];
+    let mut read = 0;
+    while read < head.len() && !head[..read].contains(&b'\n') {
+        let n = stream.read(&mut head[read..]).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        read += n;
+    }
+    status_code(&String::from_utf8_lossy(&head[..read]))
+}
+
+/// The code of an HTTP status line (`HTTP/1.1 200 OK`).
+fn status_code(head: &str) -> Result<u16, String> {
+    let line = head.lines().next().unwrap_or_default();
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next().and_then(|c| c.parse().ok())) {
+        (Some(version), Some(code)) if version.starts_with("HTTP/") => Ok(code),
+        _ => Err(format!("malformed HTTP response {line:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_and_status_lines() {
+        let container: Container = serde_json::from_value(serde_json::json!({
+            "name": "c", "ports": [{"name": "http", "containerPort": 8080}]
+        }))
+        .unwrap();
+        let cases = [
+            (IntOrString::Int(80), Ok(80)),
+            (IntOrString::String("http".into()), Ok(8080)),
+            (IntOrString::String("9090".into()), Ok(9090)),
+            (IntOrString::String("nope".into()), Err("couldn't find port: nope in container c".to_string())),
+            (IntOrString::Int(0), Err("invalid port number: 0".to_string())),
+        ];
+        for (port, want) in cases {
+            assert_eq!(port_of(&port, &container), want, "{port:?}");
+        }
+        assert_eq!(status_code("HTTP/1.1 204 No Content\r\n"), Ok(204));
+        assert!(status_code("SSH-2.0\r\n").is_err());
+    }
+
+    #[tokio::test]
+    async fn http_and_tcp_against_a_local_listener() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            for status in ["200 OK", "503 Service Unavailable"] {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /healthz HTTP/1.1\r\n"));
+                stream.write_all(format!("HTTP/1.1 {status}\r\n\r\n").as_bytes()).await.unwrap();
+            }
+        });
+        assert_eq!(http_get("127.0.0.1", port, "/healthz", &[]).await, Ok(200));
+        assert_eq!(http_get("127.0.0.1", port, "/healthz", &[]).await, Ok(503));
+        server.await.unwrap();
+        assert!(http_get("127.0.0.1", port, "/", &[]).await.unwrap_err().starts_with("dial tcp"));
+    }
+}

@@ -1,0 +1,54 @@
+//! What a pod runner's workers share with its loop and each other: the runtime's and the runtime API's clients, the node's facts, every pod's status, and the loop's signals.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use kvol_api::projection::NodeResources;
+use kvol_cri::CriClient;
+use kvol_runtime_api::proto as rt;
+use tokio::sync::{Notify, watch};
+
+use crate::sandbox::SandboxContext;
+use crate::status::PodView;
+
+/// A client of kvol's runtime API.
+pub type Volumes = rt::pod_volumes_client::PodVolumesClient<tonic::transport::Channel>;
+
+/// What the workers share.
+#[derive(Debug)]
+pub struct Shared {
+    pub cri: CriClient,
+    pub volumes: Volumes,
+    pub sandbox_context: SandboxContext,
+    pub state_dir: PathBuf,
+    pub node_name: String,
+    pub host_ip: String,
+    pub node: NodeResources,
+    /// Every pod's status, by uid.
+    pub status: watch::Sender<Arc<BTreeMap<String, PodView>>>,
+    /// A worker did something: look at the runtime again now.
+    pub relist: Notify,
+    /// How many looks at the runtime have started: a worker acts only on a look that started
+    /// after its last action (an older one may not show what it just made).
+    pub looks: std::sync::atomic::AtomicU64,
+    /// Workers that acted and wait for a look that shows it: by uid, the first such look.
+    pub(crate) fresh_wanted: Mutex<BTreeMap<String, u64>>,
+    /// Workers that finished (their pod is gone from the runtime and its volumes let go).
+    pub(crate) finished: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    /// A worker acted: the first look from now on is given to it, changed or not.
+    pub fn want_fresh(&self, uid: &str) -> u64 {
+        let from = self.looks.load(std::sync::atomic::Ordering::SeqCst) + 1;
+        self.fresh_wanted.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string(), from);
+        self.relist.notify_one();
+        from
+    }
+
+    pub fn forget(&self, uid: &str) {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner()).push(uid.to_string());
+        self.relist.notify_one();
+    }
+}

@@ -1,0 +1,73 @@
+//! `kvol agent --container-runtime-endpoint`: the pod runner (`kvol-runner`) beside the agent, fed the agent's objects and reaching volumes through the agent's runtime API socket.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvol_api::ObjectSet;
+use kvol_api::projection::NodeResources;
+use kvol_node::AgentConfig;
+use kvol_runner::{Runner, RunnerConfig};
+use tokio::sync::watch;
+
+/// The runner, set up before the agent starts; [`RunnerSetup::start`] runs it.
+#[derive(Debug)]
+pub struct RunnerSetup {
+    config: RunnerConfig,
+    objects: watch::Receiver<Arc<ObjectSet>>,
+}
+
+/// Sets `config` up to feed a runner on the CRI `endpoint`: the agent's objects tapped, the
+/// runner's files in `<state dir>/runner`, pods' logs in `/var/log/pods` (or
+/// `<root>/logs/pods` under `--root`).
+pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyhow::Result<RunnerSetup> {
+    let Some(socket) = config.runtime_socket.clone() else {
+        anyhow::bail!("--container-runtime-endpoint needs the runtime api (drop --no-runtime-api)");
+    };
+    let (tap, objects) = watch::channel(Arc::new(ObjectSet::default()));
+    config.objects_tap = Some(tap);
+    let log_root = if embedded { config.state_dir.join("logs/pods") } else { PathBuf::from("/var/log/pods") };
+    let runner = RunnerConfig {
+        endpoint: endpoint.to_string(),
+        runtime_socket: socket,
+        state_dir: config.state_dir.join("runner"),
+        log_root,
+        node_name: config.node_name.clone(),
+        host_ip: host_ip(),
+        resolv_conf: PathBuf::from("/etc/resolv.conf"),
+        node: node_resources(),
+        poll: Duration::from_secs(1),
+    };
+    Ok(RunnerSetup { config: runner, objects })
+}
+
+impl RunnerSetup {
+    /// Starts the runner (inside the agent's tokio runtime); the sender stops it (containers
+    /// are left running, for the next agent to adopt).
+    pub fn start(self) -> anyhow::Result<watch::Sender<bool>> {
+        let runner = Runner::new(self.config)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        tokio::spawn(runner.run(self.objects, stop_rx));
+        Ok(stop_tx)
+    }
+}
+
+/// The node's address as a host-network pod sees it: the source address of the default route
+/// (nothing is sent), else loopback.
+fn host_ip() -> String {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0");
+    let local = socket.and_then(|s| s.connect("192.0.2.1:9").and_then(|()| s.local_addr()));
+    local.map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into())
+}
+
+/// The node's CPUs and memory (a container's unset limits, as the downward API shows them).
+fn node_resources() -> NodeResources {
+    let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    NodeResources { cpu_millis: cpus * 1000, memory_bytes: kib * 1024, ephemeral_storage_bytes: 0 }
+}
