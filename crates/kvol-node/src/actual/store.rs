@@ -23,7 +23,8 @@
 //!
 //! The executor calls [`Store::begin`] before an operation touches the node and
 //! [`Store::finish`] after it, with the change to the actual state the operation made (or
-//! [`ActualChange::Nothing`] when it failed). `finish` removes the journal entry and applies the
+//! [`ActualChange::Nothing`] when it failed; a published record replaces any other of its pod
+//! at its target). `finish` removes the journal entry and applies the
 //! change in one write transaction, so after a crash at any point the store holds either the
 //! entry (the operation may or may not have happened: [`crate::actual::rebuild`] looks at the node to
 //! decide) or the change, never both and never neither. Every commit uses redb's default
@@ -553,6 +554,11 @@ impl Store {
             ActualChange::SetPublished(volume) => {
                 let text = self.encode(volume, || format!("published volume {}", volume.key))?;
                 let mut table = txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+                for other in self.same_target(&table, volume)? {
+                    table
+                        .remove((volume.key.pod_uid.as_str(), other.as_str()))
+                        .map_err(|e| self.db_error(e))?;
+                }
                 let key = (volume.key.pod_uid.as_str(), volume.key.volume.as_str());
                 table.insert(key, text.as_str()).map_err(|e| self.db_error(e))?;
             }
@@ -563,6 +569,32 @@ impl Store {
             ActualChange::Nothing => {}
         }
         Ok(())
+    }
+
+    /// The other records of `volume`'s pod at its target (one reconstructed under its
+    /// directory's name): a published record replaces them, as [`crate::executor::apply`] does.
+    fn same_target(
+        &self,
+        table: &redb::Table<(&str, &str), &str>,
+        volume: &PublishedVolume,
+    ) -> Result<Vec<String>, StoreError> {
+        let pod = volume.key.pod_uid.as_str();
+        let mut others = Vec::new();
+        for row in table.range((pod, "")..).map_err(|e| self.db_error(e))? {
+            let (key, text) = row.map_err(|e| self.db_error(e))?;
+            let (uid, name) = key.value();
+            if uid != pod {
+                break;
+            }
+            if name == volume.key.volume {
+                continue;
+            }
+            let other: PublishedVolume = self.decode("published", &format!("{uid}/{name}"), text.value())?;
+            if other.target == volume.target {
+                others.push(name.to_string());
+            }
+        }
+        Ok(others)
     }
 
     /// The three record tables, from the snapshot `txn` reads. A record whose key does not

@@ -72,6 +72,8 @@ pub(super) struct Loop<'a> {
     pub(super) metrics_address: Option<String>,
     /// Pod volume directories no plugin could be named for, with why, while they last.
     pub(super) orphans_left: Vec<(PathBuf, String)>,
+    /// The damaged journal kept aside at start, as `kvol status` says it (for the agent's life).
+    pub(super) journal_damage: Option<String>,
     /// Directories of pods no longer wanted that could not be removed, with why.
     pub(super) pod_dirs_left: Vec<(PathBuf, String)>,
     pub(super) last_resync: Instant,
@@ -149,6 +151,7 @@ impl<'a> Loop<'a> {
             started,
             metrics_address: outlets.metrics_address,
             orphans_left,
+            journal_damage: node.journal_damage.clone(),
             pod_dirs_left: Vec::new(),
             last_resync: Instant::now(),
             last_status: None,

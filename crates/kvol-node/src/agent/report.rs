@@ -35,10 +35,11 @@ impl Loop<'_> {
             .collect()
     }
 
-    /// The problems status shows: the source's, orphans left, failed provisionings, the
+    /// The problems status shows: the source's, a damaged journal kept aside, orphans left, failed provisionings, the
     /// components', the snapshots'.
     pub(super) fn problems(&mut self, objects: &ObjectSet) -> Vec<String> {
         let mut problems: Vec<String> = objects.problems.iter().map(ToString::to_string).collect();
+        problems.extend(self.journal_damage.iter().cloned());
         if !self.orphans_left.is_empty() {
             // Now a published volume's directory: no longer a problem.
             let exec = self.executor.snapshot();
