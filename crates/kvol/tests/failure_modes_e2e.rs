@@ -552,3 +552,90 @@ fn a_damaged_journal_is_kept_aside_and_the_state_rebuilt_from_the_node() {
         assert!(journal.is_file(), "{what}: a new journal");
     }
 }
+
+/// A pod `name` with one emptyDir, `cache`.
+fn empty_dir_pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: cache, mountPath: /c}}]}}]\n  volumes: [{{name: cache, emptyDir: {{}}}}]\n"
+    )
+}
+
+/// Fills the filesystem of `dir` with `dir/filler` until it is full.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("filler")).unwrap();
+    let chunk = vec![0x5au8; 64 * 1024];
+    loop {
+        if let Err(e) = file.write_all(&chunk).and_then(|()| file.sync_all()) {
+            assert_eq!(e.raw_os_error(), Some(nix::libc::ENOSPC), "{e}");
+            break;
+        }
+    }
+    // What a partial chunk left: the last bytes too.
+    while file.write_all(&[0]).and_then(|()| file.sync_all()).is_ok() {}
+}
+
+#[test]
+fn a_full_state_directory_runs_nothing_unjournalled_and_converges_when_space_returns() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    // kvol's own files on a small filesystem of their own, under the scratch root.
+    let state = node.root.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    nix::mount::mount(Some("tmpfs"), &state, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=4m"))
+        .unwrap();
+    node.state_dir = state.clone();
+    node.agent_args.push("--no-components".into());
+    node.write("a.yaml", &empty_dir_pod("a"));
+    node.start();
+    let published = |r: &StatusReport, pods: &[&str]| {
+        r.volumes.len() == pods.len()
+            && pods.iter().all(|p| {
+                volume(r, &format!("default/{p}"), "cache").is_some_and(|v| v.phase == Phase::Published)
+            })
+    };
+    node.wait(LIMIT, |r| published(r, &["a"])).unwrap();
+    let dirs_before = node.pod_volume_dirs();
+    let a_inode = std::fs::metadata(&dirs_before[0]).unwrap().ino();
+    std::fs::write(dirs_before[0].join("written-before"), "a's").unwrap();
+
+    fill(&state);
+    let full = Instant::now();
+    node.write("b.yaml", &empty_dir_pod("b"));
+    std::thread::sleep(Duration::from_secs(4));
+    // Nothing ran that the journal could not record: b has no volume directory; a is as it was.
+    assert_eq!(node.pod_volume_dirs(), dirs_before, "an operation ran unjournalled");
+    assert_eq!(std::fs::metadata(&dirs_before[0]).unwrap().ino(), a_inode);
+    assert_eq!(std::fs::read_to_string(dirs_before[0].join("written-before")).unwrap(), "a's");
+    let log = node.agent_log();
+    let said = |words: &str| log.lines().filter(|l| l.contains(words)).count();
+    let failed_ops = said("cannot journal volume_mount");
+    eprintln!("full for 4 s: {failed_ops} tries of b's publish refused, none run");
+    assert!(failed_ops >= 2, "retried with backoff:\n{log}");
+    assert_eq!(said("the journal cannot be written"), 1, "said once:\n{log}");
+    assert_eq!(said("cannot write the status file"), 1, "said once:\n{log}");
+    // kvol status still answers (from the last status written: the file is on the full disk).
+    let shown = node.status().expect("kvol status answers");
+    let a = volume(&shown, "default/a", "cache").expect("a is shown");
+    assert_eq!(a.phase, Phase::Published, "{shown:#?}");
+
+    std::fs::remove_file(state.join("filler")).unwrap();
+    let freed = Instant::now();
+    node.wait(LIMIT, |r| published(r, &["a", "b"]))
+        .unwrap_or_else(|s| panic!("never converged: {s}\n{}", node.agent_log()));
+    eprintln!(
+        "space back: b published {:?} later ({:?} after the disk filled), without a restart",
+        freed.elapsed(),
+        full.elapsed()
+    );
+    let log = node.agent_log();
+    assert!(log.contains("the journal is written again") && log.contains("the status file is written again"));
+
+    // A kill -9 that follows: nothing doubled or forgotten.
+    node.kill_9();
+    node.start();
+    let report = node.wait(LIMIT, |r| published(r, &["a", "b"])).unwrap();
+    assert_eq!(node.pod_volume_dirs().len(), 2, "{:#?}", report.volumes);
+    assert_eq!(std::fs::metadata(&dirs_before[0]).unwrap().ino(), a_inode, "a was left alone");
+    assert!(!node.agent_log().contains("reconstructed a published volume"), "the journal knew both");
+}

@@ -78,6 +78,8 @@ pub(super) struct Loop<'a> {
     pub(super) pod_dirs_left: Vec<(PathBuf, String)>,
     pub(super) last_resync: Instant,
     pub(super) last_status: Option<(StatusReport, Instant)>,
+    /// Whether the last write of the status file failed (said once until one succeeds).
+    pub(super) status_unwritable: bool,
     /// What the last status report was made from, and when.
     pub(super) last_report: Option<(ReportInputs, Instant)>,
     /// The last resolutions and what they were made from.
@@ -155,6 +157,7 @@ impl<'a> Loop<'a> {
             pod_dirs_left: Vec::new(),
             last_resync: Instant::now(),
             last_status: None,
+            status_unwritable: false,
             last_report: None,
             cached_resolutions: None,
             status_deferred: None,
