@@ -524,7 +524,8 @@ fn spec_of(op: &Operation) -> &VolumeSpec {
     }
 }
 
-/// Applies a journalled change to the in-memory actual state (the store applied the same).
+/// Applies a journalled change to the in-memory actual state (the store applied the same): a
+/// published record replaces any other of its pod at its target.
 pub fn apply(actual: &mut ActualState, change: ActualChange) {
     match change {
         ActualChange::SetAttached(v) => {
@@ -540,6 +541,9 @@ pub fn apply(actual: &mut ActualState, change: ActualChange) {
             actual.staged.remove(&name);
         }
         ActualChange::SetPublished(v) => {
+            // One target, one volume: another record of the pod at the same target (one
+            // reconstructed under its directory's name) is this one, and goes.
+            actual.published.retain(|k, p| k == &v.key || k.pod_uid != v.key.pod_uid || p.target != v.target);
             actual.published.insert(v.key.clone(), v);
         }
         ActualChange::RemovePublished(key) => {

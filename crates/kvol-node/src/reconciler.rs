@@ -41,7 +41,11 @@ pub type Resolutions = BTreeMap<PodVolumeKey, Result<Resolution, String>>;
 ///   else there (another plugin or volume). A wanted volume whose resolution failed is left
 ///   alone: its driver may come back, and tearing down would disturb a running pod. An
 ///   uncertain record (outcome unknown, or reconstructed from the node) of a wanted volume is
-///   kept when its plugin and target match, and published again, which makes it certain.
+///   kept when its plugin and target match, and published again, which makes it certain. A
+///   reconstructed record keyed by its directory's name (a PV's name) is the record of the
+///   pod's volume that resolves to the same plugin and target (or, unresolved, may be it): kept,
+///   and published again under the pod's name for it, which replaces it (see
+///   the executor's `apply`).
 /// - A staged volume is unstaged once nothing published uses it and no wanted volume stages it.
 /// - An attached volume is detached once it is neither staged nor published nor wanted.
 /// - Neither is torn down while a wanted volume that failed to resolve may be it (same kind,
@@ -76,9 +80,24 @@ pub fn plan(
     let unresolved = |key: &PodVolumeKey| {
         desired.volumes.contains_key(key) && !matches!(resolutions.get(key), Some(Ok(_)))
     };
+    // A record reconstructed from the node is keyed by its directory's name (a claim's volume
+    // by its PV's name), not by the name its pod gives the volume: it is that pod's volume which
+    // resolves to the record's plugin and target — or, not resolved yet, may be it.
+    let adopted = |key: &PodVolumeKey, published: &PublishedVolume| {
+        published.uncertain
+            && desired.volumes.iter().any(|(k, v)| {
+                k.pod_uid == key.pod_uid
+                    && k != key
+                    && !actual.published.contains_key(k)
+                    && match wanted(k) {
+                        Some(r) => r.plugin == published.plugin && r.target == published.target,
+                        None => unresolved(k) && v.spec.as_ref().is_some_and(|s| may_be(&published.spec, s)),
+                    }
+            })
+    };
     let kept = |key: &PodVolumeKey, published: &PublishedVolume| match wanted(key) {
         Some(r) => is_same_volume(r, published),
-        None => unresolved(key),
+        None => unresolved(key) || adopted(key, published),
     };
 
     let mut teardown = Vec::new();
@@ -821,6 +840,61 @@ mod tests {
             [Operation::Unpublish { volume }] => assert_eq!(volume.target, old.target),
             other => panic!("expected one unpublish, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_record_reconstructed_under_its_directorys_name_is_the_pods_volume_at_that_target() {
+        // The pod calls its claim's volume `data`; the node's directory (and so the
+        // reconstructed record) is named after the PV, `pv-1`, at the target `data` resolves to.
+        let r = res("v1", false, false, "p1", "data");
+        let mut desired = DesiredState::default();
+        want(&mut desired, "p1", "data", r.spec.clone());
+        let at_target = uncertain(published(&r, "p1", "pv-1"), |p| p.uncertain = true);
+        let elsewhere = uncertain(published(&r, "p1", "pv-1"), |p| p.target = "/pods/p1/other".into());
+        let other_pod = uncertain(published(&r, "p2", "pv-1"), |p| p.target = r.target.clone());
+        let resolved: Resolutions = [(key("p1", "data"), Ok(r.clone()))].into();
+        let unresolved: Resolutions = [(key("p1", "data"), Err("driver not registered".into()))].into();
+        // (what, the record, the resolutions, the plan)
+        let rows: [(&str, PublishedVolume, &Resolutions, &[&str]); 5] = [
+            (
+                "uncertain at the target: published again there",
+                at_target.clone(),
+                &resolved,
+                &["volume_mount pod:p1/data"],
+            ),
+            ("the driver not back yet: kept, nothing done", at_target.clone(), &unresolved, &[]),
+            (
+                "certain (a journal's, not reconstructed): another volume",
+                PublishedVolume { uncertain: false, ..at_target.clone() },
+                &resolved,
+                &["volume_unmount pod:p1/pv-1", "volume_mount pod:p1/data"],
+            ),
+            (
+                "another target: another volume",
+                uncertain(elsewhere, |p| p.uncertain = true),
+                &resolved,
+                &["volume_unmount pod:p1/pv-1", "volume_mount pod:p1/data"],
+            ),
+            (
+                "another pod's: not this pod's volume",
+                uncertain(other_pod, |p| p.uncertain = true),
+                &resolved,
+                &["volume_unmount pod:p2/pv-1", "volume_mount pod:p1/data"],
+            ),
+        ];
+        for (what, record, resolutions, want) in rows {
+            let mut actual = ActualState::default();
+            actual.published.insert(record.key.clone(), record);
+            assert_eq!(names(&plan(&desired, resolutions, &actual, &[])), want, "{what}");
+        }
+        // The publish replaces the reconstructed record: one record at the target.
+        let mut actual = ActualState::default();
+        actual.published.insert(key("p1", "pv-1"), at_target.clone());
+        crate::executor::apply(
+            &mut actual,
+            crate::actual::store::ActualChange::SetPublished(published(&r, "p1", "data")),
+        );
+        assert_eq!(actual.published.keys().collect::<Vec<_>>(), [&key("p1", "data")]);
     }
 
     #[test]

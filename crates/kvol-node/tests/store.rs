@@ -834,3 +834,63 @@ fn a_store_half_created_by_a_killed_agent_does_not_stop_the_next_start() {
     drop(store);
     Store::open(&path).unwrap();
 }
+
+#[test]
+fn a_published_record_replaces_another_of_its_pod_at_its_target() {
+    let dir = kvol_test_support::ScratchRoot::new();
+    let store = Store::open(&dir.path().join("agent.redb")).unwrap();
+    // Reconstructed under the directory's name (the PV's), and the pod's other volume.
+    let reconstructed = PublishedVolume { uncertain: true, ..published("p1", "pv-1") };
+    let neighbour = published("p1", "cache");
+    let other_pod = PublishedVolume { target: reconstructed.target.clone(), ..published("p2", "pv-1") };
+    let mut expected = ActualState::default();
+    for record in [&reconstructed, &neighbour, &other_pod] {
+        let id = store.begin(&attach("x")).unwrap();
+        store.finish(id, &ActualChange::SetPublished(record.clone())).unwrap();
+        kvol_node::executor::apply(&mut expected, ActualChange::SetPublished(record.clone()));
+    }
+    // Published again under the pod's name for it, at the same target.
+    let named = PublishedVolume {
+        key: PodVolumeKey { pod_uid: "p1".into(), volume: "data".into() },
+        ..published("p1", "pv-1")
+    };
+    let id = store.begin(&attach("x")).unwrap();
+    store.finish(id, &ActualChange::SetPublished(named.clone())).unwrap();
+    kvol_node::executor::apply(&mut expected, ActualChange::SetPublished(named));
+    let keys: Vec<String> = store.actual().unwrap().published.keys().map(|k| k.to_string()).collect();
+    assert_eq!(keys, ["p1/cache", "p1/data", "p2/pv-1"], "the reconstructed record went, nothing else");
+    assert_eq!(store.actual().unwrap(), expected, "the store and the executor agree");
+}
+
+#[tokio::test]
+async fn a_damaged_journal_is_kept_aside_a_new_one_begun_and_only_the_newest_few_kept() {
+    use kvol_node::actual::damage::{KEPT_DAMAGED, open_journal};
+    let dir = kvol_test_support::ScratchRoot::new();
+    let path = dir.path().join("state.redb");
+    for round in 0..KEPT_DAMAGED + 2 {
+        {
+            let store = Store::open(&path).unwrap();
+            let id = store.begin(&attach("v1")).unwrap();
+            store.finish(id, &ActualChange::SetAttached(attached("v1", None))).unwrap();
+        }
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[..4096].fill(0);
+        fs::write(&path, &bytes).unwrap();
+        let opened = open_journal(&path, Duration::from_millis(100)).await.unwrap();
+        assert_eq!(opened.loaded, Loaded::default(), "round {round}: a new journal");
+        let aside = opened.set_aside.expect("kept aside");
+        assert_eq!(fs::read(&aside.kept).unwrap(), bytes, "round {round}: kept as it was");
+        assert!(aside.problem().contains(&aside.kept.display().to_string()));
+    }
+    let kept = fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("state.redb.damaged-"))
+        .count();
+    assert_eq!(kept, KEPT_DAMAGED);
+    // A journal in use is not damage: refused once the wait is over, never moved.
+    let _held = Store::open(&path).unwrap();
+    let err = open_journal(&path, Duration::from_millis(100)).await.unwrap_err();
+    assert!(err.contains("in use") && err.contains(&path.display().to_string()), "{err}");
+    assert!(path.is_file());
+}

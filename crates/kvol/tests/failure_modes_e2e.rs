@@ -365,3 +365,277 @@ fn staging_records(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         .filter(|record| record.is_file())
         .collect()
 }
+
+/// The pod that stays across the damage (an emptyDir and a claim of the bundled driver), and
+/// the one removed while the agent is down (an emptyDir and an inline CSI volume).
+const KEPT_AND_GONE_PODS: [(&str, &str); 2] = [
+    (
+        "kept.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: kept, namespace: default}\nspec:\n  containers: [{name: c, image: busybox, volumeMounts: [{name: data, mountPath: /d}, {name: cache, mountPath: /c}]}]\n  volumes:\n  - {name: data, persistentVolumeClaim: {claimName: data}}\n  - {name: cache, emptyDir: {}}\n",
+    ),
+    (
+        "gone.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: gone, namespace: default}\nspec:\n  containers: [{name: c, image: busybox, volumeMounts: [{name: scratch, mountPath: /s}, {name: cache, mountPath: /c}]}]\n  volumes:\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n  - {name: cache, emptyDir: {}}\n",
+    ),
+];
+
+const NEW_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: new, namespace: default}\nspec:\n  containers: [{name: c, image: busybox, volumeMounts: [{name: scratch, mountPath: /s}, {name: cache, mountPath: /c}]}]\n  volumes:\n  - {name: scratch, csi: {driver: hostpath.csi.kvol.io}}\n  - {name: cache, emptyDir: {}}\n";
+
+/// The mount id (`/proc/thread-self/mountinfo`'s first field: the test thread has its own namespace) of the mount at `target`, if any.
+fn mount_id(target: &Path) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/thread-self/mountinfo").unwrap();
+    let target = target.display().to_string();
+    table.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        (fields.get(4) == Some(&target.as_str())).then(|| fields[0].parse().unwrap())
+    })
+}
+
+/// Where a container sees a volume published at `target`: its `mount` for CSI, else itself.
+fn seen_at(target: &Path) -> PathBuf {
+    let csi = target.join("mount");
+    if csi.is_dir() { csi } else { target.to_path_buf() }
+}
+
+/// What shows a volume was left alone: its mount id (none for an emptyDir on disk), the
+/// device and inode of what a container sees, and the file a container wrote into it.
+fn identity(target: &Path) -> (Option<u64>, u64, u64, String) {
+    let seen = seen_at(target);
+    let meta = std::fs::metadata(&seen).unwrap();
+    let written = std::fs::read_to_string(seen.join("written-before")).unwrap_or_default();
+    (mount_id(&seen), meta.dev(), meta.ino(), written)
+}
+
+type JournalDamage = fn(&Path);
+
+/// Garbage (a fixed pseudo-random sequence) over `range` of the file's bytes.
+fn garbage(f: &Path, range: impl Fn(usize) -> std::ops::Range<usize>) {
+    let mut bytes = std::fs::read(f).unwrap();
+    let range = range(bytes.len());
+    for (i, b) in bytes[range].iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2];
+    }
+    std::fs::write(f, bytes).unwrap();
+}
+
+/// Whether a damage leaves a file kept aside: always; never (nothing left to keep); or only
+/// when it hit the pages in use (garbage over free pages is no damage: every page in use
+/// passes its checksum, and the journal is read as it was).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum KeptAside {
+    Always,
+    Never,
+    WhenFound,
+}
+
+/// The ways a node meets a damaged journal file, after the journal lost outright (the path
+/// a damaged one takes, with nothing to keep aside).
+const JOURNAL_DAMAGES: [(&str, JournalDamage, KeptAside); 7] = [
+    ("lost", |f| std::fs::remove_file(f).unwrap(), KeptAside::Never),
+    (
+        "truncated to half",
+        |f| {
+            let len = std::fs::metadata(f).unwrap().len();
+            std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(len / 2).unwrap();
+        },
+        KeptAside::Always,
+    ),
+    (
+        "header zeroed",
+        |f| {
+            let mut bytes = std::fs::read(f).unwrap();
+            bytes[..4096].fill(0);
+            std::fs::write(f, bytes).unwrap();
+        },
+        KeptAside::Always,
+    ),
+    ("garbage over the middle", |f| garbage(f, |n| n / 4..n * 3 / 4), KeptAside::WhenFound),
+    ("garbage over every page but the header", |f| garbage(f, |n| 4096..n), KeptAside::Always),
+    ("zero length", |f| std::fs::write(f, "").unwrap(), KeptAside::Always),
+    (
+        "replaced by a directory",
+        |f| {
+            std::fs::remove_file(f).unwrap();
+            std::fs::create_dir(f).unwrap();
+            std::fs::write(f.join("stray"), "x").unwrap();
+        },
+        KeptAside::Always,
+    ),
+];
+
+#[test]
+fn a_damaged_journal_is_kept_aside_and_the_state_rebuilt_from_the_node() {
+    support::enter_private_mount_namespace();
+    for (what, damage, kept_aside) in JOURNAL_DAMAGES {
+        let mut node = Node::new();
+        node.write("00-storage.yaml", STORAGE);
+        for (file, pod) in KEPT_AND_GONE_PODS {
+            node.write(file, pod);
+        }
+        node.start();
+        let all_published = |r: &StatusReport, n: usize| {
+            r.volumes.len() == n && r.volumes.iter().all(|v| v.phase == Phase::Published)
+        };
+        let report = node.wait(LIMIT, |r| all_published(r, 4)).unwrap_or_else(|s| panic!("{what}: {s}"));
+        let targets = |report: &StatusReport, pod: &str| -> Vec<PathBuf> {
+            report.volumes.iter().filter(|v| v.pod == pod).map(|v| v.target.clone().unwrap()).collect()
+        };
+        let (kept, gone) = (targets(&report, "default/kept"), targets(&report, "default/gone"));
+        for target in kept.iter().chain(&gone) {
+            std::fs::write(seen_at(target).join("written-before"), target.display().to_string()).unwrap();
+        }
+        let before: Vec<_> = kept.iter().map(|t| identity(t)).collect();
+        assert!(before.iter().any(|(mount, ..)| mount.is_some()), "{what}: the claim is a mount");
+
+        node.kill_9();
+        node.remove("gone.yaml");
+        let journal = node.root.join("state.redb");
+        damage(&journal);
+        let started = Instant::now();
+        node.start();
+        let said = |r: &StatusReport| r.problems.iter().any(|p| p.contains("state.redb.damaged-"));
+        let report = node
+            .wait(LIMIT, |r| all_published(r, 2) && (kept_aside != KeptAside::Always || said(r)))
+            .unwrap_or_else(|s| panic!("{what}: never started with the volumes: {s}\n{}", node.agent_log()));
+        let took = started.elapsed();
+        assert!(node.exited().is_none(), "{what}: the agent exited");
+        let aside: Vec<PathBuf> = std::fs::read_dir(&node.root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.display().to_string().contains("state.redb.damaged-"))
+            .collect();
+        let found = match kept_aside {
+            KeptAside::Always => true,
+            KeptAside::Never => false,
+            KeptAside::WhenFound => !aside.is_empty(),
+        };
+        assert_eq!(aside.len(), usize::from(found), "{what}: {aside:?}");
+        assert_eq!(said(&report), found, "{what}: {:#?}", report.problems);
+        if let Some(aside) = aside.first() {
+            let problem = report.problems.iter().find(|p| p.contains("state.redb.damaged-")).unwrap();
+            assert!(problem.contains(&aside.display().to_string()), "{what}: {problem}");
+            let aside_len = std::fs::symlink_metadata(aside).unwrap().len();
+            eprintln!(
+                "{what}: started with its volumes in {took:?}; kept {} ({aside_len} bytes); {problem}",
+                aside.display()
+            );
+        } else {
+            let read =
+                if kept_aside == KeptAside::Never { "" } else { " (only free pages hit: read as it was)" };
+            eprintln!("{what}: started with its volumes in {took:?}{read}");
+        }
+
+        // The wanted volumes were left alone: the same mounts, the same directories, the data.
+        let now: Vec<_> = kept.iter().map(|t| identity(t)).collect();
+        assert_eq!(now, before, "{what}: a wanted volume was touched");
+        // The pod removed meanwhile lost its volumes.
+        node.wait(LIMIT, |r| r.volumes.iter().all(|v| v.pod == "default/kept"))
+            .unwrap_or_else(|s| panic!("{what}: the gone pod's volumes stay: {s}"));
+        for target in &gone {
+            assert!(mount_id(&target.join("mount")).is_none(), "{what}: {} mounted", target.display());
+            let start = Instant::now();
+            while target.exists() && start.elapsed() < LIMIT {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(!target.exists(), "{what}: {} left", target.display());
+        }
+        // It keeps working: a new pod gets its volumes.
+        node.write("new.yaml", NEW_POD);
+        node.wait(LIMIT, |r| all_published(r, 4)).unwrap_or_else(|s| panic!("{what}: the new pod: {s}"));
+        let log = node.agent_log();
+        assert_eq!(
+            log.matches("the journal was damaged").count(),
+            usize::from(found),
+            "{what}: said once\n{log}"
+        );
+        assert!(journal.is_file(), "{what}: a new journal");
+    }
+}
+
+/// A pod `name` with one emptyDir, `cache`.
+fn empty_dir_pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: cache, mountPath: /c}}]}}]\n  volumes: [{{name: cache, emptyDir: {{}}}}]\n"
+    )
+}
+
+/// Fills the filesystem of `dir` with `dir/filler` until it is full.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("filler")).unwrap();
+    let chunk = vec![0x5au8; 64 * 1024];
+    loop {
+        if let Err(e) = file.write_all(&chunk).and_then(|()| file.sync_all()) {
+            assert_eq!(e.raw_os_error(), Some(nix::libc::ENOSPC), "{e}");
+            break;
+        }
+    }
+    // What a partial chunk left: the last bytes too.
+    while file.write_all(&[0]).and_then(|()| file.sync_all()).is_ok() {}
+}
+
+#[test]
+fn a_full_state_directory_runs_nothing_unjournalled_and_converges_when_space_returns() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    // kvol's own files on a small filesystem of their own, under the scratch root.
+    let state = node.root.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    nix::mount::mount(Some("tmpfs"), &state, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=4m"))
+        .unwrap();
+    node.state_dir = state.clone();
+    node.agent_args.push("--no-components".into());
+    node.write("a.yaml", &empty_dir_pod("a"));
+    node.start();
+    let published = |r: &StatusReport, pods: &[&str]| {
+        r.volumes.len() == pods.len()
+            && pods.iter().all(|p| {
+                volume(r, &format!("default/{p}"), "cache").is_some_and(|v| v.phase == Phase::Published)
+            })
+    };
+    node.wait(LIMIT, |r| published(r, &["a"])).unwrap();
+    let dirs_before = node.pod_volume_dirs();
+    let a_inode = std::fs::metadata(&dirs_before[0]).unwrap().ino();
+    std::fs::write(dirs_before[0].join("written-before"), "a's").unwrap();
+
+    fill(&state);
+    let full = Instant::now();
+    node.write("b.yaml", &empty_dir_pod("b"));
+    std::thread::sleep(Duration::from_secs(4));
+    // Nothing ran that the journal could not record: b has no volume directory; a is as it was.
+    assert_eq!(node.pod_volume_dirs(), dirs_before, "an operation ran unjournalled");
+    assert_eq!(std::fs::metadata(&dirs_before[0]).unwrap().ino(), a_inode);
+    assert_eq!(std::fs::read_to_string(dirs_before[0].join("written-before")).unwrap(), "a's");
+    let log = node.agent_log();
+    let said = |words: &str| log.lines().filter(|l| l.contains(words)).count();
+    let failed_ops = said("cannot journal volume_mount");
+    eprintln!("full for 4 s: {failed_ops} tries of b's publish refused, none run");
+    assert!(failed_ops >= 2, "retried with backoff:\n{log}");
+    assert_eq!(said("the journal cannot be written"), 1, "said once:\n{log}");
+    assert_eq!(said("cannot write the status file"), 1, "said once:\n{log}");
+    // kvol status still answers (from the last status written: the file is on the full disk).
+    let shown = node.status().expect("kvol status answers");
+    let a = volume(&shown, "default/a", "cache").expect("a is shown");
+    assert_eq!(a.phase, Phase::Published, "{shown:#?}");
+
+    std::fs::remove_file(state.join("filler")).unwrap();
+    let freed = Instant::now();
+    node.wait(LIMIT, |r| published(r, &["a", "b"]))
+        .unwrap_or_else(|s| panic!("never converged: {s}\n{}", node.agent_log()));
+    eprintln!(
+        "space back: b published {:?} later ({:?} after the disk filled), without a restart",
+        freed.elapsed(),
+        full.elapsed()
+    );
+    let log = node.agent_log();
+    assert!(log.contains("the journal is written again") && log.contains("the status file is written again"));
+
+    // A kill -9 that follows: nothing doubled or forgotten.
+    node.kill_9();
+    node.start();
+    let report = node.wait(LIMIT, |r| published(r, &["a", "b"])).unwrap();
+    assert_eq!(node.pod_volume_dirs().len(), 2, "{:#?}", report.volumes);
+    assert_eq!(std::fs::metadata(&dirs_before[0]).unwrap().ino(), a_inode, "a was left alone");
+    assert!(!node.agent_log().contains("reconstructed a published volume"), "the journal knew both");
+}

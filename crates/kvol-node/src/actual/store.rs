@@ -23,7 +23,8 @@
 //!
 //! The executor calls [`Store::begin`] before an operation touches the node and
 //! [`Store::finish`] after it, with the change to the actual state the operation made (or
-//! [`ActualChange::Nothing`] when it failed). `finish` removes the journal entry and applies the
+//! [`ActualChange::Nothing`] when it failed; a published record replaces any other of its pod
+//! at its target). `finish` removes the journal entry and applies the
 //! change in one write transaction, so after a crash at any point the store holds either the
 //! entry (the operation may or may not have happened: [`crate::actual::rebuild`] looks at the node to
 //! decide) or the change, never both and never neither. Every commit uses redb's default
@@ -121,6 +122,8 @@ pub enum StoreError {
     UnknownEntry { path: PathBuf, id: u64 },
     #[error("the journal's writing thread has stopped")]
     Closed,
+    #[error("store {} is being opened again after an i/o error", path.display())]
+    Reopening { path: PathBuf },
 }
 
 /// One write to the journal: an operation begun, or one finished with its change.
@@ -245,7 +248,16 @@ struct StoredEntryRef<'a> {
 #[derive(Debug)]
 pub struct Store {
     path: PathBuf,
-    db: Database,
+    /// The database; `None` while it is being opened again after an I/O error (redb refuses
+    /// every transaction after a failed write until it is closed and opened again).
+    db: std::sync::RwLock<Option<Arc<Database>>>,
+    /// Set by an I/O error: the next transaction opens the database again first, so a disk
+    /// that was full or read-only for a while is written again once it is not, without a
+    /// restart.
+    reopen: std::sync::atomic::AtomicBool,
+    /// Whether writes fail for an I/O error now: said once when they begin to, once when a
+    /// group of the executor's writes is durable again.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -262,8 +274,7 @@ impl Store {
         if !path.exists() {
             create_atomically(path)?;
         }
-        let db = open_checked(path)?;
-        let store = Store { path: path.to_path_buf(), db };
+        let store = Store::over(path, open_checked(path)?);
         store.initialise()?;
         Ok(store)
     }
@@ -275,7 +286,7 @@ impl Store {
 
     /// The actual state and the unfinished journal entries (in id order), from one snapshot.
     pub fn load(&self) -> Result<Loaded, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_error(e))?;
         let actual = self.read_actual(&txn)?;
         let journal = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
         let mut incomplete = Vec::new();
@@ -295,7 +306,7 @@ impl Store {
 
     /// Journals `operation` as begun and returns its id; the entry is on disk when this returns.
     pub fn begin(&self, operation: &Operation) -> Result<u64, StoreError> {
-        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
         let id = self.begin_in(&txn, operation)?;
         txn.commit().map_err(|e| self.db_error(e))?;
         Ok(id)
@@ -304,7 +315,7 @@ impl Store {
     /// Removes journal entry `id` and applies `change`, in one durable write transaction. An
     /// unknown `id` is an error and changes nothing.
     pub fn finish(&self, id: u64, change: &ActualChange) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
         // On an error the transaction is dropped uncommitted, which aborts it.
         self.finish_in(&txn, id, change)?;
         txn.commit().map_err(|e| self.db_error(e))
@@ -315,11 +326,14 @@ impl Store {
     /// transaction of its own, so one bad write costs the others nothing.
     pub fn write_group(&self, writes: &[JournalWrite]) -> Vec<Result<JournalDone, StoreError>> {
         let together = (|| {
-            let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+            let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
             let done = writes.iter().map(|w| self.write_in(&txn, w)).collect::<Result<Vec<_>, _>>()?;
             txn.commit().map_err(|e| self.db_error(e))?;
             Ok::<_, StoreError>(done)
         })();
+        if together.is_ok() && self.failing.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            tracing::info!(store = %self.path.display(), "the journal is written again");
+        }
         match together {
             Ok(done) => done.into_iter().map(Ok).collect(),
             Err(_) if writes.len() > 1 => writes.iter().map(|w| self.write_alone(w)).collect(),
@@ -373,7 +387,7 @@ impl Store {
     /// Replaces the whole actual state with `actual` and empties the journal, in one durable
     /// write transaction (after a rebuild has settled every unfinished entry).
     pub fn replace_actual(&self, actual: &ActualState) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
         self.write_actual(&txn, actual)?;
         txn.commit().map_err(|e| self.db_error(e))
     }
@@ -404,14 +418,14 @@ impl Store {
 
     /// The actual state as recorded.
     pub fn actual(&self) -> Result<ActualState, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_error(e))?;
         self.read_actual(&txn)
     }
 
     /// Creates the tables of a new store, or checks that an existing database is a kvol store
     /// of this schema.
     fn initialise(&self) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
         let tables: Vec<String> =
             txn.list_tables().map_err(|e| self.db_error(e))?.map(|t| t.name().to_string()).collect();
         let multimaps: Vec<String> =
@@ -459,7 +473,7 @@ impl Store {
     fn upgrade_from_v1(&self) -> Result<(), StoreError> {
         let old = self.load()?;
         let (actual, journal) = convert_v1_names(&old.actual, &old.incomplete);
-        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
         self.write_actual(&txn, &actual)?;
         {
             let mut table = txn.open_table(JOURNAL).map_err(|e| self.db_error(e))?;
@@ -481,7 +495,7 @@ impl Store {
 
     /// The text of every manifest file as it last read cleanly, by file name.
     pub fn manifests(&self) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_error(e))?;
         let table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
         let mut all = std::collections::BTreeMap::new();
         for row in table.iter().map_err(|e| self.db_error(e))? {
@@ -501,7 +515,7 @@ impl Store {
     /// when nothing changed).
     pub fn remember_manifests(&self, files: &[(&str, Option<&str>)]) -> Result<(), StoreError> {
         let changed: Vec<&(&str, Option<&str>)> = {
-            let txn = self.db.begin_read().map_err(|e| self.db_error(e))?;
+            let txn = self.db()?.begin_read().map_err(|e| self.db_error(e))?;
             let table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
             let mut changed = Vec::new();
             for file in files {
@@ -515,7 +529,7 @@ impl Store {
         if changed.is_empty() {
             return Ok(());
         }
-        let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_error(e))?;
         {
             let mut table = txn.open_table(MANIFESTS).map_err(|e| self.db_error(e))?;
             for (name, text) in changed {
@@ -553,6 +567,11 @@ impl Store {
             ActualChange::SetPublished(volume) => {
                 let text = self.encode(volume, || format!("published volume {}", volume.key))?;
                 let mut table = txn.open_table(PUBLISHED).map_err(|e| self.db_error(e))?;
+                for other in self.same_target(&table, volume)? {
+                    table
+                        .remove((volume.key.pod_uid.as_str(), other.as_str()))
+                        .map_err(|e| self.db_error(e))?;
+                }
                 let key = (volume.key.pod_uid.as_str(), volume.key.volume.as_str());
                 table.insert(key, text.as_str()).map_err(|e| self.db_error(e))?;
             }
@@ -563,6 +582,32 @@ impl Store {
             ActualChange::Nothing => {}
         }
         Ok(())
+    }
+
+    /// The other records of `volume`'s pod at its target (one reconstructed under its
+    /// directory's name): a published record replaces them, as [`crate::executor::apply`] does.
+    fn same_target(
+        &self,
+        table: &redb::Table<(&str, &str), &str>,
+        volume: &PublishedVolume,
+    ) -> Result<Vec<String>, StoreError> {
+        let pod = volume.key.pod_uid.as_str();
+        let mut others = Vec::new();
+        for row in table.range((pod, "")..).map_err(|e| self.db_error(e))? {
+            let (key, text) = row.map_err(|e| self.db_error(e))?;
+            let (uid, name) = key.value();
+            if uid != pod {
+                break;
+            }
+            if name == volume.key.volume {
+                continue;
+            }
+            let other: PublishedVolume = self.decode("published", &format!("{uid}/{name}"), text.value())?;
+            if other.target == volume.target {
+                others.push(name.to_string());
+            }
+        }
+        Ok(others)
     }
 
     /// The three record tables, from the snapshot `txn` reads. A record whose key does not
@@ -629,7 +674,45 @@ impl Store {
     }
 
     fn db_error(&self, e: impl Into<redb::Error>) -> StoreError {
-        StoreError::Database { path: self.path.clone(), source: e.into() }
+        let source = e.into();
+        if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
+            self.reopen.store(true, std::sync::atomic::Ordering::SeqCst);
+            if !self.failing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                tracing::warn!(store = %self.path.display(), error = %source, "the journal cannot be written: no operation starts until it can (retried with backoff)");
+            }
+        }
+        StoreError::Database { path: self.path.clone(), source }
+    }
+
+    fn over(path: &Path, db: Database) -> Store {
+        Store {
+            path: path.to_path_buf(),
+            db: std::sync::RwLock::new(Some(Arc::new(db))),
+            reopen: std::sync::atomic::AtomicBool::new(false),
+            failing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The database, opened again first when an I/O error asked for it. Should another
+    /// transaction still hold the old one, or the file not open yet, the error is returned and
+    /// the next call tries again.
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.reopen.load(Ordering::SeqCst) {
+            let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
+            if self.reopen.load(Ordering::SeqCst) {
+                let old = db.take();
+                let still_held = old.is_some_and(|old| Arc::into_inner(old).is_none());
+                if still_held {
+                    return Err(StoreError::Reopening { path: self.path.clone() });
+                }
+                *db = Some(Arc::new(open_checked(&self.path)?));
+                self.reopen.store(false, Ordering::SeqCst);
+                tracing::debug!(store = %self.path.display(), "the journal store was opened again after an i/o error");
+            }
+        }
+        let db = self.db.read().unwrap_or_else(|p| p.into_inner());
+        db.clone().ok_or_else(|| StoreError::Reopening { path: self.path.clone() })
     }
 }
 
@@ -649,8 +732,7 @@ fn create_atomically(path: &Path) -> Result<(), StoreError> {
         _ => {}
     }
     {
-        let db = open_checked(&fresh)?;
-        Store { path: fresh.clone(), db }.initialise()?;
+        Store::over(&fresh, open_checked(&fresh)?).initialise()?;
     }
     std::fs::rename(&fresh, path).map_err(io_error)?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {

@@ -74,10 +74,14 @@ pub(super) struct Loop<'a> {
     pub(super) metrics_address: Option<String>,
     /// Pod volume directories no plugin could be named for, with why, while they last.
     pub(super) orphans_left: Vec<(PathBuf, String)>,
+    /// The damaged journal kept aside at start, as `kvol status` says it (for the agent's life).
+    pub(super) journal_damage: Option<String>,
     /// Directories of pods no longer wanted that could not be removed, with why.
     pub(super) pod_dirs_left: Vec<(PathBuf, String)>,
     pub(super) last_resync: Instant,
     pub(super) last_status: Option<(StatusReport, Instant)>,
+    /// Whether the last write of the status file failed (said once until one succeeds).
+    pub(super) status_unwritable: bool,
     /// What the last status report was made from, and when.
     pub(super) last_report: Option<(ReportInputs, Instant)>,
     /// The last resolutions and what they were made from.
@@ -152,9 +156,11 @@ impl<'a> Loop<'a> {
             started_at: Instant::now(),
             metrics_address: outlets.metrics_address,
             orphans_left,
+            journal_damage: node.journal_damage.clone(),
             pod_dirs_left: Vec::new(),
             last_resync: Instant::now(),
             last_status: None,
+            status_unwritable: false,
             last_report: None,
             cached_resolutions: None,
             status_deferred: None,

@@ -35,10 +35,11 @@ impl Loop<'_> {
             .collect()
     }
 
-    /// The problems status shows: the source's, orphans left, failed provisionings, the
+    /// The problems status shows: the source's, a damaged journal kept aside, orphans left, failed provisionings, the
     /// components', the snapshots'.
     pub(super) fn problems(&mut self, objects: &ObjectSet) -> Vec<String> {
         let mut problems: Vec<String> = objects.problems.iter().map(ToString::to_string).collect();
+        problems.extend(self.journal_damage.iter().cloned());
         if !self.orphans_left.is_empty() {
             // Now a published volume's directory: no longer a problem.
             let exec = self.executor.snapshot();
@@ -125,9 +126,17 @@ impl Loop<'_> {
             StatusWrite::Now => match write_status(&self.config.state_dir, &report) {
                 Ok(()) => {
                     self.last_status = Some((comparable, Instant::now()));
+                    if std::mem::take(&mut self.status_unwritable) {
+                        tracing::info!("the status file is written again");
+                    }
                     return true;
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
+                // Said once, not every pass, until it is written again.
+                Err(e) if !self.status_unwritable => {
+                    self.status_unwritable = true;
+                    tracing::warn!(error = %e, "cannot write the status file: kvol status shows the last one written");
+                }
+                Err(_) => {}
             },
             StatusWrite::After(wait) => self.status_deferred = Some(Instant::now() + wait),
             StatusWrite::NotYet => {}

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kvol_csi::registration::{RegistrationWatcher, WatcherConfig};
@@ -11,6 +11,7 @@ use kvol_csi::{CsiRegistrationHandler, MemoryObjects, Timeouts};
 use kvol_flex::prober::{FlexProber, ProberConfig};
 use kvol_plugin::{Mounter, NodeInfo, NodePaths, PluginHost, PluginRegistry, SecretStore, SystemMounter};
 
+use crate::actual::damage::{Opened, open_journal, record_rebuilt};
 use crate::actual::repair::reconstruct_at_start;
 use crate::actual::store::Store;
 use crate::config::AgentConfig;
@@ -44,19 +45,6 @@ impl SecretStore for ObjectSecrets {
 /// can hold for a moment after that agent was killed (a child between fork and exec).
 const STORE_LOCK_WAIT: Duration = Duration::from_secs(5);
 
-/// Opens the journal store, waiting a little for a lock a dying predecessor's child still holds.
-async fn open_store(path: &std::path::Path) -> Result<Store, String> {
-    let deadline = Instant::now() + STORE_LOCK_WAIT;
-    loop {
-        match Store::open(path) {
-            Err(crate::actual::store::StoreError::InUse { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return other.map_err(|e| e.to_string()),
-        }
-    }
-}
-
 /// How long start-up waits for the Flexvolume drivers on disk to load before the first plan.
 /// A driver still undecided then (its `init` still running: hung, or slow) holds up only the
 /// volumes that may be its own, never the others.
@@ -89,10 +77,12 @@ pub(super) struct NodeParts {
     pub actual: ActualState,
     /// Pod volume directories no plugin could be named for, with why.
     pub orphans_left: Vec<(PathBuf, String)>,
+    /// The damaged journal kept aside at start, if any, as `kvol status` says it.
+    pub journal_damage: Option<String>,
 }
 
 impl NodeParts {
-    /// Opens the journal, stops the driver calls a dead predecessor left running, rebuilds the
+    /// Opens the journal (a damaged one kept aside and a new one begun), stops the driver calls a dead predecessor left running, rebuilds the
     /// actual state from the journal and the node, loads the plugins, then reconstructs what
     /// the node has and no record accounts for.
     pub async fn open(config: &AgentConfig) -> Result<NodeParts, String> {
@@ -106,8 +96,8 @@ impl NodeParts {
             .with_secrets(secrets.clone())
             .with_allowed_host_paths(config.allowed_host_paths.clone())
             .with_tokens(config.tokens.clone());
-        let store = Arc::new(open_store(&config.state_dir.join("state.redb")).await?);
-        let loaded = store.load().map_err(|e| e.to_string())?;
+        let Opened { store, loaded, set_aside } =
+            open_journal(&config.state_dir.join("state.redb"), STORE_LOCK_WAIT).await?;
         stop_leftover_driver_calls(config);
         let seen =
             crate::actual::observe::observe(&host.paths, mounter.as_ref()).map_err(|e| e.to_string())?;
@@ -120,7 +110,8 @@ impl NodeParts {
         // accounts for becomes an uncertain record, torn down (or published again) through its
         // plugin; what no plugin can be named for is cleared when empty, else reported.
         let (actual, orphans_left) = reconstruct_at_start(&rebuilt, &seen, &registry);
-        store.replace_actual(&actual).map_err(|e| e.to_string())?;
+        let (store, set_aside) = record_rebuilt(store, set_aside, &actual)?;
+        let (store, journal_damage) = (Arc::new(store), set_aside.map(|a| a.problem()));
         tracing::info!(
             published = actual.published.len(),
             staged = actual.staged.len(),
@@ -129,7 +120,18 @@ impl NodeParts {
             reconstructed = actual.published.values().filter(|p| p.uncertain).count(),
             "actual state rebuilt"
         );
-        Ok(NodeParts { mounter, secrets, host, store, registry, metrics, prober, actual, orphans_left })
+        Ok(NodeParts {
+            mounter,
+            secrets,
+            host,
+            store,
+            registry,
+            metrics,
+            prober,
+            actual,
+            orphans_left,
+            journal_damage,
+        })
     }
 }
 

@@ -69,6 +69,9 @@ pub fn wait_for_path(path: &Path, what: &str, limit: Duration) {
 pub struct Node {
     pub root: PathBuf,
     pub manifests: PathBuf,
+    /// kvol's own files (`--state-dir`): the root unless a test puts them elsewhere, when the
+    /// agent runs with the kubelet layout's flags in place of `--root`.
+    pub state_dir: PathBuf,
     /// Extra arguments of every start.
     pub agent_args: Vec<String>,
     /// Extra environment of every start (the components it starts inherit it).
@@ -86,6 +89,7 @@ impl Node {
         let manifests = root.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
         Node {
+            state_dir: root.clone(),
             root,
             manifests,
             agent_args: Vec::new(),
@@ -109,8 +113,8 @@ impl Node {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.agent_log_path()).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_kvol"))
             .args(["agent", "--no-metrics", "--no-example-flex-drivers", "--resync-seconds", "1"])
-            .args(["--node-name", "node-a", "--root"])
-            .arg(&self.root)
+            .args(["--node-name", "node-a"])
+            .args(self.layout_args())
             .args(&self.agent_args)
             .env("KVOL_LOG", std::env::var("KVOL_CHURN_AGENT_LOG").unwrap_or_else(|_| "info".into()))
             .env_remove("KVOL_CONFIG")
@@ -124,6 +128,23 @@ impl Node {
             .expect("the kvol binary runs");
         self.child = Some(child);
         self.starts += 1;
+    }
+
+    /// `--root`, or the three directories and the manifests when the state is elsewhere.
+    fn layout_args(&self) -> Vec<std::ffi::OsString> {
+        if self.state_dir == self.root {
+            return vec!["--root".into(), self.root.clone().into()];
+        }
+        let flag = |name: &str, path: PathBuf| [std::ffi::OsString::from(name), path.into_os_string()];
+        [
+            flag("--state-dir", self.state_dir.clone()),
+            flag("--root-dir", self.root.join("kubelet")),
+            flag("--volume-plugin-dir", self.root.join("flexvolume")),
+            flag("--manifests", self.manifests.clone()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     pub fn kill_9(&mut self) {
@@ -169,7 +190,7 @@ impl Node {
 
     /// The current agent's status, once it has written one.
     pub fn status(&self) -> Option<StatusReport> {
-        let report = read_status(&self.root).ok()?;
+        let report = read_status(&self.state_dir).ok()?;
         let current = self.child.as_ref().is_some_and(|c| c.id() == report.pid);
         current.then_some(report)
     }
