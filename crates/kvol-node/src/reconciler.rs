@@ -84,10 +84,12 @@ pub fn plan(
     // by its PV's name), not by the name its pod gives the volume: it is that pod's volume which
     // resolves to the record's plugin and target — or, not resolved yet, may be it.
     let adopted = |key: &PodVolumeKey, published: &PublishedVolume| {
+        // The pod's own volumes only, by one range of the ordered map (a scan of every wanted
+        // volume per record would be quadratic after a lost journal at node scale).
+        let first = PodVolumeKey { pod_uid: key.pod_uid.clone(), volume: String::new() };
         published.uncertain
-            && desired.volumes.iter().any(|(k, v)| {
-                k.pod_uid == key.pod_uid
-                    && k != key
+            && desired.volumes.range(first..).take_while(|(k, _)| k.pod_uid == key.pod_uid).any(|(k, v)| {
+                k != key
                     && !actual.published.contains_key(k)
                     && match wanted(k) {
                         Some(r) => r.plugin == published.plugin && r.target == published.target,
