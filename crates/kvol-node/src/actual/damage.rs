@@ -54,13 +54,19 @@ fn io_damage(error: &std::io::Error) -> Option<String> {
 }
 
 /// The name a damaged `store_name` is kept under, beside the names `existing` in its
-/// directory: `<store>.damaged-<unix seconds>`, `.1`, `.2` … when that is taken. Pure.
+/// directory: `<store>.damaged-<unix seconds>`, then `.1`, `.2` … within the same second, each
+/// numbered past every one of that second still there — never a lower number pruning freed,
+/// which [`to_remove`] would take for the oldest and remove at once. Pure.
 pub fn aside_name(store_name: &str, existing: &[String], now_secs: u64) -> String {
     let base = format!("{store_name}.damaged-{now_secs}");
-    std::iter::once(base.clone())
-        .chain((1..).map(|n| format!("{base}.{n}")))
-        .find(|name| !existing.contains(name))
-        .expect("an unused name")
+    let numbers = existing.iter().filter_map(|name| match name.strip_prefix(&base)? {
+        "" => Some(0),
+        rest => rest.strip_prefix('.')?.parse::<u64>().ok(),
+    });
+    match numbers.max() {
+        None => base,
+        Some(last) => format!("{base}.{}", last + 1),
+    }
 }
 
 /// The damaged journals among `existing` to remove so that the newest `keep` stay (by the time
@@ -259,10 +265,12 @@ mod tests {
     fn damaged_journals_are_named_by_time_and_only_the_newest_kept() {
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         // (existing, now, the new name)
-        let naming: [(&[&str], u64, &str); 3] = [
+        let naming: [(&[&str], u64, &str); 4] = [
             (&["state.redb"], 100, "state.redb.damaged-100"),
             (&["state.redb", "state.redb.damaged-100"], 100, "state.redb.damaged-100.1"),
             (&["state.redb.damaged-100", "state.redb.damaged-100.1"], 100, "state.redb.damaged-100.2"),
+            // The oldest of the second pruned: the next is still numbered past the newest.
+            (&["state.redb.damaged-100.1", "state.redb.damaged-100.2"], 100, "state.redb.damaged-100.3"),
         ];
         for (existing, now, want) in naming {
             assert_eq!(aside_name("state.redb", &names(existing), now), want, "{existing:?}");
