@@ -99,6 +99,8 @@ pub(super) struct Loop<'a> {
     /// The node as the runtime API answers from it, and what it was last made from.
     pub(super) runtime_view: tokio::sync::watch::Sender<Arc<crate::runtime::view::RuntimeView>>,
     pub(super) last_view: Option<(u64, Arc<ObjectSet>, Overlays)>,
+    /// What the last plan was made from, and when.
+    pub(super) last_plan: Option<(PlanKey, Instant)>,
 }
 
 /// What the loop works with, set up by `run` before the first pass.
@@ -170,6 +172,7 @@ impl<'a> Loop<'a> {
             runner,
             runtime_view: outlets.runtime_view,
             last_view: None,
+            last_plan: None,
         }
     }
 }
@@ -191,7 +194,7 @@ impl Loop<'_> {
             self.last_resync = Instant::now();
             self.resync(&view.desired);
         }
-        self.submit(&view.desired, &resolutions);
+        self.submit(&view, &resolutions);
         self.offer_runtime_view(&view, &resolutions);
         let submitted = pass_started.elapsed();
         let problems = self.problems(&view.objects);
@@ -331,8 +334,14 @@ impl Loop<'_> {
         self.last_view = Some(inputs);
     }
 
-    /// The plan's operations and the republishes due, submitted to the executor.
-    fn submit(&mut self, desired: &DesiredState, resolutions: &Resolutions) {
+    /// The plan's operations and the republishes due, submitted to the executor. The plan is
+    /// made again only when one of its inputs changed or a backed-off operation came due since
+    /// the last one: with the same inputs it would give the same operations, each already
+    /// submitted (started, or refused while its volume is busy — whose end changes the
+    /// executor's version — or backed off). At node scale an idle pass skipped this O(volumes)
+    /// work four times a second.
+    fn submit(&mut self, view: &ObjectsView, resolutions: &Arc<Resolutions>) {
+        let (desired, resolutions_ref) = (&view.desired, resolutions.as_ref());
         if !self.undecided_flex.is_empty() {
             let decided: BTreeSet<String> = self.flex_prober.status().into_iter().map(|d| d.name).collect();
             self.undecided_flex.retain(|name| !decided.contains(name));
@@ -340,24 +349,37 @@ impl Loop<'_> {
         let exec = self.executor.snapshot();
         // In a cluster, an attachable volume is mounted only once the API lists it in use.
         let reported = self.config.node_storage.as_ref().and_then(|sink| sink.reported_in_use());
-        for op in plan(desired, resolutions, &exec.actual, &exec.busy()) {
-            if reported.as_ref().is_some_and(|reported| waits_for_in_use(&op, resolutions, reported)) {
-                continue;
+        let key = PlanKey {
+            executor: exec.version,
+            source: Arc::clone(&view.source),
+            overlays: view.overlays,
+            resolutions: Arc::clone(resolutions),
+            reported: reported.clone(),
+            undecided_flex: self.undecided_flex.len(),
+        };
+        let now = Instant::now();
+        let retry_came_due =
+            |since: Instant| exec.failures.values().any(|f| f.retry_at > since && f.retry_at <= now);
+        let same = self.last_plan.as_ref().is_some_and(|(last, at)| *last == key && !retry_came_due(*at));
+        if !same {
+            for op in plan(desired, resolutions_ref, &exec.actual, &exec.busy()) {
+                if reported.as_ref().is_some_and(|reported| waits_for_in_use(&op, resolutions_ref, reported))
+                {
+                    continue;
+                }
+                if !self.undecided_flex.is_empty() && self.undecided_flex.contains(op.plugin()) {
+                    continue;
+                }
+                self.executor.submit(op);
             }
-            if !self.undecided_flex.is_empty() && self.undecided_flex.contains(op.plugin()) {
-                continue;
+            for op in expansions(desired, resolutions_ref, &exec.actual) {
+                self.executor.submit(op);
             }
-            self.executor.submit(op);
+            self.last_plan = Some((key, now));
         }
-        let due = republish(
-            desired,
-            resolutions,
-            &exec.actual,
-            &exec.published_at,
-            Instant::now(),
-            self.config.republish,
-        );
-        for op in due.into_iter().chain(expansions(desired, resolutions, &exec.actual)) {
+        let due =
+            republish(desired, resolutions_ref, &exec.actual, &exec.published_at, now, self.config.republish);
+        for op in due {
             self.executor.submit(op);
         }
     }
@@ -450,5 +472,29 @@ impl PartialEq for ReportInputs {
             && self.problems == other.problems
             && self.components == other.components
             && self.snapshots == other.snapshots
+    }
+}
+
+/// What a plan is made from, as far as telling a change goes: the executor's version (the
+/// actual state, what runs, what failed), the objects by identity, the resolutions by
+/// identity, what the cluster lists in use, and how many Flexvolume drivers are undecided.
+#[derive(Debug)]
+pub(super) struct PlanKey {
+    executor: u64,
+    source: Arc<ObjectSet>,
+    overlays: Overlays,
+    resolutions: Arc<Resolutions>,
+    reported: Option<BTreeSet<String>>,
+    undecided_flex: usize,
+}
+
+impl PartialEq for PlanKey {
+    fn eq(&self, other: &PlanKey) -> bool {
+        self.executor == other.executor
+            && Arc::ptr_eq(&self.source, &other.source)
+            && self.overlays == other.overlays
+            && Arc::ptr_eq(&self.resolutions, &other.resolutions)
+            && self.reported == other.reported
+            && self.undecided_flex == other.undecided_flex
     }
 }
