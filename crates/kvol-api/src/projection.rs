@@ -492,7 +492,7 @@ fn subscript(path: &str) -> Option<(&str, &str)> {
 
 /// A container's resource as kubelet writes it: its limit (the node's allocatable when unset),
 /// or its request (its limit when unset, as the API server defaults it; else zero).
-fn container_resource(
+pub fn container_resource(
     pod: &Pod,
     node: &NodeResources,
     container_name: &str,

@@ -161,30 +161,8 @@ pub fn resource_runtime_value(
     divisor: Option<&str>,
     node: NodeResources,
 ) -> Result<String, String> {
-    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
-    let container = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .find(|c| c.name == container_name)
-        .ok_or_else(|| format!("cannot find container {container_name:?} in the pod"))?;
-    let (which, kind) =
-        resource.split_once('.').ok_or_else(|| format!("unsupported container resource: {resource}"))?;
-    let resources = container.resources.as_ref();
-    let limit = resources.and_then(|r| r.limits.as_ref()).and_then(|l| l.get(kind)).map(|q| q.0.clone());
-    let request = resources.and_then(|r| r.requests.as_ref()).and_then(|l| l.get(kind)).map(|q| q.0.clone());
-    let allocatable = || match kind {
-        "cpu" => Some(format!("{}m", node.cpu_millis)),
-        "memory" => Some(node.memory_bytes.to_string()),
-        "ephemeral-storage" => Some(node.ephemeral_storage_bytes.to_string()),
-        _ => None,
-    };
-    let quantity = match which {
-        "limits" => limit.or_else(allocatable),
-        "requests" => request.or(limit),
-        _ => return Err(format!("unsupported container resource: {resource}")),
-    };
-    kvol_api::downward::resource_value(resource, quantity.as_deref().unwrap_or("0"), divisor)
+    // The downward API's one implementation, volumes' and env's alike.
+    kvol_api::projection::container_resource(pod, &node, container_name, resource, divisor)
 }
 
 /// Kubernetes' `IsEnvVarName`: letters, digits, `_`, `-`, `.`, not starting with a digit.
