@@ -1,5 +1,3 @@
-use serde_json::json;
-
 use super::*;
 
 const NOW: u64 = 10_000;
@@ -8,15 +6,7 @@ fn secs(s: u64) -> i64 {
     (s * 1_000_000_000) as i64
 }
 
-fn pod(policy: &str, init: &[&str], containers: &[&str]) -> Pod {
-    let list =
-        |names: &[&str]| names.iter().map(|n| json!({"name": n, "image": "busybox"})).collect::<Vec<_>>();
-    serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
-        "spec": {"restartPolicy": policy, "initContainers": list(init), "containers": list(containers)}
-    }))
-    .unwrap()
-}
+use crate::test_pods::pod;
 
 fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxSeen {
     SandboxSeen { id: id.into(), attempt, ready, created_at: attempt as i64 }

@@ -15,6 +15,8 @@ pub mod runner;
 pub mod sandbox;
 pub mod shared;
 pub mod status;
+#[cfg(test)]
+mod test_pods;
 pub mod worker;
 
 pub use runner::{Runner, RunnerConfig, RunnerError};

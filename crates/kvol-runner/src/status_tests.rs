@@ -2,15 +2,7 @@ use serde_json::json;
 
 use super::*;
 
-fn pod(policy: &str, init: &[&str], containers: &[&str]) -> Pod {
-    let list =
-        |names: &[&str]| names.iter().map(|n| json!({"name": n, "image": "busybox"})).collect::<Vec<_>>();
-    serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
-        "spec": {"restartPolicy": policy, "initContainers": list(init), "containers": list(containers)}
-    }))
-    .unwrap()
-}
+use crate::test_pods::pod;
 
 fn seen(specs: &[(&str, State, i32, u32)]) -> PodSeen {
     PodSeen {
