@@ -150,9 +150,8 @@ pub fn processes_of(root: &Path, since_ticks: u64) -> Vec<(i32, String)> {
         if pid == own {
             continue;
         }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        // Empty: a kernel thread, a zombie, or a process in the middle of its exec (a pid file
-        // names it all the same).
+        let Some(raw) = command_line(pid) else { continue };
+        // Empty: a kernel thread or a zombie (a pid file names it all the same).
         if raw.is_empty() && !recorded.contains(&pid) {
             continue;
         }
@@ -169,6 +168,22 @@ pub fn processes_of(root: &Path, since_ticks: u64) -> Vec<(i32, String)> {
     }
     found.sort();
     found
+}
+
+/// A process's command line, NUL-separated. A process in the middle of its exec has its new
+/// executable but not yet its arguments (`cmdline` reads empty, though the parent's spawn has
+/// returned): read again for up to 100 ms until they appear. A kernel thread (no executable)
+/// and a zombie read empty at once.
+fn command_line(pid: i32) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    loop {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let execing = raw.is_empty() && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok() && alive(pid);
+        if !execing || Instant::now() >= deadline {
+            return Some(raw);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// The pids written in `*.pid` files anywhere under `root` (not following links).
