@@ -313,14 +313,11 @@ fn start_if_not_backing_off(
     if let Some(previous) = seen.latest(&container.name).filter(|s| s.state == State::Exited) {
         let finished = ns_to_duration(previous.finished_at);
         if let Some(left) = backoff.waiting(&key, finished, now) {
-            let ids = PodIds::of(pod);
             let message = format!(
-                "back-off {} restarting failed container={} pod={}_{}({})",
+                "back-off {} restarting failed container={} pod={}",
                 go_duration(backoff.current(&key)),
                 container.name,
-                ids.name,
-                ids.namespace,
-                ids.uid
+                PodIds::of(pod).kubelet_format()
             );
             actions
                 .waiting

@@ -19,6 +19,26 @@ pub struct ContainerContext<'a> {
     /// The host file bound at the termination message path (kubelet's
     /// `pods/<uid>/containers/<name>/<id>`), when one was made.
     pub termination_log: Option<&'a Path>,
+    /// The pod's `etc-hosts` file, bound at `/etc/hosts` unless the container mounts its own.
+    pub hosts_file: Option<&'a Path>,
+    /// The user the image runs as, as the runtime's ImageStatus says it.
+    pub image_user: &'a ImageUser,
+}
+
+/// An image's user: a uid, or a name the runtime could not turn into one; neither is root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageUser {
+    pub uid: Option<i64>,
+    pub username: String,
+}
+
+impl ImageUser {
+    /// From the runtime's image status (none: the image is not known).
+    pub fn of(image: Option<&cri::Image>) -> ImageUser {
+        let uid = image.and_then(|i| i.uid.as_ref()).map(|u| u.value);
+        let username = image.map(|i| i.username.clone()).unwrap_or_default();
+        ImageUser { uid, username }
+    }
 }
 
 /// The container's config, or the sentence of kubelet's `CreateContainerConfigError`.
@@ -29,7 +49,8 @@ pub fn container_config(
 ) -> Result<cri::ContainerConfig, String> {
     let default_spec = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
-    let security = effective_security(spec, container)?;
+    let security = effective_security(spec, container);
+    verify_non_root(pod, container, context.image_user)?;
     let envs = environment(pod, container, &context.env)?;
     let known = |name: &str| envs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     let expand_all = |items: &Option<Vec<String>>| -> Vec<String> {
@@ -42,6 +63,15 @@ pub fn container_config(
         mounts.push(cri::Mount {
             container_path: message_path.to_string(),
             host_path: host.to_string_lossy().into_owned(),
+            readonly: false,
+            selinux_relabel: true,
+            propagation: cri::MountPropagation::PropagationPrivate as i32,
+        });
+    }
+    if let Some(hosts) = context.hosts_file.filter(|_| !mounts_etc_hosts(container)) {
+        mounts.push(cri::Mount {
+            container_path: crate::hosts::CONTAINER_PATH.to_string(),
+            host_path: hosts.to_string_lossy().into_owned(),
             readonly: false,
             selinux_relabel: true,
             propagation: cri::MountPropagation::PropagationPrivate as i32,
@@ -87,6 +117,10 @@ pub fn container_config(
     })
 }
 
+fn mounts_etc_hosts(container: &Container) -> bool {
+    container.volume_mounts.iter().flatten().any(|m| m.mount_path == crate::hosts::CONTAINER_PATH)
+}
+
 /// `<container>/<restart count>.log`, beneath the sandbox's log directory.
 pub fn log_path(container: &str, restart_count: u32) -> String {
     format!("{container}/{restart_count}.log")
@@ -110,25 +144,17 @@ fn mount(m: &rt::Mount) -> cri::Mount {
 }
 
 /// The container's security context over the pod's (kubelet's
-/// `determineEffectiveSecurityContext`), in CRI's words; kubelet's refusal of a root user
-/// under `runAsNonRoot`.
-pub fn effective_security(
-    spec: &PodSpec,
-    container: &Container,
-) -> Result<cri::LinuxContainerSecurityContext, String> {
+/// `determineEffectiveSecurityContext`), in CRI's words.
+pub fn effective_security(spec: &PodSpec, container: &Container) -> cri::LinuxContainerSecurityContext {
     let pod_sc = spec.security_context.clone().unwrap_or_default();
     let sc: SecurityContext = container.security_context.clone().unwrap_or_default();
     let run_as_user = sc.run_as_user.or(pod_sc.run_as_user);
     let run_as_group = sc.run_as_group.or(pod_sc.run_as_group);
-    let non_root = sc.run_as_non_root.or(pod_sc.run_as_non_root).unwrap_or(false);
-    if non_root && run_as_user == Some(0) {
-        return Err(format!("container's runAsUser breaks non-root policy (container {})", container.name));
-    }
     let capabilities = sc.capabilities.as_ref().map(|c| cri::Capability {
         add_capabilities: c.add.clone().unwrap_or_default(),
         drop_capabilities: c.drop.clone().unwrap_or_default(),
     });
-    Ok(cri::LinuxContainerSecurityContext {
+    cri::LinuxContainerSecurityContext {
         capabilities,
         privileged: sc.privileged.unwrap_or(false),
         namespace_options: Some(sandbox::namespace_options(spec)),
@@ -141,7 +167,35 @@ pub fn effective_security(
         masked_paths: Vec::new(),
         readonly_paths: Vec::new(),
         seccomp: Some(sandbox::seccomp(sc.seccomp_profile.as_ref().or(pod_sc.seccomp_profile.as_ref()))),
-    })
+    }
+}
+
+/// Kubelet's `verifyRunAsNonRoot`: under `runAsNonRoot`, a root `runAsUser` is refused, and
+/// without one the image's user decides (no user at all is root; a name cannot be checked).
+pub fn verify_non_root(pod: &Pod, container: &Container, image: &ImageUser) -> Result<(), String> {
+    let spec = pod.spec.as_ref();
+    let pod_sc = spec.and_then(|s| s.security_context.as_ref());
+    let sc = container.security_context.as_ref();
+    if !sc.and_then(|s| s.run_as_non_root).or(pod_sc.and_then(|s| s.run_as_non_root)).unwrap_or(false) {
+        return Ok(());
+    }
+    let pod_name = labels::PodIds::of(pod).kubelet_format();
+    let name = &container.name;
+    let image_root = image.uid == Some(0) || (image.uid.is_none() && image.username.is_empty());
+    match sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user)) {
+        Some(0) => Err(format!(
+            "container's runAsUser breaks non-root policy (pod: {pod_name:?}, container: {name})"
+        )),
+        Some(_) => Ok(()),
+        None if image_root => Err(format!(
+            "container has runAsNonRoot and image will run as root (pod: {pod_name:?}, container: {name})"
+        )),
+        None if image.uid.is_none() => Err(format!(
+            "container has runAsNonRoot and image has non-numeric user ({}), cannot verify user is non-root (pod: {pod_name:?}, container: {name})",
+            image.username
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A pod's QoS class, as kubelet's `GetPodQOS` decides it.

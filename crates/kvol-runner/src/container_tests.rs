@@ -28,6 +28,8 @@ fn config_of(
         restart_count,
         mounts,
         termination_log: Some(Path::new("/var/lib/kvol/runner/containers/u-1/c/abc")),
+        hosts_file: Some(Path::new("/var/lib/kvol/runner/pods/u-1/etc-hosts")),
+        image_user: &ImageUser::default(),
     };
     container_config(pod, &pod.spec.as_ref().unwrap().containers[0], &context)
 }
@@ -70,6 +72,7 @@ fn command_env_mounts_labels_and_log() {
         vec![
             ("/data", true, cri::MountPropagation::PropagationHostToContainer as i32),
             ("/dev/termination-log", false, cri::MountPropagation::PropagationPrivate as i32),
+            ("/etc/hosts", false, cri::MountPropagation::PropagationPrivate as i32),
         ]
     );
     assert_eq!(config.devices[0].host_path, "/dev/loop3");
@@ -86,14 +89,13 @@ fn a_missing_key_is_a_config_error() {
 #[test]
 fn security_table() {
     // (case, pod securityContext, container securityContext, check)
-    type Check = fn(&Result<cri::LinuxContainerSecurityContext, String>) -> bool;
+    type Check = fn(&cri::LinuxContainerSecurityContext) -> bool;
     let cases: Vec<(&str, serde_json::Value, serde_json::Value, Check)> = vec![
         (
             "container user over the pod's",
             json!({"runAsUser": 1, "runAsGroup": 2}),
             json!({"runAsUser": 5}),
-            |r| {
-                let sc = r.as_ref().unwrap();
+            |sc| {
                 sc.run_as_user == Some(cri::Int64Value { value: 5 })
                     && sc.run_as_group == Some(cri::Int64Value { value: 2 })
             },
@@ -102,30 +104,24 @@ fn security_table() {
             "fsGroup first among the groups",
             json!({"fsGroup": 7, "supplementalGroups": [8, 9]}),
             json!({}),
-            |r| r.as_ref().unwrap().supplemental_groups == vec![7, 8, 9],
+            |r| r.supplemental_groups == vec![7, 8, 9],
         ),
         (
             "read-only root, privileged",
             json!({}),
             json!({"readOnlyRootFilesystem": true, "privileged": true}),
-            |r| {
-                let sc = r.as_ref().unwrap();
-                sc.readonly_rootfs && sc.privileged
-            },
+            |sc| sc.readonly_rootfs && sc.privileged,
         ),
         ("capabilities", json!({}), json!({"capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}}), |r| {
-            let caps = r.as_ref().unwrap().capabilities.clone().unwrap();
+            let caps = r.capabilities.clone().unwrap();
             caps.add_capabilities == vec!["NET_ADMIN"] && caps.drop_capabilities == vec!["ALL"]
         }),
         ("no escalation: no_new_privs", json!({}), json!({"allowPrivilegeEscalation": false}), |r| {
-            r.as_ref().unwrap().no_new_privs
+            r.no_new_privs
         }),
-        ("escalation unset: privs allowed", json!({}), json!({}), |r| !r.as_ref().unwrap().no_new_privs),
-        ("root under runAsNonRoot refused", json!({"runAsNonRoot": true}), json!({"runAsUser": 0}), |r| {
-            r.as_ref().unwrap_err() == "container's runAsUser breaks non-root policy (container c)"
-        }),
+        ("escalation unset: privs allowed", json!({}), json!({}), |r| !r.no_new_privs),
         ("seccomp from the pod", json!({"seccompProfile": {"type": "RuntimeDefault"}}), json!({}), |r| {
-            r.as_ref().unwrap().seccomp.as_ref().unwrap().profile_type
+            r.seccomp.as_ref().unwrap().profile_type
                 == cri::security_profile::ProfileType::RuntimeDefault as i32
         }),
     ];
@@ -135,6 +131,61 @@ fn security_table() {
         let spec = pod.spec.as_ref().unwrap();
         let got = effective_security(spec, &spec.containers[0]);
         assert!(check(&got), "{name}: {got:?}");
+    }
+}
+
+#[test]
+fn non_root_table() {
+    let root = "container has runAsNonRoot and image will run as root (pod: \"web_shop(u-1)\", container: c)";
+    let user_0 = "container's runAsUser breaks non-root policy (pod: \"web_shop(u-1)\", container: c)";
+    let named = "container has runAsNonRoot and image has non-numeric user (nobody), cannot verify user is non-root (pod: \"web_shop(u-1)\", container: c)";
+    let user = |uid: Option<i64>, name: &str| ImageUser { uid, username: name.into() };
+    // (case, pod securityContext, container securityContext, image user, refusal)
+    let cases = [
+        ("no policy: root image runs", json!({}), json!({}), user(Some(0), ""), None),
+        ("root image refused", json!({"runAsNonRoot": true}), json!({}), user(Some(0), ""), Some(root)),
+        (
+            "no user in the image is root",
+            json!({}),
+            json!({"runAsNonRoot": true}),
+            user(None, ""),
+            Some(root),
+        ),
+        ("image uid 1000 runs", json!({"runAsNonRoot": true}), json!({}), user(Some(1000), ""), None),
+        (
+            "a name cannot be checked",
+            json!({"runAsNonRoot": true}),
+            json!({}),
+            user(None, "nobody"),
+            Some(named),
+        ),
+        (
+            "runAsUser 0 refused",
+            json!({"runAsNonRoot": true}),
+            json!({"runAsUser": 0}),
+            user(Some(5), ""),
+            Some(user_0),
+        ),
+        (
+            "runAsUser decides over the image",
+            json!({"runAsNonRoot": true, "runAsUser": 7}),
+            json!({}),
+            user(Some(0), ""),
+            None,
+        ),
+        (
+            "the container's false wins",
+            json!({"runAsNonRoot": true}),
+            json!({"runAsNonRoot": false}),
+            user(Some(0), ""),
+            None,
+        ),
+    ];
+    for (name, pod_sc, container_sc, image, refusal) in cases {
+        let pod = pod(json!({"securityContext": pod_sc,
+            "containers": [{"name": "c", "image": "i", "securityContext": container_sc}]}));
+        let got = verify_non_root(&pod, &pod.spec.as_ref().unwrap().containers[0], &image);
+        assert_eq!(got.err().as_deref(), refusal, "{name}");
     }
 }
 

@@ -39,6 +39,11 @@ impl<'a> PodIds<'a> {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// The pod as kubelet's messages name it: `name_namespace(uid)`.
+    pub fn kubelet_format(&self) -> String {
+        format!("{}_{}({})", self.name, self.namespace, self.uid)
+    }
 }
 
 /// A sandbox's labels: the pod's own, then kubelet's three (which win), then kvol's mark.

@@ -1,11 +1,42 @@
-//! Runs one probe of a running container: exec through CRI's ExecSync, tcpSocket by connecting, httpGet by one HTTP/1.1 GET (a status of 200–399 passes), each within its timeout.
+//! Runs one probe or lifecycle hook of a running container: exec through CRI's ExecSync, tcpSocket by connecting, httpGet by one HTTP/1.1 GET (a status of 200–399 passes), grpc by the standard health service's Check (SERVING passes), each within its timeout.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{
+    Container, ExecAction, GRPCAction, HTTPGetAction, LifecycleHandler, Probe, TCPSocketAction,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvol_cri::{self as cri, CriClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What a probe or a hook does: one of its actions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Action<'a> {
+    pub exec: Option<&'a ExecAction>,
+    pub http_get: Option<&'a HTTPGetAction>,
+    pub tcp_socket: Option<&'a TCPSocketAction>,
+    pub grpc: Option<&'a GRPCAction>,
+}
+
+impl<'a> Action<'a> {
+    pub fn of_probe(probe: &'a Probe) -> Action<'a> {
+        Action {
+            exec: probe.exec.as_ref(),
+            http_get: probe.http_get.as_ref(),
+            tcp_socket: probe.tcp_socket.as_ref(),
+            grpc: probe.grpc.as_ref(),
+        }
+    }
+
+    pub fn of_hook(hook: &'a LifecycleHandler) -> Action<'a> {
+        Action {
+            exec: hook.exec.as_ref(),
+            http_get: hook.http_get.as_ref(),
+            tcp_socket: hook.tcp_socket.as_ref(),
+            grpc: None,
+        }
+    }
+}
 
 /// The probe's outcome: `Ok` passes, `Err` says why it failed.
 pub async fn run(
@@ -16,7 +47,20 @@ pub async fn run(
     pod_ip: &str,
     timeout: Duration,
 ) -> Result<(), String> {
-    if let Some(exec) = &probe.exec {
+    run_action(cri, container_id, container, Action::of_probe(probe), pod_ip, timeout).await
+}
+
+/// Does `action` in (or towards) the container; a zero `timeout` is no limit for exec (as
+/// kubelet runs a hook's command).
+pub async fn run_action(
+    cri: &CriClient,
+    container_id: &str,
+    container: &Container,
+    action: Action<'_>,
+    pod_ip: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    if let Some(exec) = action.exec {
         let request = cri::ExecSyncRequest {
             container_id: container_id.to_string(),
             cmd: exec.command.clone().unwrap_or_default(),
@@ -28,7 +72,7 @@ pub async fn run(
             code => Err(format!("command exited {code}: {}", String::from_utf8_lossy(&answer.stdout).trim())),
         };
     }
-    if let Some(tcp) = &probe.tcp_socket {
+    if let Some(tcp) = action.tcp_socket {
         let host = tcp.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| pod_ip.to_string());
         let port = port_of(&tcp.port, container)?;
         let connect = tokio::net::TcpStream::connect((host.as_str(), port));
@@ -38,7 +82,7 @@ pub async fn run(
             Err(_) => Err(format!("dial tcp {host}:{port}: i/o timeout")),
         };
     }
-    if let Some(http) = &probe.http_get {
+    if let Some(http) = action.http_get {
         if http.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("HTTPS")) {
             return Err("https probes are not supported yet".to_string());
         }
@@ -54,7 +98,38 @@ pub async fn run(
             Err(_) => Err(format!("Get \"http://{host}:{port}{path}\": context deadline exceeded")),
         };
     }
-    Err("grpc probes are not supported yet".to_string())
+    if let Some(grpc) = action.grpc {
+        let port = u16::try_from(grpc.port).ok().filter(|p| *p > 0);
+        let port = port.ok_or_else(|| format!("invalid port number: {}", grpc.port))?;
+        let service = grpc.service.clone().unwrap_or_default();
+        return match tokio::time::timeout(timeout, grpc_check(pod_ip, port, service)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!("timeout: health rpc did not complete within {}s", timeout.as_secs_f64())),
+        };
+    }
+    Err("no action: a probe or hook names exec, httpGet, tcpSocket or grpc".to_string())
+}
+
+/// One `grpc.health.v1.Health/Check` at `host:port`: passes when the service is SERVING.
+async fn grpc_check(host: &str, port: u16, service: String) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let target = format!("http://{host}:{port}");
+    let channel = tonic::transport::Endpoint::from_shared(target.clone())
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("failed to connect service {target:?} within the probe's timeout: {e}"))?;
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let answer = client
+        .check(tonic_health::pb::HealthCheckRequest { service })
+        .await
+        .map_err(|e| format!("health rpc failed: {}", e.message()))?
+        .into_inner();
+    match ServingStatus::try_from(answer.status) {
+        Ok(ServingStatus::Serving) => Ok(()),
+        Ok(other) => Err(format!("service unhealthy (responded with {:?})", other.as_str_name())),
+        Err(_) => Err(format!("service unhealthy (responded with status {})", answer.status)),
+    }
 }
 
 /// A probe's port: a number, or the name of one of the container's ports.
@@ -150,5 +225,30 @@ mod tests {
         assert_eq!(http_get("127.0.0.1", port, "/healthz", &[]).await, Ok(503));
         server.await.unwrap();
         assert!(http_get("127.0.0.1", port, "/", &[]).await.unwrap_err().starts_with("dial tcp"));
+    }
+
+    #[tokio::test]
+    async fn grpc_against_a_local_health_service() {
+        use tonic_health::ServingStatus;
+        let (reporter, service) = tonic_health::server::health_reporter();
+        reporter.set_service_status("shop", ServingStatus::Serving).await;
+        reporter.set_service_status("cart", ServingStatus::NotServing).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tokio::spawn(
+            tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming),
+        );
+        assert_eq!(grpc_check("127.0.0.1", port, "shop".into()).await, Ok(()));
+        assert_eq!(grpc_check("127.0.0.1", port, String::new()).await, Ok(()), "the server as a whole");
+        assert_eq!(
+            grpc_check("127.0.0.1", port, "cart".into()).await,
+            Err("service unhealthy (responded with \"NOT_SERVING\")".into())
+        );
+        let unknown = grpc_check("127.0.0.1", port, "nope".into()).await.unwrap_err();
+        assert!(unknown.starts_with("health rpc failed"), "{unknown}");
+        server.abort();
+        let refused = grpc_check("127.0.0.1", port, String::new()).await.unwrap_err();
+        assert!(refused.starts_with("failed to connect service"), "{refused}");
     }
 }

@@ -12,9 +12,12 @@ use tokio::sync::watch;
 
 use crate::actions::{self, PodSeen, State, Waiting};
 use crate::backoff::Backoff;
-use crate::container::{ContainerContext, container_config};
+use crate::container::{ContainerContext, ImageUser, container_config};
 use crate::env::EnvContext;
+use crate::hosts;
 use crate::labels::PodIds;
+use crate::prober;
+use crate::pull_secrets;
 use crate::probes::{self, Kind};
 use crate::sandbox::sandbox_config;
 use crate::shared::{Shared, Volumes};
@@ -68,6 +71,8 @@ pub struct Worker {
     acted: bool,
     /// The probes of the pod's running containers, by container id.
     probes: BTreeMap<(String, probes::Kind), probes::Tracker>,
+    /// The pod's address as its last container start found it (a preStop hook's httpGet goes there).
+    pod_ip: String,
 }
 
 fn now() -> Duration {
@@ -91,6 +96,7 @@ impl Worker {
             fresh_from: 0,
             acted: false,
             probes: BTreeMap::new(),
+            pod_ip: String::new(),
         }
     }
 
@@ -314,14 +320,13 @@ impl Worker {
             || !decided.remove.is_empty()
             || !decided.remove_sandboxes.is_empty();
         if decided.kill_pod && live {
-            self.stop_all(&input.seen, grace).await;
+            self.stop_all(Some(pod), &input.seen, grace).await;
         }
         for (id, why) in &decided.kill {
             tracing::info!(pod = %PodIds::of(pod).key(), container = %id, reason = %why, "stopping container");
-            let _ = self
-                .cri
-                .stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: grace })
-                .await;
+            if let Some(seen) = input.seen.containers.iter().find(|c| &c.id == id) {
+                let _ = stop_one(&self.cri, Some(pod), seen, grace, &self.hook_ip(Some(pod))).await;
+            }
         }
         for id in &decided.remove {
             let _ = self.cri.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await;
@@ -393,7 +398,7 @@ impl Worker {
             .chain(spec.containers.iter())
             .find(|c| c.name == name)
             .expect("decided containers are the pod's");
-        self.ensure_image(pod, container).await?;
+        let image_user = self.ensure_image(pod, container, &input.objects).await?;
         let config_error = |message: String| Waiting { reason: "CreateContainerConfigError".into(), message };
         let mounts = self
             .volumes
@@ -408,17 +413,22 @@ impl Worker {
             .into_inner();
         let restart_count = input.seen.latest(name).map(|c| c.restart_count + 1).unwrap_or(0);
         let termination_log = self.termination_log(name).await.map_err(config_error)?;
+        let pod_ips = self.pod_ips(pod, sandbox_id).await;
+        self.pod_ip = pod_ips.first().cloned().unwrap_or_default();
+        let hosts_file = self.hosts_file(pod, &pod_ips).await.map_err(config_error)?;
         let context = ContainerContext {
             env: EnvContext {
                 objects: &input.objects,
                 node_name: &self.shared.node_name,
                 host_ip: &self.shared.host_ip,
-                pod_ip: &self.shared.host_ip,
+                pod_ip: pod_ips.first().map(String::as_str).unwrap_or_default(),
                 node: self.shared.node,
             },
             restart_count,
             mounts: &mounts,
             termination_log: Some(&termination_log),
+            hosts_file: hosts_file.as_deref(),
+            image_user: &image_user,
         };
         let config = container_config(pod, container, &context).map_err(config_error)?;
         let sandbox_config = sandbox_config(pod, attempt, &self.shared.sandbox_context);
@@ -439,27 +449,37 @@ impl Worker {
             .await
             .map_err(|e| Waiting { reason: "RunContainerError".into(), message: e.runtime_message() })?;
         tracing::info!(pod = %ids.key(), container = %name, id = %id, restart_count, "container started");
+        if let Some(hook) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let action = prober::Action::of_hook(hook);
+            let ip = context.env.pod_ip.to_string();
+            if let Err(why) = prober::run_action(&self.cri, &id, container, action, &ip, HOOK_LIMIT).await {
+                // Kubelet's FailedPostStartHook: the container is killed, and its restart
+                // policy decides what comes next.
+                tracing::warn!(pod = %ids.key(), container = %name, reason = "FailedPostStartHook", %why, "postStart hook failed; killing the container");
+                let grace = grace_of(Some(pod), input.grace);
+                let request = cri::StopContainerRequest { container_id: id.clone(), timeout: grace };
+                let _ = self.cri.stop_container(request).await;
+            }
+        }
         Ok(())
     }
 
     /// The image per `imagePullPolicy`: `ErrImagePull` when a pull fails, `ImagePullBackOff`
     /// while the next pull waits, `ErrImageNeverPull` for a missing image under `Never`.
-    async fn ensure_image(&mut self, pod: &Pod, container: &Container) -> Result<(), Waiting> {
+    async fn ensure_image(
+        &mut self,
+        pod: &Pod,
+        container: &Container,
+        objects: &ObjectSet,
+    ) -> Result<ImageUser, Waiting> {
         let image = container.image.clone().unwrap_or_default();
         let policy =
             container.image_pull_policy.clone().unwrap_or_else(|| default_pull_policy(&image).into());
         let spec = cri::ImageSpec { image: image.clone(), annotations: Default::default() };
-        let present = match self
-            .cri
-            .image_status(cri::ImageStatusRequest { image: Some(spec.clone()), verbose: false })
-            .await
-        {
-            Ok(answer) => answer.image.is_some(),
-            Err(e) => return Err(Waiting { reason: "ErrImageInspect".into(), message: e.runtime_message() }),
-        };
-        match (policy.as_str(), present) {
-            ("Never", true) | ("IfNotPresent", true) => return Ok(()),
-            ("Never", false) => {
+        let present = self.image_status(&spec).await?;
+        match (policy.as_str(), &present) {
+            ("Never", Some(image)) | ("IfNotPresent", Some(image)) => return Ok(ImageUser::of(Some(image))),
+            ("Never", None) => {
                 let message = format!("Container image \"{image}\" is not present with pull policy of Never");
                 return Err(Waiting { reason: "ErrImageNeverPull".into(), message });
             }
@@ -471,17 +491,86 @@ impl Worker {
             let message = format!("Back-off pulling image \"{image}\"");
             return Err(Waiting { reason: "ImagePullBackOff".into(), message });
         }
-        let sandbox = sandbox_config(pod, 0, &self.shared.sandbox_context);
-        let request = cri::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox) };
-        match self.cri.pull_image(request).await {
-            Ok(_) => Ok(()),
+        match self.pull(pod, &spec, objects).await {
+            Ok(()) => Ok(ImageUser::of(self.image_status(&spec).await?.as_ref())),
             Err(e) => {
                 self.image_backoff.next(&key, now, now);
-                let message = format!("failed to pull image \"{image}\": {}", e.runtime_message());
+                let message = format!("failed to pull image \"{image}\": {e}");
                 tracing::warn!(pod = %PodIds::of(pod).key(), container = %container.name, %message, "image pull failed");
                 Err(Waiting { reason: "ErrImagePull".into(), message })
             }
         }
+    }
+
+    /// Pulls as kubelet does: with each of the credentials the pod's pull secrets hold for the
+    /// image's registry in turn until one works (the last one's error), else anonymously.
+    async fn pull(&self, pod: &Pod, spec: &cri::ImageSpec, objects: &ObjectSet) -> Result<(), String> {
+        let keyring = pull_secrets::Keyring::of(pod, objects);
+        for why in &keyring.unusable {
+            tracing::warn!(pod = %PodIds::of(pod).key(), reason = "FailedToRetrieveImagePullSecret", %why, "a pull secret cannot be used; going on without it");
+        }
+        let sandbox = sandbox_config(pod, 0, &self.shared.sandbox_context);
+        let credentials = keyring.lookup(&spec.image);
+        let attempts: Vec<Option<cri::AuthConfig>> =
+            if credentials.is_empty() { vec![None] } else { credentials.into_iter().map(Some).collect() };
+        let mut last = String::new();
+        for auth in attempts {
+            let request =
+                cri::PullImageRequest { image: Some(spec.clone()), auth, sandbox_config: Some(sandbox.clone()) };
+            match self.cri.pull_image(request).await {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e.runtime_message(),
+            }
+        }
+        Err(last)
+    }
+
+    /// The runtime's status of an image (none: not present); `ErrImageInspect` when it cannot say.
+    async fn image_status(&self, spec: &cri::ImageSpec) -> Result<Option<cri::Image>, Waiting> {
+        let request = cri::ImageStatusRequest { image: Some(spec.clone()), verbose: false };
+        match self.cri.image_status(request).await {
+            Ok(answer) => Ok(answer.image),
+            Err(e) => Err(Waiting { reason: "ErrImageInspect".into(), message: e.runtime_message() }),
+        }
+    }
+
+    /// The pod's IPs: the node's under host networking, else what the runtime gave its sandbox.
+    async fn pod_ips(&self, pod: &Pod, sandbox_id: &str) -> Vec<String> {
+        if pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false) {
+            return vec![self.shared.host_ip.clone()];
+        }
+        let request = cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.to_string(), verbose: false };
+        let network = match self.cri.pod_sandbox_status(request).await {
+            Ok(answer) => answer.status.and_then(|s| s.network),
+            Err(e) => {
+                tracing::warn!(pod = %PodIds::of(pod).key(), error = %e, "cannot read the sandbox's address");
+                None
+            }
+        };
+        let Some(network) = network.filter(|n| !n.ip.is_empty()) else { return Vec::new() };
+        std::iter::once(network.ip).chain(network.additional_ips.into_iter().map(|i| i.ip)).collect()
+    }
+
+    /// Writes the pod's `etc-hosts` (kubelet's, beside its containers' files); none while the
+    /// pod has no IP.
+    async fn hosts_file(&self, pod: &Pod, pod_ips: &[String]) -> Result<Option<std::path::PathBuf>, String> {
+        if pod_ips.is_empty() {
+            return Ok(None);
+        }
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        let node_hosts = if host_network {
+            tokio::fs::read_to_string("/etc/hosts")
+                .await
+                .map_err(|e| format!("cannot read /etc/hosts: {e}"))?
+        } else {
+            String::new()
+        };
+        let text = hosts::hosts_file(pod, pod_ips, &node_hosts, &self.shared.sandbox_context.cluster_domain);
+        let dir = self.shared.state_dir.join("pods").join(&self.uid);
+        tokio::fs::create_dir_all(&dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let file = dir.join("etc-hosts");
+        tokio::fs::write(&file, text).await.map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+        Ok(Some(file))
     }
 
     /// A fresh empty file for the container's termination message (kubelet's
@@ -499,18 +588,25 @@ impl Worker {
         Ok(file)
     }
 
+    /// Where a hook's httpGet goes: the pod's address (the node's under host networking, also
+    /// for a pod adopted after a restart).
+    fn hook_ip(&self, pod: Option<&Pod>) -> String {
+        let host_network = pod.and_then(|p| p.spec.as_ref()?.host_network).unwrap_or(false);
+        if host_network { self.shared.host_ip.clone() } else { self.pod_ip.clone() }
+    }
+
     /// Stops every running container of the pod (all at once, each with the grace period),
     /// then its sandboxes.
-    async fn stop_all(&self, seen: &PodSeen, grace: i64) {
+    async fn stop_all(&self, pod: Option<&Pod>, seen: &PodSeen, grace: i64) {
         let mut stopping = tokio::task::JoinSet::new();
         for c in seen
             .containers
             .iter()
             .filter(|c| matches!(c.state, State::Running | State::Created | State::Unknown))
         {
-            let cri = self.cri.clone();
-            let request = cri::StopContainerRequest { container_id: c.id.clone(), timeout: grace };
-            stopping.spawn(async move { cri.stop_container(request).await });
+            let (cri, c, ip) = (self.cri.clone(), c.clone(), self.hook_ip(pod));
+            let pod = pod.cloned();
+            stopping.spawn(async move { stop_one(&cri, pod.as_ref(), &c, grace, &ip).await });
         }
         while let Some(done) = stopping.join_next().await {
             if let Ok(Err(e)) = done {
@@ -532,7 +628,7 @@ impl Worker {
         let pod = self.last_pod.clone();
         let grace = grace_of(pod.as_deref(), input.grace);
         let started = std::time::Instant::now();
-        self.stop_all(&input.seen, grace).await;
+        self.stop_all(pod.as_deref(), &input.seen, grace).await;
         for s in &input.seen.sandboxes {
             let request = cri::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() };
             if let Err(e) = self.cri.remove_pod_sandbox(request).await {
@@ -576,6 +672,38 @@ impl Worker {
             }
         }
     }
+}
+
+/// How long a hook with no limit of its own may run (kubelet sets none on postStart).
+const HOOK_LIMIT: Duration = Duration::from_secs(3600);
+
+/// The least grace a container is stopped with once its preStop hook has run (kubelet's
+/// `minimumGracePeriodInSeconds`).
+const MINIMUM_GRACE: i64 = 2;
+
+/// Stops one container as kubelet's killContainer does: a running one's preStop hook first,
+/// within the grace period, then StopContainer with what is left of it (2 s at least).
+async fn stop_one(
+    cri: &CriClient,
+    pod: Option<&Pod>,
+    seen: &actions::ContainerSeen,
+    grace: i64,
+    pod_ip: &str,
+) -> Result<(), cri::CriError> {
+    let spec = pod.and_then(|p| p.spec.as_ref());
+    let container = spec.and_then(|s| s.containers.iter().find(|c| c.name == seen.name));
+    let hook = container.and_then(|c| Some((c, c.lifecycle.as_ref()?.pre_stop.as_ref()?)));
+    let mut timeout = grace;
+    if let Some((container, hook)) = hook.filter(|_| seen.state == State::Running && grace > 0) {
+        let started = std::time::Instant::now();
+        let limit = Duration::from_secs(grace as u64);
+        let ran = prober::run_action(cri, &seen.id, container, prober::Action::of_hook(hook), pod_ip, limit);
+        if let Err(why) = ran.await {
+            tracing::warn!(container = %seen.name, id = %seen.id, reason = "FailedPreStopHook", %why, "preStop hook failed");
+        }
+        timeout = (grace - started.elapsed().as_secs() as i64).max(MINIMUM_GRACE);
+    }
+    cri.stop_container(cri::StopContainerRequest { container_id: seen.id.clone(), timeout }).await.map(|_| ())
 }
 
 /// The grace period: the pod's `terminationGracePeriodSeconds`, else what its containers
