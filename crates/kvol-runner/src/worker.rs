@@ -17,8 +17,8 @@ use crate::env::EnvContext;
 use crate::hosts;
 use crate::labels::PodIds;
 use crate::prober;
-use crate::pull_secrets;
 use crate::probes::{self, Kind};
+use crate::pull_secrets;
 use crate::sandbox::sandbox_config;
 use crate::shared::{Shared, Volumes};
 use crate::status::{PodView, pod_view};
@@ -515,8 +515,11 @@ impl Worker {
             if credentials.is_empty() { vec![None] } else { credentials.into_iter().map(Some).collect() };
         let mut last = String::new();
         for auth in attempts {
-            let request =
-                cri::PullImageRequest { image: Some(spec.clone()), auth, sandbox_config: Some(sandbox.clone()) };
+            let request = cri::PullImageRequest {
+                image: Some(spec.clone()),
+                auth,
+                sandbox_config: Some(sandbox.clone()),
+            };
             match self.cri.pull_image(request).await {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e.runtime_message(),

@@ -14,6 +14,8 @@ use kvol_node::agent::{run_agent, run_agent_with_source};
 use kvol_node::report::status::{Phase, read_status, render_table};
 use kvol_node::sources::{ManifestsSource, ObjectSource};
 
+use crate::embedded_runtime;
+
 /// Arguments of `kvol agent`.
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
@@ -91,6 +93,9 @@ pub struct AgentArgs {
     pub until_settled: bool,
     /// Run the pods' containers through this CRI runtime (kubelet's flag), e.g.
     /// `unix:///run/containerd/containerd.sock`; without it kvol sets up volumes only.
+    /// `embedded`: a private containerd under the state directory, with the example image
+    /// `kvol.local/busybox:1` made from the host's static busybox (volumes only, saying why,
+    /// where that cannot run); with --until-settled its pods are removed before the exit.
     #[arg(long, value_name = "unix://PATH")]
     pub container_runtime_endpoint: Option<String>,
     /// With --until-settled: give up (exit 1) after this long.
@@ -166,10 +171,24 @@ pub fn run(
     if args.no_runtime_api {
         config.runtime_socket = None;
     }
-    let runner = match &args.container_runtime_endpoint {
+    let embedded = args.container_runtime_endpoint.as_deref() == Some(embedded_runtime::EMBEDDED);
+    let endpoint = match args.container_runtime_endpoint.as_deref() {
+        Some(embedded_runtime::EMBEDDED) => match embedded_runtime::unavailable() {
+            None => Some(embedded_runtime::endpoint_in(&config.state_dir)),
+            Some(why) => {
+                tracing::warn!(%why, "volumes only: the embedded container runtime cannot run here");
+                crate::runner_cmd::record_volumes_only(&config.state_dir, &why);
+                None
+            }
+        },
+        other => other.map(str::to_string),
+    };
+    let runner = match &endpoint {
         Some(endpoint) => Some(crate::runner_cmd::prepare(endpoint, args.root.is_some(), &mut config)?),
         None => None,
     };
+    let private_runtime = embedded && endpoint.is_some();
+    let with_pods = runner.is_some();
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
@@ -197,11 +216,15 @@ pub fn run(
         if let Some(limit) = settle {
             let root = root.clone();
             tokio::spawn(async move {
-                let _ = settled_tx.send(wait_until_settled(&root, limit).await);
+                let _ = settled_tx.send(wait_until_settled(&root, limit, with_pods).await);
             });
         } else {
             drop(settled_tx);
         }
+        let containerd = match private_runtime {
+            true => Some(embedded_runtime::EmbeddedRuntime::start(&root).await?),
+            false => None,
+        };
         let runner_stop = runner.map(crate::runner_cmd::RunnerSetup::start).transpose()?;
         let mut settled = None;
         let shutdown = async {
@@ -223,14 +246,22 @@ pub fn run(
         if let Some(stop) = runner_stop {
             let _ = stop.send(true);
         }
-        match settled {
+        let outcome = match settled {
             Some(ok) => {
                 let report = read_status(&root).map_err(anyhow::Error::msg)?;
                 print!("{}", render_table(&report, now_ms()));
+                print!("{}", crate::status_cmd::pods_with_logs(&root, &report));
                 Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
             }
             None => Ok(ExitCode::SUCCESS),
+        };
+        if let Some(containerd) = containerd {
+            if settle.is_some() {
+                containerd.remove_every_pod().await;
+            }
+            containerd.stop().await;
         }
+        outcome
     })
 }
 
@@ -282,22 +313,34 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Waits until the status has volumes and none of them is in a transitional phase, unchanged
-/// for two seconds; false on timeout.
-async fn wait_until_settled(root: &std::path::Path, limit: Duration) -> bool {
+/// Waits until the status has volumes and none of them is in a transitional phase, and (with
+/// `pods`) every pod's containers have started or say why not, all unchanged for two seconds;
+/// false on timeout.
+async fn wait_until_settled(root: &std::path::Path, limit: Duration, pods: bool) -> bool {
     let start = Instant::now();
-    let mut last: Option<(Vec<(String, Phase)>, Instant)> = None;
+    let mut last: Option<(Vec<(String, String)>, Instant)> = None;
     while start.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let Ok(report) = read_status(root) else { continue };
         if report.pid != std::process::id() || report.volumes.is_empty() {
             continue;
         }
-        let phases: Vec<(String, Phase)> =
-            report.volumes.iter().map(|v| (format!("{}/{}", v.pod, v.volume), v.phase)).collect();
-        let steady = phases.iter().all(|(_, p)| {
-            matches!(p, Phase::Published | Phase::Uncertain | Phase::Failed | Phase::Pending | Phase::Unused)
+        let mut phases: Vec<(String, String)> = report
+            .volumes
+            .iter()
+            .map(|v| (format!("{}/{}", v.pod, v.volume), format!("{:?}", v.phase)))
+            .collect();
+        let mut steady = report.volumes.iter().all(|v| {
+            matches!(
+                v.phase,
+                Phase::Published | Phase::Uncertain | Phase::Failed | Phase::Pending | Phase::Unused
+            )
         });
+        if pods {
+            let Some(states) = crate::status_cmd::pod_states(root, &report) else { continue };
+            steady &= states.iter().all(|(_, state)| state.1);
+            phases.extend(states.into_iter().map(|(name, state)| (name, state.0)));
+        }
         match &last {
             Some((previous, since)) if *previous == phases && steady => {
                 if since.elapsed() >= Duration::from_secs(2) {

@@ -7,6 +7,7 @@ pub mod components_common;
 pub mod components_node_cmd;
 pub mod csi_driver_cmd;
 pub mod documents;
+pub mod embedded_runtime;
 pub mod flex_cmd;
 pub mod gates_cmd;
 pub mod lvm_driver_cmd;

@@ -36,18 +36,32 @@ pub fn run(args: &LogsArgs) -> anyhow::Result<ExitCode> {
         (true, 0) => anyhow::bail!("previous terminated container \"{name}\" in pod \"{key}\" not found"),
         (true, n) => n - 1,
     };
-    let (namespace, pod_name) = key.split_once('/').unwrap_or(("default", &key));
-    let uid = pod["uid"].as_str().unwrap_or_default();
-    let file = logs_root(&args.state_dir)
-        .join(format!("{namespace}_{pod_name}_{uid}"))
-        .join(name)
-        .join(format!("{attempt}.log"));
+    let file = log_file(&args.state_dir, &pod, name, attempt);
     let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
     print!("{}", kvol_runner::cri_view::log_text(&text));
     if args.follow && !args.previous {
         follow(&file, text.len(), &args.state_dir, &key, name)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `<logs>/<ns>_<name>_<uid>/<container>/<attempt>.log`, kubelet's layout.
+fn log_file(state_dir: &Path, pod: &Value, container: &str, attempt: u64) -> PathBuf {
+    let key = pod["pod"].as_str().unwrap_or_default();
+    let (namespace, pod_name) = key.split_once('/').unwrap_or(("default", key));
+    let uid = pod["uid"].as_str().unwrap_or_default();
+    logs_root(state_dir)
+        .join(format!("{namespace}_{pod_name}_{uid}"))
+        .join(container)
+        .join(format!("{attempt}.log"))
+}
+
+/// What a container's `attempt`th run printed, its CRI line prefixes taken off (none when
+/// there is no log).
+pub fn container_log(state_dir: &Path, pod: &Value, container: &Value, attempt: u64) -> Option<String> {
+    let name = container["name"].as_str()?;
+    let text = std::fs::read_to_string(log_file(state_dir, pod, name, attempt)).ok()?;
+    Some(kvol_runner::cri_view::log_text(&text))
 }
 
 /// The pod's status and the container's, from the runner's status file.

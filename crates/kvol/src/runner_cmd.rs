@@ -24,6 +24,7 @@ pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyh
     let Some(socket) = config.runtime_socket.clone() else {
         anyhow::bail!("--container-runtime-endpoint needs the runtime api (drop --no-runtime-api)");
     };
+    let _ = std::fs::remove_file(config.state_dir.join("runner").join(VOLUMES_ONLY_FILE));
     let (tap, objects) = watch::channel(Arc::new(ObjectSet::default()));
     config.objects_tap = Some(tap);
     let log_root = if embedded { config.state_dir.join("logs/pods") } else { PathBuf::from("/var/log/pods") };
@@ -39,6 +40,17 @@ pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyh
         poll: Duration::from_secs(1),
     };
     Ok(RunnerSetup { config: runner, objects })
+}
+
+/// The file that says why this agent runs no pods though a runtime was asked for.
+pub const VOLUMES_ONLY_FILE: &str = "volumes-only";
+
+/// Records why the agent stays volumes-only (`kvol status` says it); a runner started later
+/// clears it.
+pub fn record_volumes_only(state_dir: &std::path::Path, why: &str) {
+    let dir = state_dir.join("runner");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(VOLUMES_ONLY_FILE), why);
 }
 
 impl RunnerSetup {

@@ -33,12 +33,16 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         StatusFormat::Table => {
             let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             print!("{}", render_table(&report, now));
-            print!("{}", render_pods(pods.as_deref()));
+            print!("{}", render_pods(pods.as_deref(), volumes_only(&args.state_dir, &report).as_deref()));
         }
         StatusFormat::Json => {
             let mut json = serde_json::to_value(&report)?;
             if let (Some(pods), Some(object)) = (pods, json.as_object_mut()) {
                 object.insert("pods".into(), Value::Array(pods));
+            } else if let (Some(why), Some(object)) =
+                (volumes_only(&args.state_dir, &report), json.as_object_mut())
+            {
+                object.insert("volumesOnly".into(), Value::String(why));
             }
             println!("{}", serde_json::to_string_pretty(&json)?);
         }
@@ -59,11 +63,80 @@ fn runner_pods(state_dir: &Path, report: &StatusReport) -> Option<Vec<Value>> {
     Some(status.pods)
 }
 
+/// Why this agent run has no runner though one was asked for (`embedded` where it cannot run).
+fn volumes_only(state_dir: &Path, report: &StatusReport) -> Option<String> {
+    let file = state_dir.join("runner").join(crate::runner_cmd::VOLUMES_ONLY_FILE);
+    let modified = std::fs::metadata(&file).ok()?.modified().ok()?;
+    let modified_ms = modified.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
+    (modified_ms + 1000 >= report.started_unix_ms).then(|| std::fs::read_to_string(&file).ok()).flatten()
+}
+
+/// The pods' lines of the table and what each container printed (the last 20 lines of its
+/// log): what a demo shows once it has settled.
+pub fn pods_with_logs(state_dir: &Path, report: &StatusReport) -> String {
+    let pods = runner_pods(state_dir, report);
+    let mut out = render_pods(pods.as_deref(), volumes_only(state_dir, report).as_deref());
+    for pod in pods.iter().flatten() {
+        for container in ["initContainers", "containers"]
+            .iter()
+            .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default())
+        {
+            let restarts = container["restartCount"].as_u64().unwrap_or(0);
+            let Some(text) = crate::pod_logs_cmd::container_log(state_dir, pod, &container, restarts) else {
+                continue;
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            if lines.is_empty() {
+                continue;
+            }
+            out.push_str(&format!(
+                "{} {} said:\n",
+                pod["pod"].as_str().unwrap_or_default(),
+                container["name"].as_str().unwrap_or_default()
+            ));
+            for line in &lines[lines.len().saturating_sub(20)..] {
+                out.push_str(&format!("  | {line}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// Each container's state (`pod/container` → its state and reason, and whether it is
+/// somewhere a demo can stop waiting: started, ended, or waiting for a reason of its own or of
+/// its pod's), when this agent run's runner has written its status.
+pub fn pod_states(state_dir: &Path, report: &StatusReport) -> Option<Vec<(String, (String, bool))>> {
+    let pods = runner_pods(state_dir, report)?;
+    let mut states = Vec::new();
+    for pod in &pods {
+        let pod_waits = pod["message"].as_str().is_some_and(|m| !m.is_empty());
+        for c in ["initContainers", "containers"]
+            .iter()
+            .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default())
+        {
+            let (state, reason) =
+                (c["state"].as_str().unwrap_or_default(), c["reason"].as_str().unwrap_or_default());
+            let starting =
+                state == "waiting" && matches!(reason, "" | "ContainerCreating" | "PodInitializing");
+            let key = format!(
+                "{}/{}",
+                pod["pod"].as_str().unwrap_or_default(),
+                c["name"].as_str().unwrap_or_default()
+            );
+            states.push((key, (format!("{state} {reason}"), pod_waits || !starting)));
+        }
+    }
+    Some(states)
+}
+
 /// The pods' lines of the table: one per pod, one per container beneath it.
-fn render_pods(pods: Option<&[Value]>) -> String {
+fn render_pods(pods: Option<&[Value]>, volumes_only: Option<&str>) -> String {
     let Some(pods) = pods else {
-        return "pods: volumes only (no container runtime: start the agent with --container-runtime-endpoint)\n"
-            .to_string();
+        return match volumes_only {
+            Some(why) => format!("pods: volumes only (the embedded container runtime cannot run here: {why})\n"),
+            None => "pods: volumes only (no container runtime: start the agent with --container-runtime-endpoint)\n"
+                .to_string(),
+        };
     };
     let mut out = format!("pods: {}\n", pods.len());
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
@@ -112,10 +185,11 @@ mod tests {
                     "message": "back-off 20s restarting failed container=main", "restartCount": 3}]}),
         ];
         // (case, pods, expected)
-        let cases: [(&str, Option<&[Value]>, &str); 2] = [
+        let cases: [(&str, Option<&[Value]>, Option<&str>, &str); 3] = [
             (
                 "pods",
                 Some(&pods),
+                None,
                 "pods: 2\n  default/web Running ready\n    main running restarts=0\n  default/crash Running not ready\n    \
                  init setup terminated restarts=0 Completed\n    main waiting restarts=3 CrashLoopBackOff: back-off 20s \
                  restarting failed container=main\n",
@@ -123,11 +197,18 @@ mod tests {
             (
                 "no runner",
                 None,
+                None,
                 "pods: volumes only (no container runtime: start the agent with --container-runtime-endpoint)\n",
             ),
+            (
+                "embedded asked for, not possible",
+                None,
+                Some("runc is not on PATH"),
+                "pods: volumes only (the embedded container runtime cannot run here: runc is not on PATH)\n",
+            ),
         ];
-        for (name, pods, want) in cases {
-            assert_eq!(render_pods(pods), want, "{name}");
+        for (name, pods, why, want) in cases {
+            assert_eq!(render_pods(pods, why), want, "{name}");
         }
     }
 }

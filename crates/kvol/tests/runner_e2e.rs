@@ -11,7 +11,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::containerd::{Containerd, IMAGE, PAUSE, build_image, tools};
+
+use support::containerd::{
+    Containerd, IMAGE, PAUSE, build_image, main_container, pod_status, tools, wait_pod,
+};
 use support::{Node, enter_private_mount_namespace, wait_for_path};
 
 const WEB_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e1";
@@ -133,34 +136,6 @@ spec:
 "#
     );
     (web, crash, format!("{bad}---\n{done}"))
-}
-
-/// The runner's status of the pod of `uid`, from `<root>/runner/pods.json`.
-fn pod_status(node: &Node, uid: &str) -> Option<Value> {
-    let text = std::fs::read_to_string(node.root.join("runner/pods.json")).ok()?;
-    let file: Value = serde_json::from_str(&text).ok()?;
-    file["pods"].as_array()?.iter().find(|p| p["uid"] == uid).cloned()
-}
-
-/// Waits until `ok` holds of the pod's status; panics with the status and the agent's log.
-fn wait_pod(node: &Node, uid: &str, limit: Duration, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = pod_status(node, uid).filter(|s| ok(s)) {
-            return status;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what}: not within {limit:?}; status {:#?}\n{}",
-            pod_status(node, uid),
-            node.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn main_container(status: &Value) -> &Value {
-    &status["containers"][0]
 }
 
 #[test]

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Daemon, wait_for_path};
+use serde_json::Value;
+
+use super::{Daemon, Node, wait_for_path};
 
 /// The image the pods run.
 pub const IMAGE: &str = "kvol.test/busybox:1";
@@ -211,5 +213,62 @@ impl Drop for Containerd {
         }
         self.daemon.take();
         // The scratch directory, dropped next, stops the shims and unmounts what is left.
+    }
+}
+
+/// The runner's status of the pod of `uid`, from `<root>/runner/pods.json`.
+pub fn pod_status(node: &Node, uid: &str) -> Option<Value> {
+    let text = std::fs::read_to_string(node.root.join("runner/pods.json")).ok()?;
+    let file: Value = serde_json::from_str(&text).ok()?;
+    file["pods"].as_array()?.iter().find(|p| p["uid"] == uid).cloned()
+}
+
+/// Waits until `ok` holds of the pod's status; panics with the status and the agent's log.
+pub fn wait_pod(node: &Node, uid: &str, limit: Duration, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = pod_status(node, uid).filter(|s| ok(s)) {
+            return status;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: not within {limit:?}; status {:#?}\n{}",
+            pod_status(node, uid),
+            node.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn main_container(status: &Value) -> &Value {
+    &status["containers"][0]
+}
+
+/// The container's log (`<root>/logs/pods/<ns>_<name>_<uid>/<container>/0.log`) once it holds
+/// `needle`, its CRI prefixes (`<time> stdout F `) taken off; panics with it and the agent's
+/// log after `limit`.
+pub fn wait_log(
+    node: &Node,
+    pod: (&str, &str, &str),
+    container: &str,
+    needle: &str,
+    limit: Duration,
+) -> String {
+    let (namespace, name, uid) = pod;
+    let file = node.root.join(format!("logs/pods/{namespace}_{name}_{uid}/{container}/0.log"));
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().map(|l| l.splitn(4, ' ').nth(3).unwrap_or(l)).collect();
+        if lines.iter().any(|l| l.contains(needle)) {
+            return lines.join("\n") + "\n";
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{} never said {needle:?} within {limit:?}:\n{text}\n{}",
+            file.display(),
+            node.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
