@@ -212,11 +212,16 @@ pub fn run(
         .then(|| ClusterMode { kubeconfig: args.kubeconfig.clone(), static_pods: args.manifests.clone() });
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
     runtime.block_on(async move {
-        let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<bool>();
+        // Settled: whether, and the pods as they were then (before the agent stops under them).
+        let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<(bool, String)>();
         if let Some(limit) = settle {
             let root = root.clone();
             tokio::spawn(async move {
-                let _ = settled_tx.send(wait_until_settled(&root, limit, with_pods).await);
+                let ok = wait_until_settled(&root, limit, with_pods).await;
+                let pods = read_status(&root)
+                    .map(|report| crate::status_cmd::pods_with_logs(&root, &report))
+                    .unwrap_or_default();
+                let _ = settled_tx.send((ok, pods));
             });
         } else {
             drop(settled_tx);
@@ -247,19 +252,18 @@ pub fn run(
             let _ = stop.send(true);
         }
         let outcome = match settled {
-            Some(ok) => {
+            Some((ok, pods)) => {
                 let report = read_status(&root).map_err(anyhow::Error::msg)?;
                 print!("{}", render_table(&report, now_ms()));
-                print!("{}", crate::status_cmd::pods_with_logs(&root, &report));
+                print!("{pods}");
                 Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
             }
             None => Ok(ExitCode::SUCCESS),
         };
-        if let Some(containerd) = containerd {
-            if settle.is_some() {
-                containerd.remove_every_pod().await;
-            }
-            containerd.stop().await;
+        match (containerd, settle) {
+            (Some(containerd), Some(_)) => containerd.stop_leaving_nothing().await,
+            (Some(containerd), None) => containerd.stop().await,
+            (None, _) => {}
         }
         outcome
     })

@@ -128,24 +128,40 @@ impl EmbeddedRuntime {
     }
 
     /// Stops and removes every pod sandbox (their containers with them), until none is left
-    /// or 20 s pass: a demo leaves nothing running.
-    pub async fn remove_every_pod(&self) {
+    /// or 20 s pass.
+    async fn remove_every_pod(&self) {
         let endpoint = format!("unix://{}", self.dir.join("containerd.sock").display());
-        let Ok(cri) = kvol_cri::CriClient::new(&endpoint, Default::default()) else { return };
+        let cri = match kvol_cri::CriClient::new(&endpoint, Default::default()) {
+            Ok(cri) => cri,
+            Err(e) => return tracing::warn!(error = %e, "cannot reach the private containerd to remove its pods"),
+        };
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {
-            let listed = cri.list_pod_sandbox(Default::default()).await.map(|l| l.items).unwrap_or_default();
+            let listed = match cri.list_pod_sandbox(Default::default()).await {
+                Ok(list) => list.items,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the pods of the private containerd");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
             if listed.is_empty() {
                 return;
             }
             for sandbox in listed {
                 let id = sandbox.id;
-                let _ = cri
-                    .stop_pod_sandbox(kvol_cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() })
-                    .await;
-                let _ =
-                    cri.remove_pod_sandbox(kvol_cri::RemovePodSandboxRequest { pod_sandbox_id: id }).await;
+                let stopped =
+                    cri.stop_pod_sandbox(kvol_cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() });
+                if let Err(e) = stopped.await {
+                    tracing::warn!(sandbox = %id, error = %e, "cannot stop a pod of the private containerd");
+                }
+                let removed =
+                    cri.remove_pod_sandbox(kvol_cri::RemovePodSandboxRequest { pod_sandbox_id: id.clone() });
+                if let Err(e) = removed.await {
+                    tracing::warn!(sandbox = %id, error = %e, "cannot remove a pod of the private containerd");
+                }
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tracing::warn!("pods were still in the private containerd after 20 s");
     }
@@ -189,6 +205,36 @@ impl EmbeddedRuntime {
     pub async fn stop(self) {
         self.supervised.stop().await;
     }
+
+    /// Removes every pod, stops containerd, and waits (5 s at most) until no process of its
+    /// own is left (the shims end a moment after their last container).
+    pub async fn stop_leaving_nothing(self) {
+        self.remove_every_pod().await;
+        let socket = self.dir.join("containerd.sock").to_string_lossy().into_owned();
+        self.supervised.stop().await;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) && !processes_naming(&socket).is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let left = processes_naming(&socket);
+        if !left.is_empty() {
+            tracing::warn!(?left, "processes of the private containerd still run");
+        }
+    }
+}
+
+/// The pids of the processes whose command line names `needle` (the shims name their
+/// containerd's socket).
+fn processes_naming(needle: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(needle)
+        })
+        .collect()
 }
 
 /// A one-layer docker-archive image (`ctr images import`'s input) of `busybox` and its applet
