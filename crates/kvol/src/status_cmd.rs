@@ -185,7 +185,8 @@ mod tests {
                     "message": "back-off 20s restarting failed container=main", "restartCount": 3}]}),
         ];
         // (case, pods, expected)
-        let cases: [(&str, Option<&[Value]>, Option<&str>, &str); 3] = [
+        type Case<'a> = (&'a str, Option<&'a [Value]>, Option<&'a str>, &'a str);
+        let cases: [Case; 3] = [
             (
                 "pods",
                 Some(&pods),
