@@ -20,6 +20,7 @@ mod follow;
 pub mod inventory;
 pub mod merged;
 pub mod node_objects;
+pub mod node_registration;
 pub mod refs;
 pub mod source;
 pub mod tokens;

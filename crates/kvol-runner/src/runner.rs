@@ -99,7 +99,8 @@ impl Runner {
             changed = wanted.changed() => if changed.is_err() { return },
             _ = stop.wait_for(|s| *s) => return,
         }
-        tokio::spawn(write_status(self.shared.status.subscribe(), self.shared.state_dir.join(STATUS_FILE)));
+        let (status, file) = (self.shared.status.subscribe(), self.shared.state_dir.join(STATUS_FILE));
+        tokio::spawn(write_status(status, file, self.shared.cri.endpoint().to_string()));
         let mut viewer = Viewer::default();
         let mut workers: BTreeMap<String, watch::Sender<Input>> = BTreeMap::new();
         let mut runtime_failing = false;
@@ -209,13 +210,21 @@ pub const STATUS_FILE: &str = "pods.json";
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct StatusFile {
     pub pods: Vec<serde_json::Value>,
+    /// The CRI endpoint the pods run on (`kvol pod exec` goes there).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
 }
 
-async fn write_status(mut status: watch::Receiver<Arc<BTreeMap<String, PodView>>>, file: PathBuf) {
+async fn write_status(
+    mut status: watch::Receiver<Arc<BTreeMap<String, PodView>>>,
+    file: PathBuf,
+    endpoint: String,
+) {
     loop {
         let pods: Vec<serde_json::Value> =
             status.borrow_and_update().values().filter_map(|v| serde_json::to_value(v).ok()).collect();
-        let json = serde_json::to_vec_pretty(&StatusFile { pods }).unwrap_or_default();
+        let json =
+            serde_json::to_vec_pretty(&StatusFile { pods, endpoint: endpoint.clone() }).unwrap_or_default();
         let temporary = file.with_extension("json.tmp");
         let written = async {
             if let Some(dir) = file.parent() {

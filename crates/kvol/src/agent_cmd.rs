@@ -98,6 +98,13 @@ pub struct AgentArgs {
     /// where that cannot run); with --until-settled its pods are removed before the exit.
     #[arg(long, value_name = "unix://PATH")]
     pub container_runtime_endpoint: Option<String>,
+    /// In cluster mode with a container runtime: register the Node and keep its Lease and
+    /// status as kubelet does (kubelet's flag); false leaves the Node to whoever made it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub register_node: bool,
+    /// The pods the Node says it takes (kubelet's `--max-pods`).
+    #[arg(long, default_value = "110")]
+    pub max_pods: u32,
     /// With --until-settled: give up (exit 1) after this long.
     #[arg(long, default_value = "120", value_name = "SECONDS")]
     pub settle_timeout_seconds: u64,
@@ -208,8 +215,15 @@ pub fn run(
         .build()
         .context("cannot start the async runtime")?;
     let root = config.state_dir.clone();
-    let cluster = (args.cluster || args.kubeconfig.is_some())
-        .then(|| ClusterMode { kubeconfig: args.kubeconfig.clone(), static_pods: args.manifests.clone() });
+    let register = match (&endpoint, args.register_node) {
+        (Some(endpoint), true) => Some((endpoint.clone(), args.max_pods)),
+        _ => None,
+    };
+    let cluster = (args.cluster || args.kubeconfig.is_some()).then(|| ClusterMode {
+        kubeconfig: args.kubeconfig.clone(),
+        static_pods: args.manifests.clone(),
+        register,
+    });
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
     runtime.block_on(async move {
         // Settled: whether, and the pods as they were then (before the agent stops under them).
@@ -243,8 +257,11 @@ pub fn run(
         };
         match cluster {
             Some(mode) => {
-                let source = mode.start(&mut config).await?;
+                let (source, keeper) = mode.start(&mut config).await?;
                 run_agent_with_source(config, source, shutdown).await.map_err(anyhow::Error::msg)?;
+                if let Some(keeper) = keeper {
+                    keeper.stop().await;
+                }
             }
             None => run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?,
         }
@@ -274,15 +291,24 @@ struct ClusterMode {
     kubeconfig: Option<PathBuf>,
     /// A manifests directory beside the API, for static pods.
     static_pods: Option<PathBuf>,
+    /// Register the Node (the runtime's endpoint, `--max-pods`): kvol runs the node's pods.
+    register: Option<(String, u32)>,
 }
 
 impl ClusterMode {
     /// Connects to the API, waits for the node's pods, and sets `config` for cluster mode:
     /// no claim provisioning (the cluster's provisioner does it), the node's storage objects
     /// written to the API.
-    async fn start(self, config: &mut AgentConfig) -> anyhow::Result<Box<dyn ObjectSource>> {
+    async fn start(
+        self,
+        config: &mut AgentConfig,
+    ) -> anyhow::Result<(Box<dyn ObjectSource>, Option<kvol_cluster::node_registration::NodeKeeper>)> {
         let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
         let node = config.node_name.clone();
+        let facts = self.facts(&node, &config.state_dir).await;
+        let keeper = kvol_cluster::node_registration::take_node(client.clone(), &node, facts)
+            .await
+            .map_err(anyhow::Error::msg)?;
         tracing::info!(node, "cluster mode: waiting for the node's pods from the api server");
         let api = kvol_cluster::source::ApiSource::start(client.clone(), &node).await;
         config.provision_claims = false;
@@ -302,14 +328,25 @@ impl ClusterMode {
         let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));
         config.node_storage =
             Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node, objects)));
-        Ok(match self.static_pods {
+        let source: Box<dyn ObjectSource> = match self.static_pods {
             Some(dir) => {
                 let manifests = ManifestsSource::start(dir.clone())
                     .with_context(|| format!("cannot watch the static pods in {}", dir.display()))?;
                 Box::new(kvol_cluster::merged::MergedSource::start(Box::new(api), Box::new(manifests)))
             }
             None => Box::new(api),
-        })
+        };
+        Ok((source, keeper))
+    }
+
+    /// The node's facts when kvol registers it (it runs the node's pods).
+    async fn facts(
+        &self,
+        node: &str,
+        state_dir: &Path,
+    ) -> Option<kvol_cluster::node_registration::NodeFacts> {
+        let (endpoint, max_pods) = self.register.as_ref()?;
+        Some(crate::node_facts::gather(node, endpoint, *max_pods, state_dir).await)
     }
 }
 

@@ -133,7 +133,9 @@ impl EmbeddedRuntime {
         let endpoint = format!("unix://{}", self.dir.join("containerd.sock").display());
         let cri = match kvol_cri::CriClient::new(&endpoint, Default::default()) {
             Ok(cri) => cri,
-            Err(e) => return tracing::warn!(error = %e, "cannot reach the private containerd to remove its pods"),
+            Err(e) => {
+                return tracing::warn!(error = %e, "cannot reach the private containerd to remove its pods");
+            }
         };
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {

@@ -28,6 +28,9 @@ pub enum PodCommand {
     Watch(WatchArgs),
     /// A container's log (pods run with `kvol agent --container-runtime-endpoint`).
     Logs(crate::pod_logs_cmd::LogsArgs),
+    /// Run a command in a container and wait for it (CRI ExecSync: its output once it ends, no
+    /// terminal or stdin); exits with its exit code.
+    Exec(crate::pod_exec_cmd::ExecArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -115,6 +118,7 @@ pub fn run(command: &PodCommand) -> anyhow::Result<ExitCode> {
             }
             PodCommand::Watch(args) => watch(args).await,
             PodCommand::Logs(args) => crate::pod_logs_cmd::run(args),
+            PodCommand::Exec(args) => crate::pod_exec_cmd::run(args).await,
         }
     })
 }

@@ -65,7 +65,7 @@ pub fn container_log(state_dir: &Path, pod: &Value, container: &Value, attempt: 
 }
 
 /// The pod's status and the container's, from the runner's status file.
-fn find(state_dir: &Path, key: &str, container: Option<&str>) -> anyhow::Result<(Value, Value)> {
+pub(crate) fn find(state_dir: &Path, key: &str, container: Option<&str>) -> anyhow::Result<(Value, Value)> {
     let file = state_dir.join("runner").join(kvol_runner::runner::STATUS_FILE);
     let text = std::fs::read(&file).with_context(|| {
         format!(

@@ -66,14 +66,14 @@ impl RunnerSetup {
 
 /// The node's address as a host-network pod sees it: the source address of the default route
 /// (nothing is sent), else loopback.
-fn host_ip() -> String {
+pub(crate) fn host_ip() -> String {
     let socket = std::net::UdpSocket::bind("0.0.0.0:0");
     let local = socket.and_then(|s| s.connect("192.0.2.1:9").and_then(|()| s.local_addr()));
     local.map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into())
 }
 
 /// The node's CPUs and memory (a container's unset limits, as the downward API shows them).
-fn node_resources() -> NodeResources {
+pub(crate) fn node_resources() -> NodeResources {
     let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let kib = meminfo

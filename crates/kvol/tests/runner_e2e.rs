@@ -34,7 +34,7 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
   - name: main
-    image: kvol.test/busybox:1
+    image: IMAGE
     command: [sh, -c, "touch /tmp/alive; sleep 2; touch /tmp/ready; sleep 3; rm /tmp/alive; sleep 1000"]
     readinessProbe:
       exec: {command: [cat, /tmp/ready]}
@@ -299,7 +299,7 @@ fn pods_run_on_a_real_containerd() {
     // Probes: not ready, then ready once its readiness probe passes; restarted once its
     // liveness probe fails twice.
     let probed_at = Instant::now();
-    node.write("probed.yaml", PROBED);
+    node.write("probed.yaml", &PROBED.replace("IMAGE", IMAGE));
     let unready = wait_pod(&node, PROBED_UID, Duration::from_secs(30), "probed running", |s| {
         main_container(s)["state"] == "running"
     });

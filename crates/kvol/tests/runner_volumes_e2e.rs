@@ -1,4 +1,4 @@
-//! Every kind of volume kvol serves, read and written by real containers on a real containerd (Debian's, with runc; the image built here from the host's static busybox), through the real `kvol agent --container-runtime-endpoint` with its bundled CSI driver: a claim, an emptyDir, a configMap through a subPath, a secret, the downward API, a projection, a CSI ephemeral volume and a raw block device; kubelet's `/etc/hosts`; a postStart hook and a preStop hook that write into the claim, then the SIGTERM trap, all before the claim goes; a second pod that reads what the first left in the claim; and a root image under `runAsNonRoot` refused with kubelet's reason. Every pod removed → nothing left in containerd and no mount.
+//! Every kind of volume kvol serves, read and written by real containers on a real containerd (Debian's, with runc; the image built here from the host's static busybox), through the real `kvol agent --container-runtime-endpoint` with its bundled CSI driver: a claim, an emptyDir, a configMap through a subPath, a secret, the downward API, a projection, a CSI ephemeral volume and a raw block device; kubelet's `/etc/hosts`; a postStart hook and a preStop hook that write into the claim, then the SIGTERM trap, all before the claim goes; a second pod that reads what the first left in the claim; and a root image under `runAsNonRoot` refused with kubelet's reason; `kvol pod exec` in the running container. Every pod removed → nothing left in containerd and no mount.
 //!
 //! Needs root, `containerd`, `ctr`, `runc` and a static `/bin/busybox` (Debian's `containerd
 //! runc busybox-static`) and loop devices; skipped, saying so, without them.
@@ -197,6 +197,26 @@ fn every_volume_kind_reaches_a_real_container() {
     let running =
         wait_pod(&node, WRITER_UID, Duration::from_secs(10), "writer ready", |s| s["ready"] == true);
     assert_eq!(main_container(&running)["restartCount"], 0, "{running:#}");
+
+    // `kvol pod exec`: the command's output, and its exit code as kvol's.
+    let exec = |command: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvol"))
+            .args(["pod", "exec", "writer", "--root"])
+            .arg(&node.root)
+            .arg("--")
+            .args(command)
+            .output()
+            .unwrap()
+    };
+    let out = exec(&["cat", "/data/first"]);
+    assert_eq!(
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()),
+        (Some(0), "written into the claim\n"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = exec(&["sh", "-c", "echo oops >&2; exit 3"]);
+    assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stderr).as_ref()), (Some(3), "oops\n"));
 
     // A root image under runAsNonRoot: kubelet's reason, nothing else touched.
     node.write("20-non-root.yaml", &non_root());

@@ -10,17 +10,17 @@ use serde_json::Value;
 
 use super::{Daemon, Node, wait_for_path};
 
-/// The image the pods run.
-pub const IMAGE: &str = "kvol.test/busybox:1";
+/// The image the pods run: the embedded runtime's example image.
+pub const IMAGE: &str = kvol::embedded_runtime::EXAMPLE_IMAGE;
 /// The sandbox image containerd is configured with; the same busybox, sleeping.
-pub const PAUSE: &str = "kvol.test/pause:1";
+pub const PAUSE: &str = kvol::embedded_runtime::PAUSE_IMAGE;
 
 /// The static busybox to build the image from, or why the tools are missing.
 pub fn tools() -> Result<PathBuf, String> {
     if !nix::unistd::Uid::effective().is_root() {
         return Err("not root".into());
     }
-    for tool in ["containerd", "ctr", "runc", "tar", "sha256sum"] {
+    for tool in ["containerd", "ctr", "runc"] {
         let found = std::env::var_os("PATH")
             .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
         if !found {
@@ -29,7 +29,7 @@ pub fn tools() -> Result<PathBuf, String> {
     }
     let busybox = PathBuf::from(std::env::var_os("KVOL_BUSYBOX").unwrap_or_else(|| "/bin/busybox".into()));
     let file = std::fs::read(&busybox).map_err(|e| format!("no busybox at {}: {e}", busybox.display()))?;
-    if !is_static_elf(&file) {
+    if !kvol::embedded_runtime::is_static_elf(&file) {
         return Err(format!(
             "{} is not a static busybox (apt-get install busybox-static)",
             busybox.display()
@@ -38,68 +38,10 @@ pub fn tools() -> Result<PathBuf, String> {
     Ok(busybox)
 }
 
-/// A 64-bit ELF executable without a PT_INTERP program header (no dynamic loader).
-fn is_static_elf(file: &[u8]) -> bool {
-    if file.len() < 64 || &file[..4] != b"\x7fELF" || file[4] != 2 {
-        return false;
-    }
-    let u16_at = |at: usize| u16::from_le_bytes([file[at], file[at + 1]]) as usize;
-    let phoff = u64::from_le_bytes(file[0x20..0x28].try_into().unwrap()) as usize;
-    let (size, count) = (u16_at(0x36), u16_at(0x38));
-    (0..count).all(|i| {
-        let at = phoff + i * size;
-        file.get(at..at + 4).is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap()) != 3)
-    })
-}
-
-fn run(command: &mut Command) -> String {
-    let out = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn sha256(file: &Path) -> String {
-    run(Command::new("sha256sum").arg(file)).split_whitespace().next().unwrap().to_string()
-}
-
-/// A one-layer docker-archive image of busybox and its applet links, tagged `tags`.
+/// A one-layer docker-archive image of busybox and its applet links, tagged `tags` (the
+/// embedded runtime's own).
 pub fn build_image(dir: &Path, busybox: &Path, tags: &[&str]) -> PathBuf {
-    let rootfs = dir.join("rootfs");
-    let out = dir.join("image");
-    for sub in ["bin", "tmp", "etc", "proc", "sys", "dev"] {
-        std::fs::create_dir_all(rootfs.join(sub)).unwrap();
-    }
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
-    for applet in run(Command::new(busybox).arg("--list-full")).lines() {
-        let link = rootfs.join(applet);
-        if applet == "bin/busybox" || link.exists() {
-            continue;
-        }
-        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-        std::os::unix::fs::symlink("/bin/busybox", link).unwrap();
-    }
-    let layer = out.join("layer.tar");
-    run(Command::new("tar")
-        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&layer)
-        .arg("."));
-    let config = serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sleep", "100000"]},
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", sha256(&layer))]}
-    });
-    let config_file = out.join("config.json");
-    std::fs::write(&config_file, serde_json::to_vec(&config).unwrap()).unwrap();
-    let config_name = format!("{}.json", sha256(&config_file));
-    std::fs::rename(&config_file, out.join(&config_name)).unwrap();
-    let manifest = serde_json::json!([{"Config": config_name, "RepoTags": tags, "Layers": ["layer.tar"]}]);
-    std::fs::write(out.join("manifest.json"), serde_json::to_vec(&manifest).unwrap()).unwrap();
-    let archive = dir.join("busybox.tar");
-    run(Command::new("tar").arg("-C").arg(&out).arg("-cf").arg(&archive).arg("."));
-    archive
+    kvol::embedded_runtime::build_busybox_image(&dir.join("image"), busybox, tags).expect("the image is made")
 }
 
 /// A private containerd under a scratch directory; on drop every task is killed and removed
@@ -115,30 +57,7 @@ impl Containerd {
         let dir = kvol_test_support::ScratchRoot::new();
         let root = dir.path().to_path_buf();
         let socket = root.join("containerd.sock");
-        let config = format!(
-            r#"version = 2
-root = "{root}/root"
-state = "{root}/state"
-[grpc]
-  address = "{socket}"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{root}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE}"
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{root}/cni/bin"
-    conf_dir = "{root}/cni/conf"
-"#,
-            root = root.display(),
-            socket = socket.display(),
-        );
+        let config = kvol::embedded_runtime::containerd_config(&root);
         std::fs::write(root.join("config.toml"), config).unwrap();
         let mut command = Command::new("containerd");
         command.arg("--config").arg(root.join("config.toml"));

@@ -1,0 +1,90 @@
+//! What a kvol node registers of itself: the host's facts (CPUs, memory, disk, kernel, OS, ids, address) and the runtime's name and version, read once at start.
+
+use std::path::Path;
+
+use kvol_cluster::node_registration::NodeFacts;
+
+/// What kvol says in `nodeInfo.kubeletVersion`: the kubelet it stands in for, then its own.
+pub fn agent_version() -> String {
+    format!("v1.26.0-kvol.{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The node's facts; the runtime's version from CRI's Version at `endpoint`.
+pub async fn gather(name: &str, endpoint: &str, max_pods: u32, state_dir: &Path) -> NodeFacts {
+    let resources = crate::runner_cmd::node_resources();
+    NodeFacts {
+        name: name.to_string(),
+        hostname: name.to_string(),
+        internal_ip: crate::runner_cmd::host_ip(),
+        cpu_millis: resources.cpu_millis,
+        memory_bytes: resources.memory_bytes,
+        ephemeral_storage_bytes: disk_bytes(state_dir),
+        max_pods,
+        architecture: go_arch(std::env::consts::ARCH).to_string(),
+        kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
+        os_image: os_image(&read_trimmed("/etc/os-release")),
+        machine_id: read_trimmed("/etc/machine-id"),
+        system_uuid: read_trimmed("/sys/class/dmi/id/product_uuid"),
+        boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+        container_runtime_version: runtime_version(endpoint).await,
+        agent_version: agent_version(),
+        extra_labels: Default::default(),
+    }
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// `<runtime name>://<version>` (kubelet's form), or `unknown://` when the runtime does not say.
+async fn runtime_version(endpoint: &str) -> String {
+    let Ok(cri) = kvol_cri::CriClient::new(endpoint, Default::default()) else { return "unknown://".into() };
+    match cri.version(kvol_cri::VersionRequest { version: "v1".into() }).await {
+        Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+        Err(e) => {
+            tracing::warn!(error = %e, "the runtime does not say its version");
+            "unknown://".into()
+        }
+    }
+}
+
+/// The bytes of the filesystem holding `dir` (kubelet's ephemeral-storage capacity is its root
+/// directory's filesystem).
+fn disk_bytes(dir: &Path) -> u64 {
+    rustix::fs::statvfs(dir).map(|s| s.f_blocks * s.f_frsize).unwrap_or(0)
+}
+
+/// Go's name of an architecture, as `kubernetes.io/arch` carries it.
+fn go_arch(rust: &str) -> &str {
+    match rust {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+/// `PRETTY_NAME` of an os-release file, else `Linux`.
+fn os_image(os_release: &str) -> String {
+    os_release
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "Linux".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_as_kubelet_gives_them() {
+        assert_eq!((go_arch("x86_64"), go_arch("aarch64"), go_arch("s390x")), ("amd64", "arm64", "s390x"));
+        assert_eq!(
+            os_image("ID=debian\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n"),
+            "Debian GNU/Linux 12 (bookworm)"
+        );
+        assert_eq!(os_image(""), "Linux");
+        assert!(agent_version().starts_with("v1.26.0-kvol."));
+    }
+}
