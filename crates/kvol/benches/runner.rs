@@ -1,4 +1,4 @@
-//! Manifest → container running through the real agent and its runner on a private containerd (Debian's, with runc): one pod at a time, then many at once, the agent's RSS with them running, and every pod removed → nothing left.
+//! Manifest → container running through the real agent and its runner on a private containerd (Debian's, with runc): one pod at a time, then many at once, the agent's RSS with them running, and every pod removed → nothing left; then the same for the real kubelet v1.26 on the same containerd, side by side, when `KVOL_KUBELET` names one.
 //!
 //! `cargo bench -p kvol --bench runner` (root: a private mount namespace of the bench thread
 //! that containerd and the agent inherit; needs `containerd`, `ctr`, `runc` and a static
@@ -8,21 +8,48 @@
 //! `KVOL_BENCH_PODS` (default 50) pods are written at once and timed until all run. Numbers are
 //! printed, never asserted; the goals (issue 37): ≤ 0.3 s for one pod, 50 pods ≥ 5× sooner than
 //! kubelet (kubelet v1.26 takes 0.6–1.05 s for one pod here, its 1 s relist).
+//!
+//! The kubelet (`KVOL_KUBELET`, set by `. /work/peers/env.sh`; unset, the bench says
+//! `kubelet: skipped …` and stops after kvol): not interleaved but after kvol's rounds, with
+//! kvol's agent stopped first (a kubelet kills every pod on its runtime it does not know). It
+//! runs standalone (no API server, no `--kubeconfig`: static pods from `--pod-manifest-path`),
+//! and gets the same pods as `k<i>` with other uids (its pods `k<i>-kubelet-bench`), save that
+//! the configMap volume is a downwardAPI volume (a standalone kubelet reads no configMap). Timed
+//! the same way: from the manifest's rename into its manifest directory to the pod's container
+//! running as CRI shows it (`ListContainers`, state running, label `io.kubernetes.pod.name`,
+//! every 10 ms); a round ends when the pod is gone (no ready sandbox, no running container, its
+//! pod directory removed). Then kvol and the kubelet side by side with the ratios kubelet/kvol,
+//! and each one's RSS. What the kubelet would change on the host is kept from it: scratch
+//! directories are bound over `/var/log` and `/var/lib/kubelet` in the bench's mount namespace,
+//! the sysctls it sets (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory) are put back
+//! once it has stopped (SIGTERM, then SIGKILL), its root's bind mount on itself is undone, and
+//! the sandboxes it leaves behind (its container GC is a minute away) are removed through CRI.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
 mod support;
 
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kvol_cri::{
+    ContainerFilter, ContainerState, ContainerStateValue, CriClient, Deadlines, ListContainersRequest,
+    ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStateValue, RemovePodSandboxRequest,
+    StopPodSandboxRequest,
+};
+use nix::mount::{MntFlags, MsFlags};
 use serde_json::Value;
 use support::containerd::{Containerd, IMAGE, PAUSE, build_image, tools};
 
-fn pod(i: usize) -> String {
+/// A pod of busybox sleeping on the host network, mounting the volume `cfg` (of `source`) and an
+/// emptyDir.
+fn manifest(name: &str, uid: &str, source: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: p{i}, namespace: default, uid: 5e4c0000-0000-4000-8000-{i:012}}}
+metadata: {{name: {name}, namespace: default, uid: {uid}}}
 spec:
   hostNetwork: true
   terminationGracePeriodSeconds: 0
@@ -32,14 +59,27 @@ spec:
     command: [sleep, "100000"]
     volumeMounts: [{{name: cfg, mountPath: /cfg}}, {{name: scratch, mountPath: /scratch}}]
   volumes:
-  - {{name: cfg, configMap: {{name: app}}}}
+  - {{name: cfg, {source}}}
   - {{name: scratch, emptyDir: {{}}}}
 "#
     )
 }
 
+/// kvol's pod `p<i>`, its configMap from the manifest directory.
+fn pod(i: usize) -> String {
+    manifest(&format!("p{i}"), &format!("5e4c0000-0000-4000-8000-{i:012}"), "configMap: {name: app}")
+}
+
 const CONFIG_MAP: &str =
     "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app, namespace: default}\ndata: {a: b}\n";
+
+/// What one side measured: one pod's times (sorted), all pods running, its RSS idle and then.
+struct Figures {
+    one: Vec<Duration>,
+    all_up: Duration,
+    idle_kib: Option<u64>,
+    rss_kib: Option<u64>,
+}
 
 /// The pods the runner's status shows running, and all it shows.
 fn running(node: &support::Node) -> (usize, usize) {
@@ -50,6 +90,7 @@ fn running(node: &support::Node) -> (usize, usize) {
     (up, pods.len())
 }
 
+/// Polls the runner's status every 5 ms until `ok`; how long that took.
 fn wait(node: &support::Node, what: &str, limit: Duration, ok: impl Fn((usize, usize)) -> bool) -> Duration {
     let start = Instant::now();
     while !ok(running(node)) {
@@ -59,18 +100,28 @@ fn wait(node: &support::Node, what: &str, limit: Duration, ok: impl Fn((usize, u
     start.elapsed()
 }
 
+/// `VmRSS` of the process of `/proc/<pid>`, in KiB.
+fn vm_rss_kib(proc_dir: &Path) -> Option<u64> {
+    let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The resident memory of the agent of `root` (the `kvol agent` whose command names it).
-fn agent_rss_kib(root: &std::path::Path) -> Option<u64> {
+fn agent_rss_kib(root: &Path) -> Option<u64> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let command = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if command.contains(" agent ") && command.contains(&*root.to_string_lossy()) {
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-            return line.split_whitespace().nth(1)?.parse().ok();
+            return vm_rss_kib(&entry.path());
         }
     }
     None
+}
+
+/// The bench's count of something from the environment, or `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn main() {
@@ -85,11 +136,24 @@ fn main() {
         }
     };
     support::enter_private_mount_namespace();
-    let rounds = std::env::var("KVOL_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    let many: usize = std::env::var("KVOL_BENCH_PODS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let rounds = env_count("KVOL_BENCH_ROUNDS", 5);
+    let many = env_count("KVOL_BENCH_PODS", 50);
     let containerd = Containerd::start();
     let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
     containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+    let kvol = kvol_side(&containerd, rounds, many);
+    match kubelet_binary() {
+        Ok(binary) => {
+            if let Some(kubelet) = kubelet_side(&containerd, &binary, rounds, many) {
+                print_table(&kvol, &kubelet, many);
+            }
+        }
+        Err(why) => println!("kubelet: skipped ({why})"),
+    }
+}
+
+/// kvol's rounds through the real agent (stopped at the end): one pod, then `many` at once.
+fn kvol_side(containerd: &Containerd, rounds: usize, many: usize) -> Figures {
     let mut node = support::Node::new();
     node.agent_args =
         vec!["--container-runtime-endpoint".into(), containerd.endpoint(), "--no-components".into()];
@@ -136,4 +200,465 @@ fn main() {
         removed.elapsed(),
         containerd.containers().len()
     );
+    Figures { one, all_up, idle_kib: idle, rss_kib: rss }
+}
+
+// The kubelet side.
+
+/// The kubelet's node name: its static pod `k<i>` is `k<i>-kubelet-bench` to CRI.
+const KUBELET_NODE: &str = "kubelet-bench";
+/// The kubelet's pod's volume `cfg`: a downwardAPI volume (the same atomic writer as a
+/// configMap's), since a kubelet without an API server cannot read configMaps.
+const KUBELET_CFG: &str = "downwardAPI: {items: [{path: a, fieldRef: {fieldPath: metadata.name}}]}";
+/// The sysctls a starting kubelet sets (the first three) or may set, under /proc/sys.
+const SYSCTLS: [&str; 5] = [
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "vm/overcommit_memory",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+/// The label CRI names a pod by.
+const POD_NAME: &str = "io.kubernetes.pod.name";
+
+/// The kubelet's pod `k<i>`'s uid, apart from kvol's.
+fn kubelet_uid(i: usize) -> String {
+    format!("6b1e0000-0000-4000-8000-{i:012}")
+}
+
+/// The kubelet's pod `k<i>`: kvol's `p<i>` under another name and uid, with [`KUBELET_CFG`].
+fn kubelet_pod(i: usize) -> String {
+    manifest(&format!("k{i}"), &kubelet_uid(i), KUBELET_CFG)
+}
+
+/// Whether the CRI pod name is one of the kubelet's static pods.
+fn is_kubelets(pod_name: &str) -> bool {
+    pod_name.strip_suffix(KUBELET_NODE).is_some_and(|rest| rest.ends_with('-'))
+}
+
+/// The kubelet binary `KVOL_KUBELET` names, or why there is none.
+fn kubelet_binary() -> Result<PathBuf, String> {
+    let Some(binary) = std::env::var_os("KVOL_KUBELET").filter(|v| !v.is_empty()) else {
+        return Err("set KVOL_KUBELET to a kubelet v1.26 binary".into());
+    };
+    let binary = PathBuf::from(binary);
+    if !binary.is_file() {
+        return Err(format!("KVOL_KUBELET={} is not a file", binary.display()));
+    }
+    Ok(binary)
+}
+
+/// Waits up to `limit` until no other kubelet runs (its sysctls would be saved as the host's
+/// and put back after it); the pid of one still running then.
+fn other_kubelet(limit: Duration) -> Option<i32> {
+    let start = Instant::now();
+    loop {
+        let pid = std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            (comm.trim() == "kubelet").then(|| entry.file_name().to_str()?.parse::<i32>().ok()).flatten()
+        });
+        match pid {
+            None => return None,
+            Some(pid) if start.elapsed() >= limit => return Some(pid),
+            Some(pid) => {
+                if start.elapsed() < Duration::from_secs(1) {
+                    println!("kubelet: waiting for another kubelet (pid {pid}) to end first");
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// The sysctls as they were before the kubelet started; put back when dropped (after it
+/// stopped, also on a panic).
+struct Sysctls(Vec<(PathBuf, String)>);
+
+impl Sysctls {
+    /// Reads those of [`SYSCTLS`] that the kernel has.
+    fn save() -> Sysctls {
+        let read =
+            |path: PathBuf| Some((path.clone(), std::fs::read_to_string(&path).ok()?.trim().to_string()));
+        Sysctls(SYSCTLS.iter().filter_map(|name| read(Path::new("/proc/sys").join(name))).collect())
+    }
+}
+
+impl Drop for Sysctls {
+    /// Puts back every value that changed, and says so.
+    fn drop(&mut self) {
+        for (path, before) in &self.0 {
+            let now = std::fs::read_to_string(path).unwrap_or_default().trim().to_string();
+            if now != *before {
+                let name =
+                    path.strip_prefix("/proc/sys").unwrap_or(path).display().to_string().replace('/', ".");
+                match std::fs::write(path, before) {
+                    Ok(()) => println!("kubelet: sysctl {name} put back: {now} → {before}"),
+                    Err(e) => eprintln!("kubelet: cannot put back sysctl {name} ({now} → {before}): {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Scratch directories bound over `/var/log` and `/var/lib/kubelet` (which the kubelet writes
+/// whatever `--root-dir` says) in the bench's mount namespace; unbound when dropped, and
+/// `/var/lib/kubelet` removed if the bench made it as a mount point.
+struct HostDirs {
+    made_var_lib_kubelet: bool,
+    bound: Vec<PathBuf>,
+}
+
+impl HostDirs {
+    /// Binds `<scratch>/var-log` and `<scratch>/var-lib-kubelet` over the host's.
+    fn bind(scratch: &Path) -> HostDirs {
+        let var_lib_kubelet = Path::new("/var/lib/kubelet");
+        let mut dirs = HostDirs { made_var_lib_kubelet: false, bound: Vec::new() };
+        if !var_lib_kubelet.exists() {
+            std::fs::create_dir(var_lib_kubelet).expect("make the mount point /var/lib/kubelet");
+            dirs.made_var_lib_kubelet = true;
+        }
+        for (source, target) in [("var-log", "/var/log"), ("var-lib-kubelet", "/var/lib/kubelet")] {
+            let source = scratch.join(source);
+            std::fs::create_dir_all(&source).expect("a scratch directory");
+            nix::mount::mount(Some(&source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .unwrap_or_else(|e| panic!("bind {} over {target}: {e}", source.display()));
+            dirs.bound.push(PathBuf::from(target));
+        }
+        dirs
+    }
+}
+
+impl Drop for HostDirs {
+    /// Unbinds them, and removes the mount point the bench made.
+    fn drop(&mut self) {
+        for target in self.bound.iter().rev() {
+            if let Err(e) = nix::mount::umount2(target, MntFlags::MNT_DETACH) {
+                eprintln!("kubelet: cannot unmount {}: {e}", target.display());
+            }
+        }
+        if self.made_var_lib_kubelet
+            && let Err(e) = std::fs::remove_dir("/var/lib/kubelet")
+        {
+            eprintln!("kubelet: cannot remove /var/lib/kubelet, which the bench made: {e}");
+        }
+    }
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
+}
+
+/// The kubelet's command: standalone (no `--kubeconfig`), static pods from
+/// `<dir>/kubelet-manifests`, all it keeps under `dir`, no ports but its (unused) API port.
+fn kubelet_command(binary: &Path, dir: &Path, endpoint: &str, many: usize) -> Command {
+    let path = |name: &str| dir.join(name).into_os_string();
+    let mut command = Command::new(binary);
+    command
+        .arg("--pod-manifest-path")
+        .arg(path("kubelet-manifests"))
+        .args(["--container-runtime-endpoint", endpoint, "--image-service-endpoint", endpoint])
+        .arg("--root-dir")
+        .arg(path("kubelet-root"))
+        .arg("--cert-dir")
+        .arg(path("kubelet-pki"))
+        .arg("--volume-plugin-dir")
+        .arg(path("kubelet-flexvolume"))
+        .args(["--cgroup-driver", "cgroupfs", "--cgroups-per-qos=false", "--enforce-node-allocatable="])
+        .args(["--fail-swap-on=false", "--register-node=false", "--make-iptables-util-chains=false"])
+        .args(["--hostname-override", KUBELET_NODE, "--address", "127.0.0.1"])
+        .args(["--port", &free_port().to_string(), "--read-only-port", "0", "--healthz-port", "0"])
+        .args(["--file-check-frequency", "1s", "--pod-infra-container-image", PAUSE])
+        .args(["--max-pods", &(many + 10).max(110).to_string(), "--v=2"]);
+    command
+}
+
+/// The real kubelet under a scratch directory; stopped (SIGTERM, then SIGKILL) when dropped,
+/// and its root directory's mounts (its bind mount on itself) undone.
+struct Kubelet {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Kubelet {
+    /// Starts the kubelet on `endpoint`, its output in `<dir>/kubelet.log`.
+    fn spawn(binary: &Path, dir: &Path, endpoint: &str, many: usize) -> Kubelet {
+        std::fs::create_dir_all(dir.join("kubelet-manifests")).expect("the manifest directory");
+        let log = std::fs::File::create(dir.join("kubelet.log")).expect("the kubelet's log");
+        let child = kubelet_command(binary, dir, endpoint, many)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the kubelet's log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        Kubelet { child, dir: dir.to_path_buf() }
+    }
+
+    /// The last 40 lines of its log.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("kubelet.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Its `--root-dir`.
+    fn root(&self) -> PathBuf {
+        self.dir.join("kubelet-root")
+    }
+
+    /// Polls `ok` every 10 ms until it holds; how long that took. Panics, with the log's end,
+    /// when the kubelet exited or after `limit`.
+    fn wait(&mut self, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+        let start = Instant::now();
+        while !ok() {
+            if let Some(status) = self.child.try_wait().expect("wait for the kubelet") {
+                panic!("kubelet: {what}: the kubelet exited ({status})\n{}", self.log_tail());
+            }
+            assert!(start.elapsed() < limit, "kubelet: {what}: not within {limit:?}\n{}", self.log_tail());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        start.elapsed()
+    }
+
+    /// Waits until its sync loop has run (the runtime found ready) and its volume reconciler
+    /// has started: then a pod written is a pod it takes at once.
+    fn wait_ready(&mut self) {
+        let log = self.dir.join("kubelet.log");
+        self.wait("ready", Duration::from_secs(60), || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains(r#""SyncLoop ADD" source="file""#)
+                && text.contains("Reconciler: start to sync state")
+        });
+    }
+
+    /// Writes the pod `k<i>` into its manifest directory: a hidden file (which it ignores)
+    /// renamed into place.
+    fn write(&self, i: usize) {
+        let dir = self.dir.join("kubelet-manifests");
+        let tmp = dir.join(format!(".k{i}.yaml.tmp"));
+        std::fs::write(&tmp, kubelet_pod(i)).unwrap();
+        std::fs::rename(&tmp, dir.join(format!("k{i}.yaml"))).unwrap();
+    }
+
+    /// Removes the pod `k<i>`'s manifest.
+    fn remove(&self, i: usize) {
+        std::fs::remove_file(self.dir.join(format!("kubelet-manifests/k{i}.yaml"))).unwrap();
+    }
+
+    /// Its resident memory, in KiB.
+    fn rss_kib(&self) -> Option<u64> {
+        vm_rss_kib(&Path::new("/proc").join(self.child.id().to_string()))
+    }
+
+    /// SIGTERM, then SIGKILL after 10 s; how long it took to exit (zero if it had).
+    fn stop(&mut self) -> Duration {
+        let start = Instant::now();
+        if self.child.try_wait().ok().flatten().is_some() {
+            return Duration::ZERO;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        while start.elapsed() < Duration::from_secs(10) {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!("kubelet: did not exit within 10 s of SIGTERM: killed");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        start.elapsed()
+    }
+}
+
+impl Drop for Kubelet {
+    /// Stops it, then unmounts what is mounted at or below its root, deepest first.
+    fn drop(&mut self) {
+        self.stop();
+        for mount in kvol_test_support::mounts_below(&self.root()).iter().rev() {
+            if let Err(e) = nix::mount::umount2(mount, MntFlags::MNT_DETACH) {
+                eprintln!("kubelet: cannot unmount {}: {e}", mount.display());
+            }
+        }
+    }
+}
+
+/// The kubelet and what it takes from the host, dropped in this order: the kubelet stopped, the
+/// host's directories given back, the sysctls put back, the scratch directory removed.
+struct KubeletSide {
+    kubelet: Kubelet,
+    _host_dirs: HostDirs,
+    _sysctls: Sysctls,
+    _dir: kvol_test_support::ScratchRoot,
+}
+
+/// A CRI client of the private containerd, on a tokio runtime of its own (the bench is not
+/// async).
+struct Cri {
+    runtime: tokio::runtime::Runtime,
+    client: CriClient,
+}
+
+impl Cri {
+    /// A client of `endpoint`.
+    fn new(endpoint: &str) -> Cri {
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+        let client = {
+            let _inside = runtime.enter();
+            CriClient::new(endpoint, Deadlines::default()).expect("a CRI client")
+        };
+        Cri { runtime, client }
+    }
+
+    /// The kubelet's pods with a running container, among those `pod_name` (if any) selects.
+    fn running(&self, pod_name: Option<&str>) -> HashSet<String> {
+        let filter = ContainerFilter {
+            state: Some(ContainerStateValue { state: ContainerState::ContainerRunning as i32 }),
+            label_selector: pod_name
+                .map(|name| (POD_NAME.to_string(), name.to_string()))
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        let request = ListContainersRequest { filter: Some(filter) };
+        let containers = self.runtime.block_on(self.client.list_containers(request));
+        let containers = containers.map(|r| r.containers).unwrap_or_default();
+        containers.iter().filter_map(|c| c.labels.get(POD_NAME)).filter(|n| is_kubelets(n)).cloned().collect()
+    }
+
+    /// The ids of the kubelet's pods' sandboxes, the ready ones or all.
+    fn sandboxes(&self, ready_only: bool) -> Vec<String> {
+        let ready = PodSandboxStateValue { state: PodSandboxState::SandboxReady as i32 };
+        let filter = PodSandboxFilter { state: ready_only.then_some(ready), ..Default::default() };
+        let request = ListPodSandboxRequest { filter: Some(filter) };
+        let sandboxes = self.runtime.block_on(self.client.list_pod_sandbox(request));
+        let sandboxes = sandboxes.map(|r| r.items).unwrap_or_default();
+        let kubelets = |s: &&kvol_cri::PodSandbox| s.labels.get(POD_NAME).is_some_and(|n| is_kubelets(n));
+        sandboxes.iter().filter(kubelets).map(|s| s.id.clone()).collect()
+    }
+
+    /// Stops and removes every sandbox of the kubelet's pods (with their containers); how many.
+    fn remove_kubelets_sandboxes(&self) -> usize {
+        let ids = self.sandboxes(false);
+        for id in &ids {
+            let stop = StopPodSandboxRequest { pod_sandbox_id: id.clone() };
+            if let Err(e) = self.runtime.block_on(self.client.stop_pod_sandbox(stop)) {
+                eprintln!("kubelet: stop sandbox {id}: {e}");
+            }
+            let remove = RemovePodSandboxRequest { pod_sandbox_id: id.clone() };
+            if let Err(e) = self.runtime.block_on(self.client.remove_pod_sandbox(remove)) {
+                eprintln!("kubelet: remove sandbox {id}: {e}");
+            }
+        }
+        ids.len()
+    }
+
+    /// Whether the kubelet's pods are all gone: no ready sandbox, no running container, and no
+    /// pod directory left under `pods` (the kubelet has forgotten them).
+    fn all_gone(&self, pods: &Path) -> bool {
+        let dirs = std::fs::read_dir(pods).map(|d| d.count()).unwrap_or(0);
+        dirs == 0 && self.sandboxes(true).is_empty() && self.running(None).is_empty()
+    }
+}
+
+/// The kubelet's rounds (after kvol's, on the same containerd): one pod, then `many` at once;
+/// `None`, said, when another kubelet runs all along.
+fn kubelet_side(containerd: &Containerd, binary: &Path, rounds: usize, many: usize) -> Option<Figures> {
+    if let Some(pid) = other_kubelet(Duration::from_secs(600)) {
+        println!("kubelet: skipped (another kubelet, pid {pid}, still runs after 10 min)");
+        return None;
+    }
+    let dir = kvol_test_support::ScratchRoot::new();
+    let sysctls = Sysctls::save();
+    let host_dirs = HostDirs::bind(dir.path());
+    let kubelet = Kubelet::spawn(binary, dir.path(), &containerd.endpoint(), many);
+    let mut side = KubeletSide { kubelet, _host_dirs: host_dirs, _sysctls: sysctls, _dir: dir };
+    let started = Instant::now();
+    side.kubelet.wait_ready();
+    println!("kubelet: {} ready in {:.2?}", binary.display(), started.elapsed());
+    let cri = Cri::new(&containerd.endpoint());
+    let idle = side.kubelet.rss_kib();
+    let one = kubelet_rounds(&mut side.kubelet, &cri, rounds);
+    println!(
+        "kubelet: one pod: manifest → container running, median {:.0?} (min {:.0?}, max {:.0?}) over {rounds} rounds",
+        one[one.len() / 2],
+        one[0],
+        one[one.len() - 1]
+    );
+    let (all_up, rss) = kubelet_many(&mut side.kubelet, &cri, many, idle);
+    let stopped = side.kubelet.stop();
+    let removed = cri.remove_kubelets_sandboxes();
+    println!(
+        "kubelet: stopped {stopped:.2?} after SIGTERM; its {removed} sandboxes left then removed through CRI (containers: {})",
+        containerd.containers().len()
+    );
+    drop(side);
+    Some(Figures { one, all_up, idle_kib: idle, rss_kib: rss })
+}
+
+/// One pod, `rounds` times: written, timed until its container runs, removed, waited for until
+/// gone.
+fn kubelet_rounds(kubelet: &mut Kubelet, cri: &Cri, rounds: usize) -> Vec<Duration> {
+    let name = format!("k0-{KUBELET_NODE}");
+    let pods = kubelet.root().join("pods");
+    let mut one = Vec::new();
+    for _ in 0..rounds {
+        kubelet.write(0);
+        one.push(
+            kubelet.wait("one pod running", Duration::from_secs(60), || !cri.running(Some(&name)).is_empty()),
+        );
+        kubelet.remove(0);
+        kubelet.wait("one pod gone", Duration::from_secs(60), || cri.all_gone(&pods));
+    }
+    one.sort();
+    one
+}
+
+/// `many` pods written at once and timed until all run, the kubelet's RSS then (said, with
+/// `idle`), all removed and waited for until gone; the time and the RSS.
+fn kubelet_many(kubelet: &mut Kubelet, cri: &Cri, many: usize, idle: Option<u64>) -> (Duration, Option<u64>) {
+    let pods = kubelet.root().join("pods");
+    let written = Instant::now();
+    for i in 0..many {
+        kubelet.write(i);
+    }
+    kubelet.wait("all pods running", Duration::from_secs(600), || cri.running(None).len() == many);
+    let all_up = written.elapsed();
+    let rss = kubelet.rss_kib();
+    println!(
+        "kubelet: {many} pods written at once → all running {:.2?} after the first manifest; kubelet RSS {} KiB idle, {} KiB with {many} running",
+        all_up,
+        idle.unwrap_or(0),
+        rss.unwrap_or(0)
+    );
+    let removed = Instant::now();
+    for i in 0..many {
+        kubelet.remove(i);
+    }
+    kubelet.wait("all pods gone", Duration::from_secs(600), || cri.all_gone(&pods));
+    println!("kubelet: {many} pods removed → all stopped and forgotten in {:.2?}", removed.elapsed());
+    (all_up, rss)
+}
+
+/// kvol and the kubelet side by side, with the ratios kubelet/kvol.
+fn print_table(kvol: &Figures, kubelet: &Figures, many: usize) {
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    let row = |what: &str, a: Duration, b: Duration| {
+        println!("{what:<30} {:>12} {:>12} {:>12.1}×", ms(a), ms(b), b.as_secs_f64() / a.as_secs_f64());
+    };
+    let median = |f: &Figures| f.one[f.one.len() / 2];
+    println!("\n{:<30} {:>12} {:>12} {:>13}", "", "kvol", "kubelet", "kubelet/kvol");
+    row(&format!("one pod, median of {}", kvol.one.len()), median(kvol), median(kubelet));
+    row("one pod, min", kvol.one[0], kubelet.one[0]);
+    row("one pod, max", kvol.one[kvol.one.len() - 1], kubelet.one[kubelet.one.len() - 1]);
+    row(&format!("{many} pods, all running"), kvol.all_up, kubelet.all_up);
+    let kib_row = |what: &str, a: Option<u64>, b: Option<u64>| {
+        let ratio =
+            a.zip(b).map(|(a, b)| format!("{:.1}×", b as f64 / a as f64)).unwrap_or_else(|| "?".into());
+        let kib = |v: Option<u64>| v.map(|v| format!("{v} KiB")).unwrap_or_else(|| "?".into());
+        println!("{what:<30} {:>12} {:>12} {:>13}", kib(a), kib(b), ratio);
+    };
+    kib_row("RSS idle", kvol.idle_kib, kubelet.idle_kib);
+    kib_row(&format!("RSS with {many} running"), kvol.rss_kib, kubelet.rss_kib);
 }
