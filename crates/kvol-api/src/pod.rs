@@ -38,3 +38,14 @@ pub enum FsGroupChangePolicy {
     /// Only when the volume root's group or mode does not already match.
     OnRootMismatch,
 }
+
+/// What a node's pod runner tells the API about one pod: its status as kubelet writes it, or
+/// (`status: None`) that the pod is gone from the node — containers stopped, volumes let go —
+/// so its object may be deleted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodStatusReport {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub status: Option<k8s_openapi::api::core::v1::PodStatus>,
+}

@@ -21,6 +21,7 @@ pub mod inventory;
 pub mod merged;
 pub mod node_objects;
 pub mod node_registration;
+pub mod pod_status;
 pub mod refs;
 pub mod source;
 pub mod tokens;

@@ -50,6 +50,8 @@ pub struct ContainerSeen {
     pub failed_probe: Option<crate::probes::Kind>,
     /// Its readiness as its probes say (`None`: it has no readiness or startup probe).
     pub probed_ready: Option<bool>,
+    /// The image it runs, as the runtime names it (kubelet's `imageID`).
+    pub image_ref: String,
 }
 
 /// What the runtime has for one pod.

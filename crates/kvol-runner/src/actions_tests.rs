@@ -43,6 +43,7 @@ fn c(pod: &Pod, spec: &str) -> ContainerSeen {
         message: String::new(),
         failed_probe: None,
         probed_ready: None,
+        image_ref: String::new(),
     }
 }
 

@@ -94,6 +94,7 @@ impl Viewer {
             message: String::new(),
             failed_probe: None,
             probed_ready: None,
+            image_ref: c.image_ref.clone(),
         };
         if state != State::Exited {
             return seen;

@@ -81,8 +81,18 @@ impl Runner {
             looks: std::sync::atomic::AtomicU64::new(0),
             fresh_wanted: Mutex::new(BTreeMap::new()),
             finished: Mutex::new(Vec::new()),
+            reports: std::sync::OnceLock::new(),
+            runtime_name: std::sync::OnceLock::new(),
         };
         Ok(Runner { shared: Arc::new(shared), poll: config.poll })
+    }
+
+    /// Each pod's status as kubelet writes it to the API, as it changes, and each pod gone from
+    /// the node; for cluster mode's writer. Asked once, before [`Runner::run`].
+    pub fn reports(&self) -> tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodStatusReport> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = self.shared.reports.set(tx);
+        rx
     }
 
     /// Every pod's status, by uid, updated as it changes.
@@ -99,6 +109,9 @@ impl Runner {
             changed = wanted.changed() => if changed.is_err() { return },
             _ = stop.wait_for(|s| *s) => return,
         }
+        let version = self.shared.cri.version(kvol_cri::VersionRequest { version: "v1".into() }).await;
+        let _ =
+            self.shared.runtime_name.set(version.map(|v| v.runtime_name).unwrap_or_else(|_| "cri".into()));
         let (status, file) = (self.shared.status.subscribe(), self.shared.state_dir.join(STATUS_FILE));
         tokio::spawn(write_status(status, file, self.shared.cri.endpoint().to_string()));
         let mut viewer = Viewer::default();

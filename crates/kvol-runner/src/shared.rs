@@ -36,6 +36,10 @@ pub struct Shared {
     pub(crate) fresh_wanted: Mutex<BTreeMap<String, u64>>,
     /// Workers that finished (their pod is gone from the runtime and its volumes let go).
     pub(crate) finished: Mutex<Vec<String>>,
+    /// Where each pod's API status goes, when someone writes it to an API server.
+    pub reports: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kvol_api::pod::PodStatusReport>>,
+    /// The runtime's name (`containerd`), from CRI's Version: a `containerID`'s scheme.
+    pub runtime_name: std::sync::OnceLock<String>,
 }
 
 impl Shared {
@@ -45,6 +49,13 @@ impl Shared {
         self.fresh_wanted.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string(), from);
         self.relist.notify_one();
         from
+    }
+
+    /// Hands a pod's report to its writer, if there is one.
+    pub fn report(&self, report: kvol_api::pod::PodStatusReport) {
+        if let Some(reports) = self.reports.get() {
+            let _ = reports.send(report);
+        }
     }
 
     pub fn forget(&self, uid: &str) {

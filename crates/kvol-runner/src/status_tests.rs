@@ -24,6 +24,7 @@ fn seen(specs: &[(&str, State, i32, u32)]) -> PodSeen {
                 message: String::new(),
                 failed_probe: None,
                 probed_ready: None,
+                image_ref: String::new(),
             })
             .collect(),
     }

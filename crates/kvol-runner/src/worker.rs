@@ -5,12 +5,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kvol_api::ObjectSet;
+use kvol_api::pod::PodStatusReport;
 use kvol_cri::{self as cri, CriClient};
 use kvol_runtime_api::proto as rt;
 use tokio::sync::watch;
 
 use crate::actions::{self, PodSeen, State, Waiting};
+use crate::api_status;
 use crate::backoff::Backoff;
 use crate::container::{ContainerContext, ImageUser, container_config};
 use crate::env::EnvContext;
@@ -73,6 +76,13 @@ pub struct Worker {
     probes: BTreeMap<(String, probes::Kind), probes::Tracker>,
     /// The pod's address as its last container start found it (a preStop hook's httpGet goes there).
     pod_ip: String,
+    /// When this node took the pod (its `startTime` unless the API has one).
+    first_seen: Timestamp,
+}
+
+/// Now, as the API's times carry it.
+fn timestamp_now() -> Timestamp {
+    Timestamp::from_nanosecond(now().as_nanos() as i128).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
 fn now() -> Duration {
@@ -97,6 +107,7 @@ impl Worker {
             acted: false,
             probes: BTreeMap::new(),
             pod_ip: String::new(),
+            first_seen: timestamp_now(),
         }
     }
 
@@ -135,7 +146,26 @@ impl Worker {
         }
     }
 
-    fn publish(&self, view: PodView) {
+    /// Shows the pod's view, and hands its API status to the writer when there is one.
+    fn publish(&self, pod: &Pod, seen: &PodSeen, view: PodView) {
+        if self.shared.reports.get().is_some() {
+            let ips: Vec<String> =
+                Some(self.hook_ip(Some(pod))).filter(|ip| !ip.is_empty()).into_iter().collect();
+            let context = api_status::StatusContext {
+                host_ip: &self.shared.host_ip,
+                pod_ips: &ips,
+                runtime: self.shared.runtime_name.get().map(String::as_str).unwrap_or("cri"),
+                start_time: self.first_seen,
+                now: timestamp_now(),
+            };
+            let ids = PodIds::of(pod);
+            self.shared.report(PodStatusReport {
+                namespace: ids.namespace.to_string(),
+                name: ids.name.to_string(),
+                uid: self.uid.clone(),
+                status: Some(api_status::api_pod_status(pod, &view, seen, &context)),
+            });
+        }
         self.shared.status.send_modify(|all| {
             Arc::make_mut(all).insert(self.uid.clone(), view);
         });
@@ -149,7 +179,7 @@ impl Worker {
             match self.hold(pod).await {
                 Ok(()) => self.held = true,
                 Err(message) => {
-                    self.publish(pod_view(pod, &input.seen, &self.failures, &message));
+                    self.publish(pod, &input.seen, pod_view(pod, &input.seen, &self.failures, &message));
                     return Some(Duration::from_secs(2));
                 }
             }
@@ -159,12 +189,12 @@ impl Worker {
             Ok(answer) => answer.into_inner(),
             Err(status) => {
                 let message = format!("pod {key}: waiting for its volumes: {}", status.message());
-                self.publish(pod_view(pod, &input.seen, &self.failures, &message));
+                self.publish(pod, &input.seen, pod_view(pod, &input.seen, &self.failures, &message));
                 return Some(Duration::from_millis(500));
             }
         };
         if !ready.ready {
-            self.publish(pod_view(pod, &input.seen, &self.failures, &ready.message));
+            self.publish(pod, &input.seen, pod_view(pod, &input.seen, &self.failures, &ready.message));
             // The runtime API's wait returns as soon as they are ready.
             let wait = rt::WaitRequest { pod_uid: self.uid.clone(), timeout_ms: 1000 };
             let _ = self.volumes.wait_for_volumes(wait).await;
@@ -189,7 +219,7 @@ impl Worker {
         if !self.failures.is_empty() {
             wake = Some(wake.map_or(Duration::from_secs(1), |w| w.min(Duration::from_secs(1))));
         }
-        self.publish(pod_view(pod, &input.seen, &waiting, &message));
+        self.publish(pod, &input.seen, pod_view(pod, &input.seen, &waiting, &message));
         let (probe_wake, changed) = self.run_probes(pod, &input.seen, &decided).await;
         // A probe's result changed: decide and show again at once.
         let probe_wake = if changed { Some(Duration::ZERO) } else { probe_wake };
@@ -647,6 +677,11 @@ impl Worker {
         }
         let dir = self.shared.state_dir.join("pods").join(&self.uid);
         let _ = tokio::fs::remove_dir_all(&dir).await;
+        if let Some(pod) = &self.last_pod {
+            let ids = PodIds::of(pod);
+            let (namespace, name) = (ids.namespace.to_string(), ids.name.to_string());
+            self.shared.report(PodStatusReport { namespace, name, uid: self.uid.clone(), status: None });
+        }
         self.shared.status.send_modify(|all| {
             Arc::make_mut(all).remove(&self.uid);
         });

@@ -244,7 +244,8 @@ pub fn run(
             true => Some(embedded_runtime::EmbeddedRuntime::start(&root).await?),
             false => None,
         };
-        let runner_stop = runner.map(crate::runner_cmd::RunnerSetup::start).transpose()?;
+        let mut runner = runner.map(crate::runner_cmd::RunnerSetup::start).transpose()?;
+        let reports = runner.as_mut().and_then(|r| r.reports.take());
         let mut settled = None;
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -257,16 +258,19 @@ pub fn run(
         };
         match cluster {
             Some(mode) => {
-                let (source, keeper) = mode.start(&mut config).await?;
+                let (source, keeper, writer) = mode.start(&mut config, reports).await?;
                 run_agent_with_source(config, source, shutdown).await.map_err(anyhow::Error::msg)?;
                 if let Some(keeper) = keeper {
                     keeper.stop().await;
                 }
+                if let Some(writer) = writer {
+                    writer.stop();
+                }
             }
             None => run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?,
         }
-        if let Some(stop) = runner_stop {
-            let _ = stop.send(true);
+        if let Some(runner) = runner {
+            let _ = runner.stop.send(true);
         }
         let outcome = match settled {
             Some((ok, pods)) => {
@@ -286,6 +290,14 @@ pub fn run(
     })
 }
 
+/// What cluster mode runs: the object source, the Node's keeper and the pods' status writer
+/// (when kvol runs the node's pods).
+type ClusterParts = (
+    Box<dyn ObjectSource>,
+    Option<kvol_cluster::node_registration::NodeKeeper>,
+    Option<kvol_cluster::pod_status::PodStatusWriter>,
+);
+
 /// How cluster mode was asked for.
 struct ClusterMode {
     kubeconfig: Option<PathBuf>,
@@ -302,7 +314,8 @@ impl ClusterMode {
     async fn start(
         self,
         config: &mut AgentConfig,
-    ) -> anyhow::Result<(Box<dyn ObjectSource>, Option<kvol_cluster::node_registration::NodeKeeper>)> {
+        reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodStatusReport>>,
+    ) -> anyhow::Result<ClusterParts> {
         let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
         let node = config.node_name.clone();
         let facts = self.facts(&node, &config.state_dir).await;
@@ -325,7 +338,7 @@ impl ClusterMode {
         )));
         config.pod_events =
             Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));
-        let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client));
+        let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client.clone()));
         config.node_storage =
             Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node, objects)));
         let source: Box<dyn ObjectSource> = match self.static_pods {
@@ -336,7 +349,11 @@ impl ClusterMode {
             }
             None => Box::new(api),
         };
-        Ok((source, keeper))
+        // The pods' status is kvol's to write when it keeps the Node (it runs them).
+        let writer = reports
+            .filter(|_| keeper.is_some())
+            .map(|r| kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), r));
+        Ok((source, keeper, writer))
     }
 
     /// The node's facts when kvol registers it (it runs the node's pods).

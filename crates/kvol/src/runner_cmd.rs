@@ -42,6 +42,13 @@ pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyh
     Ok(RunnerSetup { config: runner, objects })
 }
 
+/// A running runner: the sender stops it; its pods' API status reports, for cluster mode.
+#[derive(Debug)]
+pub struct StartedRunner {
+    pub stop: watch::Sender<bool>,
+    pub reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodStatusReport>>,
+}
+
 /// The file that says why this agent runs no pods though a runtime was asked for.
 pub const VOLUMES_ONLY_FILE: &str = "volumes-only";
 
@@ -56,11 +63,12 @@ pub fn record_volumes_only(state_dir: &std::path::Path, why: &str) {
 impl RunnerSetup {
     /// Starts the runner (inside the agent's tokio runtime); the sender stops it (containers
     /// are left running, for the next agent to adopt).
-    pub fn start(self) -> anyhow::Result<watch::Sender<bool>> {
+    pub fn start(self) -> anyhow::Result<StartedRunner> {
         let runner = Runner::new(self.config)?;
+        let reports = runner.reports();
         let (stop_tx, stop_rx) = watch::channel(false);
         tokio::spawn(runner.run(self.objects, stop_rx));
-        Ok(stop_tx)
+        Ok(StartedRunner { stop: stop_tx, reports: Some(reports) })
     }
 }
 

@@ -19,13 +19,22 @@ use crate::model::ObjectSet;
 #[derive(Debug)]
 pub struct RunnerPods {
     pods: Mutex<BTreeMap<String, Arc<Pod>>>,
+    /// The uids the runner took back: finished on this node (its containers stopped). A pod
+    /// a source still has, being deleted, loses its volumes then, as kubelet lets a terminated
+    /// pod's volumes go before its object is deleted. Forgotten once no source has the uid.
+    finished: Mutex<std::collections::BTreeSet<String>>,
     dir: Option<PathBuf>,
     version: watch::Sender<u64>,
 }
 
 impl Default for RunnerPods {
     fn default() -> RunnerPods {
-        RunnerPods { pods: Mutex::new(BTreeMap::new()), dir: None, version: watch::channel(0).0 }
+        RunnerPods {
+            pods: Mutex::new(BTreeMap::new()),
+            finished: Mutex::new(Default::default()),
+            dir: None,
+            version: watch::channel(0).0,
+        }
     }
 }
 
@@ -55,7 +64,7 @@ impl RunnerPods {
             }
         }
         let runner =
-            RunnerPods { pods: Mutex::new(pods), dir: Some(dir.to_path_buf()), version: watch::channel(0).0 };
+            RunnerPods { pods: Mutex::new(pods), dir: Some(dir.to_path_buf()), ..RunnerPods::default() };
         Ok((runner, problems))
     }
 
@@ -98,15 +107,17 @@ impl RunnerPods {
         Ok(uid)
     }
 
-    /// Takes a runner's pod back; `false` when the runner has no pod of that uid.
+    /// Takes a runner's pod back; `false` when the runner has no pod of that uid. Either way
+    /// the pod is finished on this node: being deleted, its volumes go.
     pub fn release(&self, uid: &str) -> bool {
+        let newly_finished = self.finished.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string());
         let removed = self.lock().remove(uid).is_some();
         if let Some(file) = self.file_of(uid).filter(|_| removed)
             && let Err(e) = std::fs::remove_file(&file)
         {
             tracing::warn!(file = %file.display(), error = %e, "cannot remove a released runner pod's file");
         }
-        if removed {
+        if removed || newly_finished {
             self.version.send_modify(|v| *v += 1);
         }
         removed
@@ -128,8 +139,10 @@ impl RunnerPods {
     }
 
     /// Lays the runner's pods over `set`; a pod a source has since brought under the same
-    /// namespace/name stays the source's, with a problem saying so.
+    /// namespace/name stays the source's, with a problem saying so. A pod being deleted that
+    /// the runner finished is taken out (its volumes go).
     pub fn overlay(&self, set: &mut ObjectSet) {
+        self.drop_finished(set);
         for pod in self.lock().values() {
             let key = key_of(pod);
             if let Some(theirs) = set.pods.get(&key) {
@@ -148,6 +161,17 @@ impl RunnerPods {
             }
             set.pods.insert(key, Arc::clone(pod));
         }
+    }
+
+    /// Takes the finished pods being deleted out of `set`; forgets those no source has.
+    fn drop_finished(&self, set: &mut ObjectSet) {
+        let mut finished = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        if finished.is_empty() {
+            return;
+        }
+        let uid_of = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+        finished.retain(|uid| set.pods.values().any(|p| uid_of(p) == *uid));
+        set.pods.retain(|_, p| !(p.metadata.deletion_timestamp.is_some() && finished.contains(&uid_of(p))));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Pod>>> {
@@ -273,5 +297,41 @@ mod tests {
         let mut after = ObjectSet::default();
         runner.overlay(&mut after);
         assert!(after.pods.is_empty());
+    }
+
+    #[test]
+    fn a_pod_being_deleted_that_the_runner_finished_loses_its_volumes() {
+        let runner = RunnerPods::default();
+        let pod: Pod = serde_json::from_str(POD).unwrap();
+        let mut deleting = pod.clone();
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let set_with = |p: &Pod| {
+            let mut set = ObjectSet::default();
+            set.pods.insert("ci/job".into(), Arc::new(p.clone()));
+            set
+        };
+        // (case, the source's pod, released by the runner, kept)
+        let cases = [
+            ("being deleted, not finished: kept", &deleting, false, true),
+            ("being deleted and finished: its volumes go", &deleting, true, false),
+            ("finished but not being deleted: kept", &pod, true, true),
+        ];
+        for (name, source, released, kept) in cases {
+            let runner = RunnerPods::default();
+            if released {
+                runner.release("u-1");
+            }
+            let mut set = set_with(source);
+            runner.overlay(&mut set);
+            assert_eq!(set.pods.contains_key("ci/job"), kept, "{name}");
+        }
+        // Forgotten once no source has the uid.
+        runner.release("u-1");
+        runner.overlay(&mut ObjectSet::default());
+        let mut set = set_with(&deleting);
+        runner.overlay(&mut set);
+        assert!(set.pods.contains_key("ci/job"), "a forgotten uid holds nothing back");
     }
 }

@@ -1,0 +1,252 @@
+//! A kvol node in a real cluster: `kvol agent --kubeconfig --container-runtime-endpoint` on a private containerd registers its Node (Ready, its Lease renewed), runs a pod the API binds to it and writes the pod's status as kubelet does (Running, Ready, container statuses), and, when the pod is deleted, stops its containers, lets its volumes go and deletes the object with grace 0; a node whose Lease a kubelet renews is refused with a non-zero exit; with kube-controller-manager's node lifecycle controller, the node stays Ready while kvol runs and turns Unknown once it is stopped.
+//!
+//! Needs root, `KVOL_KUBE_APISERVER` and `KVOL_ETCD`, and containerd, runc and a static busybox
+//! (skipped, saying so, without them); the node lifecycle part also `KVOL_KUBE_CONTROLLER_MANAGER`.
+
+#[path = "../../kvol-cluster/tests/support/mod.rs"]
+mod cluster;
+#[allow(dead_code)]
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::containerd::{Containerd, IMAGE, PAUSE, build_image, tools};
+
+const NODE: &str = "kvol-node";
+
+/// A child process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn agent(node: &str, kubeconfig: &Path, root: &Path, endpoint: &str, log: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
+    command
+        .args(["agent", "--no-metrics", "--no-components", "--resync-seconds", "1", "--node-name", node])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--root")
+        .arg(root)
+        .args(["--container-runtime-endpoint", endpoint])
+        .env("KVOL_LOG", "info")
+        .env_remove("KVOL_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
+    command
+}
+
+/// Polls `check` every 100 ms until it answers, for at most `limit`; panics with `what` and the log.
+async fn until<T>(what: &str, limit: Duration, log: &Path, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: not within {limit:?}; the agent's log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn ready_condition(node: &Node) -> Option<(String, Option<String>)> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[test]
+fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
+    let busybox = match tools() {
+        Ok(busybox) => busybox,
+        Err(why) => return eprintln!("skipped: {why}"),
+    };
+    let Some((apiserver, etcd)) = cluster::binaries() else { return };
+    support::enter_private_mount_namespace();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = cluster::ApiServer::start(&apiserver, &etcd);
+    let client = runtime.block_on(server.client());
+    let containerd = Containerd::start();
+    let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
+    containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+    let scratch = kvol_test_support::ScratchRoot::new();
+    let (root, log) = (scratch.path().join("node"), scratch.path().join("agent.log"));
+    let start = Instant::now();
+    let mut kvol =
+        Process(agent(NODE, &server.kubeconfig, &root, &containerd.endpoint(), &log).spawn().unwrap());
+    runtime.block_on(async {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let ready = until("the node registered and Ready", Duration::from_secs(30), &log, async || {
+            let node = nodes.get_opt(NODE).await.ok().flatten()?;
+            (ready_condition(&node)?.0 == "True").then_some(node)
+        })
+        .await;
+        eprintln!("node {NODE} Ready {} ms after the agent started", start.elapsed().as_millis());
+        let info = ready.status.unwrap().node_info.unwrap();
+        assert!(info.container_runtime_version.starts_with("containerd://"), "{info:?}");
+        assert!(info.kubelet_version.starts_with("v1.26.0-kvol."), "{info:?}");
+        let lease = Api::<Lease>::namespaced(client.clone(), "kube-node-lease").get(NODE).await.unwrap();
+        assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(NODE));
+        run_and_delete_a_pod(&client, &log).await;
+        refuse_a_kubelets_node(&client, &server.kubeconfig, &root, &containerd.endpoint(), &log).await;
+    });
+    node_lifecycle(&runtime, &client, &server.kubeconfig, scratch.path(), &mut kvol, &log);
+    drop(kvol);
+    assert_eq!(containerd.containers(), Vec::<String>::new(), "containers left in containerd");
+}
+
+/// A pod bound to the node: Running and Ready in the API, as kubelet writes it; deleted → its
+/// containers stopped, its volumes gone and its object deleted by the node.
+async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let config = json!({"metadata": {"name": "app"}, "data": {"greeting": "hello from the api"}});
+    config_maps.create(&Default::default(), &serde_json::from_value(config).unwrap()).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = json!({"metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {
+        "nodeName": NODE, "hostNetwork": true, "terminationGracePeriodSeconds": 5,
+        "containers": [{"name": "main", "image": IMAGE,
+            "command": ["sh", "-c", "trap 'exit 0' TERM; cat /cfg/greeting; while true; do sleep 1; done"],
+            "readinessProbe": {"exec": {"command": ["cat", "/cfg/greeting"]}, "periodSeconds": 1},
+            "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "scratch", "mountPath": "/scratch"},
+                             {"name": "info", "mountPath": "/info"}]}],
+        "volumes": [{"name": "cfg", "configMap": {"name": "app"}}, {"name": "scratch", "emptyDir": {}},
+                    {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}});
+    let created = Instant::now();
+    let uid = pods
+        .create(&Default::default(), &serde_json::from_value(pod).unwrap())
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let running = until("the pod Running and Ready in the api", Duration::from_secs(60), log, async || {
+        let pod = pods.get("web").await.ok()?;
+        let status = pod.status.clone()?;
+        let ready = status.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        (status.phase.as_deref() == Some("Running") && ready).then_some(status)
+    })
+    .await;
+    eprintln!("pod created → Running and Ready in the api in {} ms", created.elapsed().as_millis());
+    let container = &running.container_statuses.as_ref().unwrap()[0];
+    assert!(container.ready && container.started == Some(true), "{container:?}");
+    assert!(
+        container.container_id.as_deref().is_some_and(|id| id.starts_with("containerd://")),
+        "{container:?}"
+    );
+    assert!(container.state.as_ref().unwrap().running.is_some(), "{container:?}");
+    assert_eq!(
+        (running.qos_class.as_deref(), running.host_ip.is_some(), running.start_time.is_some()),
+        (Some("BestEffort"), true, true)
+    );
+    let conditions: Vec<&str> =
+        running.conditions.as_ref().unwrap().iter().map(|c| c.type_.as_str()).collect();
+    for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        assert!(conditions.contains(&kind), "{kind} in {conditions:?}");
+    }
+
+    // Deleted: the node stops it, lets its volumes go, then deletes the object itself.
+    let deleting = Instant::now();
+    pods.delete("web", &DeleteParams { grace_period_seconds: Some(5), ..Default::default() }).await.unwrap();
+    until("the pod object gone", Duration::from_secs(60), log, async || {
+        pods.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    eprintln!(
+        "pod {uid} deleted → stopped, volumes gone, object deleted in {} ms",
+        deleting.elapsed().as_millis()
+    );
+    let agent_log = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(agent_log.contains("pod deleted: its containers stopped and its volumes let go"), "{agent_log}");
+}
+
+/// A node whose Lease a kubelet renews: a second agent for it exits non-zero, saying so.
+async fn refuse_a_kubelets_node(
+    client: &kube::Client,
+    kubeconfig: &Path,
+    root: &Path,
+    endpoint: &str,
+    log: &Path,
+) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kubelet-node", "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": "kubelet-node", "leaseDurationSeconds": 40, "renewTime": MicroTime(Timestamp::now())}});
+    leases.patch("kubelet-node", &PatchParams::apply("kubelet").force(), &Patch::Apply(lease)).await.unwrap();
+    let other_log = log.with_file_name("refused.log");
+    let other_root = root.with_file_name("refused");
+    let mut refused = agent("kubelet-node", kubeconfig, &other_root, endpoint, &other_log).spawn().unwrap();
+    let status = tokio::task::spawn_blocking(move || refused.wait()).await.unwrap().unwrap();
+    let said = std::fs::read_to_string(&other_log).unwrap_or_default();
+    assert!(!status.success(), "the agent beside a kubelet exited {status}: {said}");
+    assert!(said.contains("node kubelet-node is kept by another agent"), "{said}");
+    assert!(Api::<Node>::all(client.clone()).get_opt("kubelet-node").await.unwrap().is_none());
+}
+
+/// With the node lifecycle controller: Ready while kvol runs (past the controller's grace
+/// period), Unknown once it stops.
+fn node_lifecycle(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    kubeconfig: &Path,
+    dir: &Path,
+    kvol: &mut Process,
+    log: &Path,
+) {
+    let Some(kcm) = std::env::var_os("KVOL_KUBE_CONTROLLER_MANAGER") else {
+        return eprintln!("node lifecycle skipped: set KVOL_KUBE_CONTROLLER_MANAGER");
+    };
+    let kcm_log = std::fs::File::create(dir.join("kube-controller-manager.log")).unwrap();
+    let _kcm = Process(
+        Command::new(kcm)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["--controllers=nodelifecycle", "--leader-elect=false", "--secure-port=0"])
+            .args([
+                "--use-service-account-credentials=false",
+                "--node-monitor-period=1s",
+                "--node-monitor-grace-period=20s",
+            ])
+            .stdout(kcm_log.try_clone().unwrap())
+            .stderr(kcm_log)
+            .spawn()
+            .unwrap(),
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    runtime.block_on(async {
+        // Past the grace period with kvol running: still Ready.
+        for _ in 0..30 {
+            let node = nodes.get(NODE).await.unwrap();
+            assert_eq!(ready_condition(&node).map(|c| c.0).as_deref(), Some("True"), "Ready while kvol runs");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let pid = nix::unistd::Pid::from_raw(kvol.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let _ = kvol.0.wait();
+    let stopped = Instant::now();
+    runtime.block_on(until(
+        "the node NotReady once kvol stopped",
+        Duration::from_secs(90),
+        log,
+        async || {
+            let node = nodes.get(NODE).await.ok()?;
+            (ready_condition(&node)?.0 == "Unknown").then_some(())
+        },
+    ));
+    eprintln!("node Ready → Unknown {} ms after kvol stopped", stopped.elapsed().as_millis());
+}
