@@ -69,12 +69,14 @@ fn conditions(pod: &Pod, view: &PodView, now: Timestamp) -> Vec<PodCondition> {
         .collect();
     let unready: Vec<&str> = view.containers.iter().filter(|c| !c.ready).map(|c| c.name.as_str()).collect();
     let succeeded = view.phase == "Succeeded";
-    let init = (unfinished.is_empty() || succeeded).then(|| None).unwrap_or_else(|| {
+    let init = if unfinished.is_empty() || succeeded {
+        None
+    } else {
         Some((
             "ContainersNotInitialized",
             format!("containers with incomplete status: [{}]", unfinished.join(" ")),
         ))
-    });
+    };
     let ready = if succeeded {
         Some(("PodCompleted", String::new()))
     } else if unready.is_empty() {
