@@ -44,6 +44,8 @@ pub struct NodeFacts {
     pub agent_version: String,
     /// Labels the node's drivers add (topology).
     pub extra_labels: BTreeMap<String, String>,
+    /// The port kubelet's API is served on (`daemonEndpoints`); 0: not served.
+    pub kubelet_port: u16,
 }
 
 /// kvol's fields of the Node object: kubelet's well-known labels (and their `beta.` forms).
@@ -85,6 +87,7 @@ pub fn node_status_body(facts: &NodeFacts, now: Timestamp) -> Value {
             "kubeletVersion": facts.agent_version, "kubeProxyVersion": facts.agent_version,
             "operatingSystem": "linux", "architecture": facts.architecture,
         },
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": facts.kubelet_port}},
         "conditions": [
             condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
             condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),

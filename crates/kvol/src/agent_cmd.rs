@@ -105,6 +105,21 @@ pub struct AgentArgs {
     /// The pods the Node says it takes (kubelet's `--max-pods`).
     #[arg(long, default_value = "110")]
     pub max_pods: u32,
+    /// kubelet's API (containerLogs, healthz) for the API server, in cluster mode with a
+    /// container runtime: its port (0: not served) and address.
+    #[arg(long, default_value = "10250")]
+    pub port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub address: std::net::IpAddr,
+    /// The kubelet API's serving certificate and key (PEM); without them a self-signed one.
+    #[arg(long, requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// Clients of the kubelet API must show a certificate this CA signed (the API server's
+    /// `--kubelet-client-certificate`); without it only `/healthz` answers.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
     /// With --until-settled: give up (exit 1) after this long.
     #[arg(long, default_value = "120", value_name = "SECONDS")]
     pub settle_timeout_seconds: u64,
@@ -219,10 +234,22 @@ pub fn run(
         (Some(endpoint), true) => Some((endpoint.clone(), args.max_pods)),
         _ => None,
     };
+    let kubelet_api = match (&runner, args.port) {
+        (Some(runner), port) if port != 0 => Some(kvol_kubelet_api::KubeletApiConfig {
+            address: std::net::SocketAddr::new(args.address, port),
+            tls_files: args.tls_cert_file.clone().zip(args.tls_private_key_file.clone()),
+            client_ca: args.client_ca_file.clone(),
+            node_name: config.node_name.clone(),
+            runner_dir: runner.runner_dir(),
+            log_root: runner.log_root(),
+        }),
+        _ => None,
+    };
     let cluster = (args.cluster || args.kubeconfig.is_some()).then(|| ClusterMode {
         kubeconfig: args.kubeconfig.clone(),
         static_pods: args.manifests.clone(),
         register,
+        kubelet_api,
     });
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
     runtime.block_on(async move {
@@ -258,14 +285,15 @@ pub fn run(
         };
         match cluster {
             Some(mode) => {
-                let (source, keeper, writer) = mode.start(&mut config, reports).await?;
-                run_agent_with_source(config, source, shutdown).await.map_err(anyhow::Error::msg)?;
-                if let Some(keeper) = keeper {
+                let parts = mode.start(&mut config, reports).await?;
+                run_agent_with_source(config, parts.source, shutdown).await.map_err(anyhow::Error::msg)?;
+                if let Some(keeper) = parts.keeper {
                     keeper.stop().await;
                 }
-                if let Some(writer) = writer {
+                if let Some(writer) = parts.writer {
                     writer.stop();
                 }
+                let _ = parts.kubelet_api_stop.send(true);
             }
             None => run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?,
         }
@@ -290,13 +318,14 @@ pub fn run(
     })
 }
 
-/// What cluster mode runs: the object source, the Node's keeper and the pods' status writer
-/// (when kvol runs the node's pods).
-type ClusterParts = (
-    Box<dyn ObjectSource>,
-    Option<kvol_cluster::node_registration::NodeKeeper>,
-    Option<kvol_cluster::pod_status::PodStatusWriter>,
-);
+/// What cluster mode runs: the object source, and when kvol runs the node's pods the Node's
+/// keeper, the pods' status writer and kubelet's API (stopped by `kubelet_api_stop`).
+struct ClusterParts {
+    source: Box<dyn ObjectSource>,
+    keeper: Option<kvol_cluster::node_registration::NodeKeeper>,
+    writer: Option<kvol_cluster::pod_status::PodStatusWriter>,
+    kubelet_api_stop: tokio::sync::watch::Sender<bool>,
+}
 
 /// How cluster mode was asked for.
 struct ClusterMode {
@@ -305,6 +334,8 @@ struct ClusterMode {
     static_pods: Option<PathBuf>,
     /// Register the Node (the runtime's endpoint, `--max-pods`): kvol runs the node's pods.
     register: Option<(String, u32)>,
+    /// kubelet's API, served once the Node is kept.
+    kubelet_api: Option<kvol_kubelet_api::KubeletApiConfig>,
 }
 
 impl ClusterMode {
@@ -353,7 +384,15 @@ impl ClusterMode {
         let writer = reports
             .filter(|_| keeper.is_some())
             .map(|r| kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), r));
-        Ok((source, keeper, writer))
+        let (kubelet_api_stop, stopped) = tokio::sync::watch::channel(false);
+        if let Some(api) = self.kubelet_api.filter(|_| keeper.is_some()) {
+            tokio::spawn(async move {
+                if let Err(e) = kvol_kubelet_api::serve(api, stopped).await {
+                    tracing::error!(error = %e, "kubelet api not served");
+                }
+            });
+        }
+        Ok(ClusterParts { source, keeper, writer, kubelet_api_stop })
     }
 
     /// The node's facts when kvol registers it (it runs the node's pods).
@@ -363,7 +402,9 @@ impl ClusterMode {
         state_dir: &Path,
     ) -> Option<kvol_cluster::node_registration::NodeFacts> {
         let (endpoint, max_pods) = self.register.as_ref()?;
-        Some(crate::node_facts::gather(node, endpoint, *max_pods, state_dir).await)
+        let mut facts = crate::node_facts::gather(node, endpoint, *max_pods, state_dir).await;
+        facts.kubelet_port = self.kubelet_api.as_ref().map_or(0, |api| api.address.port());
+        Some(facts)
     }
 }
 

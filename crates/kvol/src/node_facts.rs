@@ -29,6 +29,7 @@ pub async fn gather(name: &str, endpoint: &str, max_pods: u32, state_dir: &Path)
         container_runtime_version: runtime_version(endpoint).await,
         agent_version: agent_version(),
         extra_labels: Default::default(),
+        kubelet_port: 0,
     }
 }
 

@@ -61,6 +61,16 @@ pub fn record_volumes_only(state_dir: &std::path::Path, why: &str) {
 }
 
 impl RunnerSetup {
+    /// The runner's own directory (its `pods.json`).
+    pub fn runner_dir(&self) -> PathBuf {
+        self.config.state_dir.clone()
+    }
+
+    /// Where the pods' log directories go.
+    pub fn log_root(&self) -> PathBuf {
+        self.config.log_root.clone()
+    }
+
     /// Starts the runner (inside the agent's tokio runtime); the sender stops it (containers
     /// are left running, for the next agent to adopt).
     pub fn start(self) -> anyhow::Result<StartedRunner> {

@@ -33,6 +33,65 @@ impl Drop for Process {
     }
 }
 
+/// A CA and a client certificate it signed for the API server's calls to the node
+/// (`<dir>/ca.crt`, `<dir>/client.crt`, `<dir>/client.key`), made with openssl.
+fn kubelet_client_pki(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    std::fs::write(dir.join("client.ext"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+        .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=kubelet-client-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=kube-apiserver-kubelet-client/O=system:masters",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "client.ext",
+    ]);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
+}
+
 fn agent(node: &str, kubeconfig: &Path, root: &Path, endpoint: &str, log: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
     command
@@ -42,6 +101,9 @@ fn agent(node: &str, kubeconfig: &Path, root: &Path, endpoint: &str, log: &Path)
         .arg("--root")
         .arg(root)
         .args(["--container-runtime-endpoint", endpoint])
+        .args(["--port", &free_port().to_string()])
+        .arg("--client-ca-file")
+        .arg(root.with_file_name("pki").join("ca.crt"))
         .env("KVOL_LOG", "info")
         .env_remove("KVOL_CONFIG")
         .stdin(Stdio::null())
@@ -80,13 +142,22 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
     let Some((apiserver, etcd)) = cluster::binaries() else { return };
     support::enter_private_mount_namespace();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let server = cluster::ApiServer::start(&apiserver, &etcd);
+    let pki = kvol_test_support::ScratchRoot::new();
+    kubelet_client_pki(pki.path());
+    let kubelet_client = [
+        format!("--kubelet-client-certificate={}", pki.path().join("client.crt").display()),
+        format!("--kubelet-client-key={}", pki.path().join("client.key").display()),
+        "--kubelet-preferred-address-types=InternalIP".to_string(),
+    ];
+    let server = cluster::ApiServer::start_with(&apiserver, &etcd, kubelet_client.to_vec());
     let client = runtime.block_on(server.client());
     let containerd = Containerd::start();
     let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
     containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
     let scratch = kvol_test_support::ScratchRoot::new();
     let (root, log) = (scratch.path().join("node"), scratch.path().join("agent.log"));
+    std::fs::create_dir_all(scratch.path().join("pki")).unwrap();
+    std::fs::copy(pki.path().join("ca.crt"), scratch.path().join("pki/ca.crt")).unwrap();
     let start = Instant::now();
     let mut kvol =
         Process(agent(NODE, &server.kubeconfig, &root, &containerd.endpoint(), &log).spawn().unwrap());
@@ -121,7 +192,7 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     let pod = json!({"metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {
         "nodeName": NODE, "hostNetwork": true, "terminationGracePeriodSeconds": 5,
         "containers": [{"name": "main", "image": IMAGE,
-            "command": ["sh", "-c", "trap 'exit 0' TERM; cat /cfg/greeting; while true; do sleep 1; done"],
+            "command": ["sh", "-c", "trap 'exit 0' TERM; echo \"$(cat /cfg/greeting)\"; while true; do sleep 1; done"],
             "readinessProbe": {"exec": {"command": ["cat", "/cfg/greeting"]}, "periodSeconds": 1},
             "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "scratch", "mountPath": "/scratch"},
                              {"name": "info", "mountPath": "/info"}]}],
@@ -159,6 +230,17 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
         assert!(conditions.contains(&kind), "{kind} in {conditions:?}");
     }
+
+    // `kubectl logs`: the API server asks the node's kubelet API, with its client certificate.
+    let said = until("the log through the api server", Duration::from_secs(10), log, async || {
+        let said = pods.logs("web", &Default::default()).await.expect("the log through the api server");
+        (!said.is_empty()).then_some(said)
+    })
+    .await;
+    assert_eq!(said, "hello from the api\n");
+    let tail = kube::api::LogParams { tail_lines: Some(1), timestamps: true, ..Default::default() };
+    let said = pods.logs("web", &tail).await.unwrap();
+    assert!(said.ends_with(" hello from the api\n") && said.len() > 30, "with its time: {said:?}");
 
     // Deleted: the node stops it, lets its volumes go, then deletes the object itself.
     let deleting = Instant::now();

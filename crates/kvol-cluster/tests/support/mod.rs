@@ -44,6 +44,11 @@ fn run(cmd: &mut Command) {
 impl ApiServer {
     /// Starts etcd and the API server (RBAC, a static admin token) and waits until it is ready.
     pub fn start(apiserver: &Path, etcd: &Path) -> ApiServer {
+        ApiServer::start_with(apiserver, etcd, Vec::new())
+    }
+
+    /// [`ApiServer::start`] with more flags for the API server.
+    pub fn start_with(apiserver: &Path, etcd: &Path, extra: Vec<String>) -> ApiServer {
         let dir = kvol_test_support::ScratchRoot::new();
         let d = dir.path();
         let (client, peer, port) = (free_port(), free_port(), free_port());
@@ -92,7 +97,10 @@ impl ApiServer {
             "--endpoint-reconciler-type=none".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
-        ];
+        ]
+        .into_iter()
+        .chain(extra)
+        .collect();
         let mut server = ApiServer {
             kubeconfig: d.join("kubeconfig"),
             port,
