@@ -49,3 +49,23 @@ pub struct PodStatusReport {
     pub uid: String,
     pub status: Option<k8s_openapi::api::core::v1::PodStatus>,
 }
+
+/// One of kubelet's Events about a pod (Pulling, Pulled, Created, Started, Killing, BackOff,
+/// Unhealthy, …), as a node's pod runner reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEventReport {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `Normal` or `Warning`.
+    pub kind: &'static str,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What a node's pod runner reports for the API: a pod's status, or an Event about it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PodReport {
+    Status(PodStatusReport),
+    Event(PodEventReport),
+}

@@ -1,11 +1,13 @@
-//! The node's pods' status in the API, as kubelet's status manager keeps it: each change the runner reports written to the pod's status subresource (once per change, the pod's uid a precondition), and a pod gone from the node — containers stopped, volumes let go — deleted with grace 0 when the API had begun deleting it.
+//! The node's pods in the API, as kubelet's status manager and recorder keep them: each status change the runner reports written to the pod's status subresource (once per change, the pod's uid a precondition), a pod gone from the node — containers stopped, volumes let go — deleted with grace 0 when the API had begun deleting it, and kubelet's Events about pods (a repeat counted on the same Event).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Event, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
-use kvol_api::pod::PodStatusReport;
+use kvol_api::pod::{PodEventReport, PodReport, PodStatusReport};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -16,8 +18,12 @@ pub struct PodStatusWriter {
 }
 
 impl PodStatusWriter {
-    pub fn start(client: Client, reports: mpsc::UnboundedReceiver<PodStatusReport>) -> PodStatusWriter {
-        PodStatusWriter { task: tokio::spawn(write(client, reports)) }
+    pub fn start(
+        client: Client,
+        node: String,
+        reports: mpsc::UnboundedReceiver<PodReport>,
+    ) -> PodStatusWriter {
+        PodStatusWriter { task: tokio::spawn(write(client, node, reports)) }
     }
 
     pub fn stop(self) {
@@ -30,9 +36,20 @@ pub fn status_patch(uid: &str, status: &PodStatus) -> serde_json::Value {
     json!({"metadata": {"uid": uid}, "status": status})
 }
 
-async fn write(client: Client, mut reports: mpsc::UnboundedReceiver<PodStatusReport>) {
+async fn write(client: Client, node: String, mut reports: mpsc::UnboundedReceiver<PodReport>) {
     let mut written: BTreeMap<String, PodStatus> = BTreeMap::new();
+    let mut events = EventBook::default();
     while let Some(report) = reports.recv().await {
+        let report = match report {
+            PodReport::Status(report) => report,
+            PodReport::Event(event) => {
+                events.write(&client, &node, &event).await;
+                continue;
+            }
+        };
+        if report.status.is_none() {
+            events.forget(&report.uid);
+        }
         let pods: Api<Pod> = Api::namespaced(client.clone(), &report.namespace);
         let key = format!("{}/{}", report.namespace, report.name);
         match &report.status {
@@ -54,6 +71,60 @@ async fn write(client: Client, mut reports: mpsc::UnboundedReceiver<PodStatusRep
             }
         }
     }
+}
+
+/// The Events written, by (pod uid, type, reason, message): a repeat bumps the count of the
+/// one written before, as kubelet's recorder aggregates.
+#[derive(Debug, Default)]
+struct EventBook {
+    written: BTreeMap<(String, &'static str, String, String), (String, i32)>,
+}
+
+impl EventBook {
+    async fn write(&mut self, client: &Client, node: &str, report: &PodEventReport) {
+        let events: Api<Event> = Api::namespaced(client.clone(), &report.namespace);
+        let key = (report.uid.clone(), report.kind, report.reason.clone(), report.message.clone());
+        let now = Time(Timestamp::now());
+        let outcome = match self.written.get_mut(&key) {
+            Some((name, count)) => {
+                *count += 1;
+                let patch = json!({"count": *count, "lastTimestamp": now});
+                events.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
+            }
+            None => {
+                let event = event_object(report, node, now);
+                let name = event.metadata.name.clone().unwrap_or_default();
+                self.written.insert(key, (name, 1));
+                events.create(&Default::default(), &event).await.map(|_| ())
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(pod = %format!("{}/{}", report.namespace, report.name), reason = %report.reason, error = %e, "pod event not written");
+        }
+    }
+
+    /// Drops what was written about a pod gone from the node.
+    fn forget(&mut self, uid: &str) {
+        self.written.retain(|(u, ..), _| u != uid);
+    }
+}
+
+/// The Event of `report`, as kubelet reports it (source `kubelet`-like: kvol on `node`), named
+/// `<pod>.<unique suffix>`.
+pub fn event_object(report: &PodEventReport, node: &str, now: Time) -> Event {
+    let suffix = format!("{:x}", now.0.as_nanosecond());
+    let body = json!({
+        "metadata": {"name": format!("{}.{suffix}", report.name), "namespace": report.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": report.name,
+                           "namespace": report.namespace, "uid": report.uid},
+        "reason": report.reason, "message": report.message, "type": report.kind, "count": 1,
+        "source": {"component": "kvol", "host": node},
+        "reportingComponent": "kvol", "reportingInstance": node,
+    });
+    let mut event: Event = serde_json::from_value(body).unwrap_or_default();
+    event.first_timestamp = Some(now.clone());
+    event.last_timestamp = Some(now);
+    event
 }
 
 /// Deletes the pod with grace 0 when the API is deleting it (its deletionTimestamp set): the

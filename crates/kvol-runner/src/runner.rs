@@ -89,7 +89,7 @@ impl Runner {
 
     /// Each pod's status as kubelet writes it to the API, as it changes, and each pod gone from
     /// the node; for cluster mode's writer. Asked once, before [`Runner::run`].
-    pub fn reports(&self) -> tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodStatusReport> {
+    pub fn reports(&self) -> tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = self.shared.reports.set(tx);
         rx

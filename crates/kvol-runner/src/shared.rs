@@ -37,7 +37,7 @@ pub struct Shared {
     /// Workers that finished (their pod is gone from the runtime and its volumes let go).
     pub(crate) finished: Mutex<Vec<String>>,
     /// Where each pod's API status goes, when someone writes it to an API server.
-    pub reports: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kvol_api::pod::PodStatusReport>>,
+    pub reports: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<kvol_api::pod::PodReport>>,
     /// The runtime's name (`containerd`), from CRI's Version: a `containerID`'s scheme.
     pub runtime_name: std::sync::OnceLock<String>,
 }
@@ -54,7 +54,29 @@ impl Shared {
     /// Hands a pod's report to its writer, if there is one.
     pub fn report(&self, report: kvol_api::pod::PodStatusReport) {
         if let Some(reports) = self.reports.get() {
-            let _ = reports.send(report);
+            let _ = reports.send(kvol_api::pod::PodReport::Status(report));
+        }
+    }
+
+    /// Reports one of kubelet's Events about `pod` (kept in the log too).
+    pub fn event(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        kind: &'static str,
+        reason: &str,
+        message: String,
+    ) {
+        let ids = crate::labels::PodIds::of(pod);
+        tracing::debug!(pod = %ids.key(), kind, reason, %message, "pod event");
+        if let Some(reports) = self.reports.get() {
+            let _ = reports.send(kvol_api::pod::PodReport::Event(kvol_api::pod::PodEventReport {
+                namespace: ids.namespace.to_string(),
+                name: ids.name.to_string(),
+                uid: ids.uid.to_string(),
+                kind,
+                reason: reason.to_string(),
+                message,
+            }));
         }
     }
 

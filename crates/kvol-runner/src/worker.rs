@@ -306,6 +306,8 @@ impl Worker {
                 .await;
                 if let Err(why) = &outcome {
                     tracing::debug!(pod = %PodIds::of(pod).key(), container = %c.name, probe = kind.name(), %why, "probe failed");
+                    let message = format!("{} probe failed: {why}", capitalised(kind.name()));
+                    self.shared.event(pod, "Warning", "Unhealthy", message);
                 }
                 let tracker = self.probes.get_mut(&key).expect("inserted above");
                 if tracker.record(&timing, outcome.is_ok(), now()) {
@@ -355,6 +357,7 @@ impl Worker {
         for (id, why) in &decided.kill {
             tracing::info!(pod = %PodIds::of(pod).key(), container = %id, reason = %why, "stopping container");
             if let Some(seen) = input.seen.containers.iter().find(|c| &c.id == id) {
+                self.shared.event(pod, "Normal", "Killing", format!("{why}, will be restarted"));
                 let _ = stop_one(&self.cri, Some(pod), seen, grace, &self.hook_ip(Some(pod))).await;
             }
         }
@@ -471,14 +474,16 @@ impl Worker {
             .cri
             .create_container(request)
             .await
-            .map_err(|e| Waiting { reason: "CreateContainerError".into(), message: e.runtime_message() })?
+            .map_err(|e| self.failed(pod, "CreateContainerError", e.runtime_message()))?
             .container_id;
         self.acted = true;
+        self.shared.event(pod, "Normal", "Created", format!("Created container {name}"));
         self.cri
             .start_container(cri::StartContainerRequest { container_id: id.clone() })
             .await
-            .map_err(|e| Waiting { reason: "RunContainerError".into(), message: e.runtime_message() })?;
+            .map_err(|e| self.failed(pod, "RunContainerError", e.runtime_message()))?;
         tracing::info!(pod = %ids.key(), container = %name, id = %id, restart_count, "container started");
+        self.shared.event(pod, "Normal", "Started", format!("Started container {name}"));
         if let Some(hook) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let action = prober::Action::of_hook(hook);
             let ip = context.env.pod_ip.to_string();
@@ -486,6 +491,12 @@ impl Worker {
                 // Kubelet's FailedPostStartHook: the container is killed, and its restart
                 // policy decides what comes next.
                 tracing::warn!(pod = %ids.key(), container = %name, reason = "FailedPostStartHook", %why, "postStart hook failed; killing the container");
+                self.shared.event(
+                    pod,
+                    "Warning",
+                    "FailedPostStartHook",
+                    format!("PostStartHook failed: {why}"),
+                );
                 let grace = grace_of(Some(pod), input.grace);
                 let request = cri::StopContainerRequest { container_id: id.clone(), timeout: grace };
                 let _ = self.cri.stop_container(request).await;
@@ -508,7 +519,11 @@ impl Worker {
         let spec = cri::ImageSpec { image: image.clone(), annotations: Default::default() };
         let present = self.image_status(&spec).await?;
         match (policy.as_str(), &present) {
-            ("Never", Some(image)) | ("IfNotPresent", Some(image)) => return Ok(ImageUser::of(Some(image))),
+            ("Never", Some(found)) | ("IfNotPresent", Some(found)) => {
+                let message = format!("Container image \"{image}\" already present on machine");
+                self.shared.event(pod, "Normal", "Pulled", message);
+                return Ok(ImageUser::of(Some(found)));
+            }
             ("Never", None) => {
                 let message = format!("Container image \"{image}\" is not present with pull policy of Never");
                 return Err(Waiting { reason: "ErrImageNeverPull".into(), message });
@@ -519,14 +534,28 @@ impl Worker {
         let now = now();
         if self.image_backoff.waiting_since_update(&key, now).is_some() {
             let message = format!("Back-off pulling image \"{image}\"");
+            self.shared.event(pod, "Normal", "BackOff", message.clone());
             return Err(Waiting { reason: "ImagePullBackOff".into(), message });
         }
+        self.shared.event(pod, "Normal", "Pulling", format!("Pulling image \"{image}\""));
+        let started = std::time::Instant::now();
         match self.pull(pod, &spec, objects).await {
-            Ok(()) => Ok(ImageUser::of(self.image_status(&spec).await?.as_ref())),
+            Ok(()) => {
+                let took = started.elapsed().as_secs_f64();
+                self.shared.event(
+                    pod,
+                    "Normal",
+                    "Pulled",
+                    format!("Successfully pulled image \"{image}\" in {took:.3}s"),
+                );
+                Ok(ImageUser::of(self.image_status(&spec).await?.as_ref()))
+            }
             Err(e) => {
                 self.image_backoff.next(&key, now, now);
                 let message = format!("failed to pull image \"{image}\": {e}");
                 tracing::warn!(pod = %PodIds::of(pod).key(), container = %container.name, %message, "image pull failed");
+                self.shared.event(pod, "Warning", "Failed", message.clone());
+                self.shared.event(pod, "Warning", "Failed", "Error: ErrImagePull".to_string());
                 Err(Waiting { reason: "ErrImagePull".into(), message })
             }
         }
@@ -556,6 +585,12 @@ impl Worker {
             }
         }
         Err(last)
+    }
+
+    /// A step's failure as the container's waiting reason, with kubelet's `Failed` Event.
+    fn failed(&self, pod: &Pod, reason: &str, message: String) -> Waiting {
+        self.shared.event(pod, "Warning", "Failed", format!("Error: {message}"));
+        Waiting { reason: reason.into(), message }
     }
 
     /// The runtime's status of an image (none: not present); `ErrImageInspect` when it cannot say.
@@ -637,6 +672,9 @@ impl Worker {
             .iter()
             .filter(|c| matches!(c.state, State::Running | State::Created | State::Unknown))
         {
+            if let Some(pod) = pod {
+                self.shared.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
+            }
             let (cri, c, ip) = (self.cri.clone(), c.clone(), self.hook_ip(pod));
             let pod = pod.cloned();
             stopping.spawn(async move { stop_one(&cri, pod.as_ref(), &c, grace, &ip).await });
@@ -710,6 +748,12 @@ impl Worker {
             }
         }
     }
+}
+
+/// `readiness` → `Readiness`, as kubelet's probe Events name the probe.
+fn capitalised(word: &str) -> String {
+    let mut chars = word.chars();
+    chars.next().map(|first| first.to_uppercase().chain(chars).collect()).unwrap_or_default()
 }
 
 /// How long a hook with no limit of its own may run (kubelet sets none on postStart).

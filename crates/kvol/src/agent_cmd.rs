@@ -345,7 +345,7 @@ impl ClusterMode {
     async fn start(
         self,
         config: &mut AgentConfig,
-        reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodStatusReport>>,
+        reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport>>,
     ) -> anyhow::Result<ClusterParts> {
         let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
         let node = config.node_name.clone();
@@ -381,9 +381,9 @@ impl ClusterMode {
             None => Box::new(api),
         };
         // The pods' status is kvol's to write when it keeps the Node (it runs them).
-        let writer = reports
-            .filter(|_| keeper.is_some())
-            .map(|r| kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), r));
+        let writer = reports.filter(|_| keeper.is_some()).map(|r| {
+            kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), config.node_name.clone(), r)
+        });
         let (kubelet_api_stop, stopped) = tokio::sync::watch::channel(false);
         if let Some(api) = self.kubelet_api.filter(|_| keeper.is_some()) {
             tokio::spawn(async move {

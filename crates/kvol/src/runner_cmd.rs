@@ -46,7 +46,7 @@ pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyh
 #[derive(Debug)]
 pub struct StartedRunner {
     pub stop: watch::Sender<bool>,
-    pub reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodStatusReport>>,
+    pub reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport>>,
 }
 
 /// The file that says why this agent runs no pods though a runtime was asked for.

@@ -255,6 +255,27 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     );
     let agent_log = std::fs::read_to_string(log).unwrap_or_default();
     assert!(agent_log.contains("pod deleted: its containers stopped and its volumes let go"), "{agent_log}");
+
+    // kubelet's Events about it, in the order they happened.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let mut about: Vec<_> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+        .collect();
+    about.sort_by_key(|e| e.first_timestamp.clone().map(|t| t.0));
+    let said: Vec<(String, String)> = about
+        .iter()
+        .map(|e| (e.reason.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+        .collect();
+    eprintln!("events: {said:#?}");
+    let reasons: Vec<&str> = said.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(reasons, ["Pulled", "Created", "Started", "Killing"], "{said:#?}");
+    assert_eq!(said[1].1, "Created container main");
+    assert_eq!(said[3].1, "Stopping container main");
 }
 
 /// A node whose Lease a kubelet renews: a second agent for it exits non-zero, saying so.
