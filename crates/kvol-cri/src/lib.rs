@@ -152,6 +152,24 @@ impl CriClient {
         self.run("ExecSync", deadline, client.exec_sync(self.request(request, deadline))).await
     }
 
+    /// `Exec`, `Attach`, `PortForward`: a URL of the runtime's streaming server for the session.
+    pub async fn exec(&self, request: ExecRequest) -> Result<ExecResponse> {
+        let mut client = self.runtime();
+        self.run("Exec", self.deadlines.short, client.exec(self.request(request, self.deadlines.short))).await
+    }
+
+    pub async fn attach(&self, request: AttachRequest) -> Result<AttachResponse> {
+        let mut client = self.runtime();
+        self.run("Attach", self.deadlines.short, client.attach(self.request(request, self.deadlines.short)))
+            .await
+    }
+
+    pub async fn port_forward(&self, request: PortForwardRequest) -> Result<PortForwardResponse> {
+        let mut client = self.runtime();
+        let call = client.port_forward(self.request(request, self.deadlines.short));
+        self.run("PortForward", self.deadlines.short, call).await
+    }
+
     /// `Version`.
     pub async fn version(&self, request: VersionRequest) -> Result<VersionResponse> {
         let mut client = self.runtime();

@@ -1,12 +1,13 @@
-//! kubelet's API on a kvol node (`--port`, 10250) for the API server: `/healthz` and `/containerLogs/{namespace}/{pod}/{container}` (follow, previous, tailLines, timestamps, sinceSeconds, sinceTime, limitBytes), so `kubectl logs` works through the API server.
+//! kubelet's API on a kvol node (`--port`, 10250) for the API server: `/healthz`, `/containerLogs/{namespace}/{pod}/{container}` (follow, previous, tailLines, timestamps, sinceSeconds, sinceTime, limitBytes), and `/exec`, `/attach` and `/portForward` spliced to the runtime's streaming server, so `kubectl logs`, `exec`, `attach` and `port-forward` work through the API server.
 //!
 //! Over TLS (the `--tls-cert-file` pair, else a self-signed certificate for the node); callers
 //! are authenticated by a client certificate of `--client-ca-file` (the API server's
 //! `--kubelet-client-certificate`); without that file only `/healthz` answers. Not done here:
-//! authorization by SubjectAccessReview (every authenticated caller may read every log),
-//! bearer tokens, `exec`, `attach` and `portForward`.
+//! authorization by SubjectAccessReview (every authenticated caller may read every log and
+//! exec into every container), bearer tokens.
 
 pub mod logs;
+pub mod streams;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -49,7 +50,7 @@ pub enum KubeletApiError {
     Listen { address: SocketAddr, source: std::io::Error },
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
 /// Binds and serves until `stop` turns true.
 pub async fn serve(config: KubeletApiConfig, mut stop: watch::Receiver<bool>) -> Result<(), KubeletApiError> {
@@ -77,7 +78,10 @@ pub async fn serve(config: KubeletApiConfig, mut stop: watch::Receiver<bool>) ->
                 async move { Ok::<_, Infallible>(answer(&config, certified, request).await) }
             });
             let io = hyper_util::rt::TokioIo::new(tls);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .with_upgrades()
+                .await;
         });
     }
 }
@@ -160,6 +164,9 @@ async fn answer(
             StatusCode::UNAUTHORIZED,
             "Unauthorized: kvol's kubelet api answers clients with a certificate of --client-ca-file\n",
         );
+    }
+    if let Some(session) = streams::Session::of(&path) {
+        return streams::serve(&config.runner_dir, session, request).await;
     }
     match path.strip_prefix("/containerLogs/").map(|rest| rest.split('/').collect::<Vec<_>>()).as_deref() {
         Some([namespace, pod, container]) => container_logs(config, namespace, pod, container, &query).await,

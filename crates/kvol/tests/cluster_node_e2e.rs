@@ -242,6 +242,19 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     let said = pods.logs("web", &tail).await.unwrap();
     assert!(said.ends_with(" hello from the api\n") && said.len() > 30, "with its time: {said:?}");
 
+    // `kubectl exec`: through the API server to the node, spliced to the runtime's session.
+    let params = kube::api::AttachParams::default().stderr(false);
+    let mut attached = pods
+        .exec("web", ["sh", "-c", "echo exec: $(cat /cfg/greeting)"], &params)
+        .await
+        .expect("exec through the api server");
+    let mut said = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut attached.stdout().expect("its stdout"), &mut said)
+        .await
+        .unwrap();
+    attached.join().await.unwrap();
+    assert_eq!(said, "exec: hello from the api\n");
+
     // Deleted: the node stops it, lets its volumes go, then deletes the object itself.
     let deleting = Instant::now();
     pods.delete("web", &DeleteParams { grace_period_seconds: Some(5), ..Default::default() }).await.unwrap();
