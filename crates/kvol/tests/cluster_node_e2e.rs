@@ -192,7 +192,7 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     let pod = json!({"metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {
         "nodeName": NODE, "hostNetwork": true, "terminationGracePeriodSeconds": 5,
         "containers": [{"name": "main", "image": IMAGE,
-            "command": ["sh", "-c", "trap 'exit 0' TERM; echo \"$(cat /cfg/greeting)\"; while true; do sleep 1; done"],
+            "command": ["sh", "-c", "trap 'exit 0' TERM; echo \"$(cat /cfg/greeting)\"; httpd -p 127.0.0.1:18080 -h /cfg; while true; do sleep 1; done"],
             "readinessProbe": {"exec": {"command": ["cat", "/cfg/greeting"]}, "periodSeconds": 1},
             "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "scratch", "mountPath": "/scratch"},
                              {"name": "info", "mountPath": "/info"}]}],
@@ -254,6 +254,16 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
         .unwrap();
     attached.join().await.unwrap();
     assert_eq!(said, "exec: hello from the api\n");
+
+    // `kubectl port-forward`: a connection through the API server to the pod's port.
+    let mut forwarder = pods.portforward("web", &[18080]).await.expect("port-forward through the api server");
+    let mut stream = forwarder.take_stream(18080).expect("the port's stream");
+    tokio::io::AsyncWriteExt::write_all(&mut stream, b"GET /greeting HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer).await.unwrap();
+    drop(stream);
+    let _ = forwarder.join().await;
+    assert!(answer.starts_with("HTTP/1.") && answer.ends_with("hello from the api"), "{answer}");
 
     // Deleted: the node stops it, lets its volumes go, then deletes the object itself.
     let deleting = Instant::now();
