@@ -47,7 +47,7 @@ pub struct PodStatusReport {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    pub status: Option<k8s_openapi::api::core::v1::PodStatus>,
+    pub status: Option<Box<k8s_openapi::api::core::v1::PodStatus>>,
 }
 
 /// One of kubelet's Events about a pod (Pulling, Pulled, Created, Started, Killing, BackOff,

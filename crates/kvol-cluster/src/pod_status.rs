@@ -37,7 +37,7 @@ pub fn status_patch(uid: &str, status: &PodStatus) -> serde_json::Value {
 }
 
 async fn write(client: Client, node: String, mut reports: mpsc::UnboundedReceiver<PodReport>) {
-    let mut written: BTreeMap<String, PodStatus> = BTreeMap::new();
+    let mut written: BTreeMap<String, Box<PodStatus>> = BTreeMap::new();
     let mut events = EventBook::default();
     while let Some(report) = reports.recv().await {
         let report = match report {

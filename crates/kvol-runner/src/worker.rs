@@ -163,7 +163,7 @@ impl Worker {
                 namespace: ids.namespace.to_string(),
                 name: ids.name.to_string(),
                 uid: self.uid.clone(),
-                status: Some(api_status::api_pod_status(pod, &view, seen, &context)),
+                status: Some(Box::new(api_status::api_pod_status(pod, &view, seen, &context))),
             });
         }
         self.shared.status.send_modify(|all| {

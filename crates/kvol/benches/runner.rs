@@ -12,18 +12,21 @@
 //! The kubelet (`KVOL_KUBELET`, set by `. /work/peers/env.sh`; unset, the bench says
 //! `kubelet: skipped …` and stops after kvol): not interleaved but after kvol's rounds, with
 //! kvol's agent stopped first (a kubelet kills every pod on its runtime it does not know). It
-//! runs standalone (no API server, no `--kubeconfig`: static pods from `--pod-manifest-path`),
+//! runs standalone (no API server, no `--kubeconfig`: static pods from `--pod-manifest-path`)
 //! and gets the same pods as `k<i>` with other uids (its pods `k<i>-kubelet-bench`), save that
-//! the configMap volume is a downwardAPI volume (a standalone kubelet reads no configMap). Timed
-//! the same way: from the manifest's rename into its manifest directory to the pod's container
-//! running as CRI shows it (`ListContainers`, state running, label `io.kubernetes.pod.name`,
-//! every 10 ms); a round ends when the pod is gone (no ready sandbox, no running container, its
-//! pod directory removed). Then kvol and the kubelet side by side with the ratios kubelet/kvol,
-//! and each one's RSS. What the kubelet would change on the host is kept from it: scratch
-//! directories are bound over `/var/log` and `/var/lib/kubelet` in the bench's mount namespace,
-//! the sysctls it sets (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory) are put back
-//! once it has stopped (SIGTERM, then SIGKILL), its root's bind mount on itself is undone, and
-//! the sandboxes it leaves behind (its container GC is a minute away) are removed through CRI.
+//! the configMap volume is a downwardAPI volume (a standalone kubelet reads no configMap), and
+//! that each one-pod round gives its pod a new uid: a pod re-added under the uid of one whose
+//! exited container is still in the runtime (its container GC is a minute away) is to the
+//! kubelet a crashed container restarting, held back 10 s, 20 s, 40 s… Timed the same way:
+//! from the manifest's rename into its manifest directory to the pod's container running as CRI
+//! shows it (`ListContainers`, state running, label `io.kubernetes.pod.name`, every 10 ms); a
+//! round ends when the pod is gone (no ready sandbox, no running container, its pod directory
+//! removed). Then kvol and the kubelet side by side with the ratios kubelet/kvol, and each one's
+//! RSS. What the kubelet would change on the host is kept from it: scratch directories are bound
+//! over `/var/log` and `/var/lib/kubelet` in the bench's mount namespace, the sysctls it sets
+//! (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory) are put back once it has stopped
+//! (SIGTERM, then SIGKILL), its root's bind mount on itself is undone, and the sandboxes it
+//! leaves behind are removed through CRI.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -124,6 +127,7 @@ fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The bench: containerd and its image, kvol's side, then the kubelet's and the table.
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -221,14 +225,15 @@ const SYSCTLS: [&str; 5] = [
 /// The label CRI names a pod by.
 const POD_NAME: &str = "io.kubernetes.pod.name";
 
-/// The kubelet's pod `k<i>`'s uid, apart from kvol's.
-fn kubelet_uid(i: usize) -> String {
-    format!("6b1e0000-0000-4000-8000-{i:012}")
+/// The uid of the kubelet's pod `k<i>` of generation `generation` (apart from kvol's uids): each
+/// of its one-pod rounds is a generation of its own, the pods written at once generation 0.
+fn kubelet_uid(i: usize, generation: usize) -> String {
+    format!("6b1e{generation:04x}-0000-4000-8000-{i:012}")
 }
 
 /// The kubelet's pod `k<i>`: kvol's `p<i>` under another name and uid, with [`KUBELET_CFG`].
-fn kubelet_pod(i: usize) -> String {
-    manifest(&format!("k{i}"), &kubelet_uid(i), KUBELET_CFG)
+fn kubelet_pod(i: usize, generation: usize) -> String {
+    manifest(&format!("k{i}"), &kubelet_uid(i, generation), KUBELET_CFG)
 }
 
 /// Whether the CRI pod name is one of the kubelet's static pods.
@@ -431,12 +436,12 @@ impl Kubelet {
         });
     }
 
-    /// Writes the pod `k<i>` into its manifest directory: a hidden file (which it ignores)
-    /// renamed into place.
-    fn write(&self, i: usize) {
+    /// Writes the pod `k<i>` of `generation` into its manifest directory: a hidden file (which
+    /// it ignores) renamed into place.
+    fn write(&self, i: usize, generation: usize) {
         let dir = self.dir.join("kubelet-manifests");
         let tmp = dir.join(format!(".k{i}.yaml.tmp"));
-        std::fs::write(&tmp, kubelet_pod(i)).unwrap();
+        std::fs::write(&tmp, kubelet_pod(i, generation)).unwrap();
         std::fs::rename(&tmp, dir.join(format!("k{i}.yaml"))).unwrap();
     }
 
@@ -597,14 +602,14 @@ fn kubelet_side(containerd: &Containerd, binary: &Path, rounds: usize, many: usi
     Some(Figures { one, all_up, idle_kib: idle, rss_kib: rss })
 }
 
-/// One pod, `rounds` times: written, timed until its container runs, removed, waited for until
-/// gone.
+/// One pod, `rounds` times (a new uid each time): written, timed until its container runs,
+/// removed, waited for until gone.
 fn kubelet_rounds(kubelet: &mut Kubelet, cri: &Cri, rounds: usize) -> Vec<Duration> {
     let name = format!("k0-{KUBELET_NODE}");
     let pods = kubelet.root().join("pods");
     let mut one = Vec::new();
-    for _ in 0..rounds {
-        kubelet.write(0);
+    for round in 1..=rounds {
+        kubelet.write(0, round);
         one.push(
             kubelet.wait("one pod running", Duration::from_secs(60), || !cri.running(Some(&name)).is_empty()),
         );
@@ -621,7 +626,7 @@ fn kubelet_many(kubelet: &mut Kubelet, cri: &Cri, many: usize, idle: Option<u64>
     let pods = kubelet.root().join("pods");
     let written = Instant::now();
     for i in 0..many {
-        kubelet.write(i);
+        kubelet.write(i, 0);
     }
     kubelet.wait("all pods running", Duration::from_secs(600), || cri.running(None).len() == many);
     let all_up = written.elapsed();

@@ -65,7 +65,7 @@ pub enum Command {
     LvmDriver(lvm_driver_cmd::LvmDriverArgs),
     /// Run the node agent: pods in the manifests directory get their volumes attached, staged
     /// and published; state survives a crash. SIGTERM stops it without unmounting anything.
-    Agent(agent_cmd::AgentArgs),
+    Agent(Box<agent_cmd::AgentArgs>),
     /// Show what the node agent last reported: its volumes, their phases and last errors.
     Status(status_cmd::StatusArgs),
     /// Storage components (CSI drivers and optional pieces such as snapshots): what kvol
