@@ -12,6 +12,7 @@ pub mod container;
 pub mod cri_view;
 pub mod env;
 pub mod hosts;
+mod insecure_tls;
 pub mod labels;
 pub mod runner;
 pub mod sandbox;

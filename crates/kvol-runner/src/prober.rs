@@ -1,4 +1,4 @@
-//! Runs one probe or lifecycle hook of a running container: exec through CRI's ExecSync, tcpSocket by connecting, httpGet by one HTTP/1.1 GET (a status of 200–399 passes), grpc by the standard health service's Check (SERVING passes), each within its timeout.
+//! Runs one probe or lifecycle hook of a running container: exec through CRI's ExecSync, tcpSocket by connecting, httpGet by one HTTP/1.1 GET, over TLS for https without checking the certificate as kubelet (a status of 200–399 passes), grpc by the standard health service's Check (SERVING passes), each within its timeout.
 
 use std::time::Duration;
 
@@ -83,19 +83,18 @@ pub async fn run_action(
         };
     }
     if let Some(http) = action.http_get {
-        if http.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("HTTPS")) {
-            return Err("https probes are not supported yet".to_string());
-        }
+        let tls = http.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
+        let scheme = if tls { "https" } else { "http" };
         let host = http.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| pod_ip.to_string());
         let port = port_of(&http.port, container)?;
         let path = http.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".to_string());
         let headers: Vec<(String, String)> =
             http.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect();
-        return match tokio::time::timeout(timeout, http_get(&host, port, &path, &headers)).await {
+        return match tokio::time::timeout(timeout, http_get(&host, port, &path, &headers, tls)).await {
             Ok(Ok(status)) if (200..400).contains(&status) => Ok(()),
             Ok(Ok(status)) => Err(format!("HTTP probe failed with statuscode: {status}")),
-            Ok(Err(e)) => Err(format!("Get \"http://{host}:{port}{path}\": {e}")),
-            Err(_) => Err(format!("Get \"http://{host}:{port}{path}\": context deadline exceeded")),
+            Ok(Err(e)) => Err(format!("Get \"{scheme}://{host}:{port}{path}\": {e}")),
+            Err(_) => Err(format!("Get \"{scheme}://{host}:{port}{path}\": context deadline exceeded")),
         };
     }
     if let Some(grpc) = action.grpc {
@@ -151,9 +150,31 @@ fn port_of(port: &IntOrString, container: &Container) -> Result<u16, String> {
 }
 
 /// One GET; the response's status code.
-async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> Result<u16, String> {
-    let mut stream =
-        tokio::net::TcpStream::connect((host, port)).await.map_err(|e| format!("dial tcp: {e}"))?;
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+    tls: bool,
+) -> Result<u16, String> {
+    let stream = tokio::net::TcpStream::connect((host, port)).await.map_err(|e| format!("dial tcp: {e}"))?;
+    if !tls {
+        return exchange(stream, host, port, path, headers).await;
+    }
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
+    let stream =
+        crate::insecure_tls::connector().connect(name, stream).await.map_err(|e| format!("tls: {e}"))?;
+    exchange(stream, host, port, path, headers).await
+}
+
+/// One GET over `stream`; the answer's status code.
+async fn exchange(
+    mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<u16, String> {
     let mut request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.26\r\nAccept: */*\r\nConnection: close\r\n"
     );
@@ -221,10 +242,42 @@ mod tests {
                 stream.write_all(format!("HTTP/1.1 {status}\r\n\r\n").as_bytes()).await.unwrap();
             }
         });
-        assert_eq!(http_get("127.0.0.1", port, "/healthz", &[]).await, Ok(200));
-        assert_eq!(http_get("127.0.0.1", port, "/healthz", &[]).await, Ok(503));
+        assert_eq!(http_get("127.0.0.1", port, "/healthz", &[], false).await, Ok(200));
+        assert_eq!(http_get("127.0.0.1", port, "/healthz", &[], false).await, Ok(503));
         server.await.unwrap();
-        assert!(http_get("127.0.0.1", port, "/", &[]).await.unwrap_err().starts_with("dial tcp"));
+        assert!(http_get("127.0.0.1", port, "/", &[], false).await.unwrap_err().starts_with("dial tcp"));
+    }
+
+    #[tokio::test]
+    async fn https_against_a_self_signed_server() {
+        use std::sync::Arc;
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::try_from(made.signing_key.serialize_der()).unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![made.cert.der().clone()], key)
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(stream).await.unwrap();
+            let mut buf = [0u8; 1024];
+            let n = tls.read(&mut buf).await.unwrap();
+            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /ready HTTP/1.1\r\n"));
+            tls.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+            tls.shutdown().await.unwrap();
+        });
+        assert_eq!(
+            http_get("localhost", port, "/ready", &[], true).await,
+            Ok(204),
+            "a self-signed certificate is taken"
+        );
+        server.await.unwrap();
     }
 
     #[tokio::test]
