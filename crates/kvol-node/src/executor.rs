@@ -448,6 +448,21 @@ impl Executor {
         self.record(&Operation::Unpublish { volume }, ActualChange::RemovePublished(key.clone()))
     }
 
+    /// Marks a staged volume whose staging is lost (its mounts gone in a reboot or with a
+    /// mount namespace) uncertain, so the reconciler stages it again if wanted (NodeStage is
+    /// idempotent) and tears it down if not; journalled like any change.
+    pub fn stage_lost(&self, unique_name: &str) -> Result<(), String> {
+        let Some(volume) = self.lock().actual.staged.get(unique_name).cloned() else { return Ok(()) };
+        let op = Operation::Stage {
+            unique_name: volume.unique_name.clone(),
+            plugin: volume.plugin.clone(),
+            spec: volume.spec.clone(),
+            device_path: volume.device_path.clone(),
+            staging_path: volume.staging_path.clone(),
+        };
+        self.record(&op, ActualChange::SetStaged(StagedVolume { uncertain: true, ..volume }))
+    }
+
     /// Adopts a published volume found on the node with no record (a driver that finished a
     /// publish after the agent gave up on it, a record lost with the store): recorded
     /// uncertain, so the reconciler tears it down through its plugin, or publishes it again if

@@ -639,3 +639,86 @@ fn a_full_state_directory_runs_nothing_unjournalled_and_converges_when_space_ret
     assert_eq!(std::fs::metadata(&dirs_before[0]).unwrap().ino(), a_inode, "a was left alone");
     assert!(!node.agent_log().contains("reconstructed a published volume"), "the journal knew both");
 }
+
+const REBOOT_UID: &str = "3c9a0000-0000-4000-8000-0000000000b7";
+
+/// A claim of the bundled driver and a pod using it.
+fn claim_pod() -> String {
+    format!(
+        r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: kvol-hostpath}}
+provisioner: hostpath.csi.kvol.io
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data, namespace: default}}
+spec: {{storageClassName: kvol-hostpath, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 16Mi}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: keeper, namespace: default, uid: {REBOOT_UID}}}
+spec:
+  containers: [{{name: c, image: i, volumeMounts: [{{name: data, mountPath: /data}}]}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]
+"#
+    )
+}
+
+/// Every mount under `root` gone, deepest first, and the loop devices backed there detached:
+/// what a reboot (or the end of the mount namespace that held them) leaves.
+fn lose_every_mount(root: &Path) {
+    let mut mounts = kvol_test_support::mounts_below(root);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for mount in mounts {
+        let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
+    }
+    for (device, _) in kvol_test_support::loop_devices_of(root) {
+        let _ = std::process::Command::new("losetup").args(["-d", &device]).status();
+    }
+}
+
+#[test]
+fn after_every_mount_is_lost_a_claim_is_staged_and_published_again_before_it_is_said_ready() {
+    support::enter_private_mount_namespace();
+    let mut node = Node::new();
+    node.start();
+    node.write("claim.yaml", &claim_pod());
+    let published = node
+        .wait(LIMIT, |r| volume(r, "default/keeper", "data").is_some_and(|v| v.phase == Phase::Published));
+    let report = published.unwrap_or_else(|r| panic!("never published: {r}\n{}", node.agent_log()));
+    // A CSI volume is mounted at `<its pod volume directory>/mount`, as kubelet mounts it.
+    let target =
+        volume(&report, "default/keeper", "data").unwrap().target.clone().expect("its target").join("mount");
+    std::fs::write(target.join("kept"), "written before the loss").unwrap();
+
+    // The agent dies, then every mount and loop device goes, as in a reboot.
+    node.kill_9();
+    lose_every_mount(&node.root);
+    assert!(
+        !target.join("kept").exists(),
+        "the file is on the volume, not in the directory beneath: {} left mounted {:#?}",
+        target.display(),
+        kvol_test_support::mounts_below(&node.root)
+    );
+
+    // The next agent: the runtime API says ready only once the volume is really back.
+    node.start();
+    let socket = node.runtime_socket();
+    let wait = std::process::Command::new(env!("CARGO_BIN_EXE_kvol"))
+        .args(["pod", "wait", REBOOT_UID, "--timeout", "60", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(wait.status.success(), "{}\n{}", String::from_utf8_lossy(&wait.stderr), node.agent_log());
+    assert!(
+        kvol_test_support::mounts_below(&node.root).contains(&target),
+        "said ready with {} not mounted\n{}",
+        target.display(),
+        node.agent_log()
+    );
+    assert_eq!(std::fs::read_to_string(target.join("kept")).unwrap(), "written before the loss");
+    let log = node.agent_log();
+    assert!(log.contains("staged volume's mounts are gone; staging it again"), "{log}");
+    node.remove("claim.yaml");
+}

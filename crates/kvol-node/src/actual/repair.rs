@@ -123,6 +123,28 @@ pub fn repair_drift(executor: &Arc<Executor>, mounter: &dyn Mounter) {
             }
         }
     }
+    // A stage is lost when nothing of it is mounted any more — not its staging path, not one of
+    // its publications (a driver may stage without a mount of its own): after a reboot, or
+    // with the mount namespace that held it. Staged again, not published on a stage that is gone.
+    for (name, volume) in &exec.actual.staged {
+        let busy = exec.running.values().any(|r| r.claim.unique_name == *name);
+        if volume.uncertain || busy {
+            continue;
+        }
+        let published_here = exec
+            .actual
+            .published
+            .values()
+            .filter(|p| p.unique_name == *name)
+            .any(|p| mounted_at_or_below(&targets, &kvol_plugin::block::mount_check_path(&p.target)));
+        if published_here || mounted_at_or_below(&targets, &volume.staging_path) {
+            continue;
+        }
+        tracing::warn!(volume = %name, staging = %volume.staging_path.display(), "staged volume's mounts are gone; staging it again");
+        if let Err(e) = executor.stage_lost(name) {
+            tracing::warn!(volume = %name, error = %e, "cannot record the lost stage");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -160,7 +160,9 @@ impl<'a> Loop<'a> {
             orphans_left,
             journal_damage: node.journal_damage.clone(),
             pod_dirs_left: Vec::new(),
-            last_resync: Instant::now(),
+            // The first pass checks the journal against the mount table before the runtime API
+            // answers from it: after a reboot no volume is said ready on a mount that is gone.
+            last_resync: Instant::now().checked_sub(config.resync).unwrap_or_else(Instant::now),
             last_status: None,
             status_unwritable: false,
             last_report: None,
