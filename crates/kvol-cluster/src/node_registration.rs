@@ -182,11 +182,12 @@ impl NodeKeeper {
             .await
             .map_err(|e| format!("cannot register node {name}: {e}"))?;
         let uid = registered.metadata.uid.unwrap_or_default();
+        // The Lease first: a node says Ready only with its heartbeat in place.
+        renew(&leases, &name, &uid).await?;
         nodes
             .patch_status(&name, &apply(), &Patch::Apply(node_status_body(&facts, Timestamp::now())))
             .await
             .map_err(|e| format!("cannot post the status of node {name}: {e}"))?;
-        renew(&leases, &name, &uid).await?;
         tracing::info!(node = %name, "node registered; its lease is renewed every {}s", LEASE_SECONDS / 4);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(keep(nodes, leases, facts, uid, stopped));

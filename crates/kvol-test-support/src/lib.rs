@@ -270,6 +270,13 @@ fn unescape_mount_path(field: &str) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// What a reboot leaves of `root`: every mount at or below it gone and the loop devices backed
+/// by files under it detached (its files stay).
+pub fn lose_mounts_and_loop_devices(root: &Path) {
+    unmount_below(root);
+    detach_loop_devices(root);
+}
+
 /// Unmounts every mount at or below `root`, deepest first, detaching a busy one.
 fn unmount_below(root: &Path) {
     for _ in 0..3 {

@@ -42,9 +42,10 @@ use kvol_cri::{
     ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStateValue, RemovePodSandboxRequest,
     StopPodSandboxRequest,
 };
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MntFlags;
 use serde_json::Value;
-use support::containerd::{Containerd, IMAGE, PAUSE, build_image, tools};
+use support::containerd::{Containerd, IMAGE, PAUSE, tools};
+use support::kubelet_host::{HostDirs, Sysctls, free_port};
 
 /// A pod of busybox sleeping on the host network, mounting the volume `cfg` (of `source`) and an
 /// emptyDir.
@@ -142,9 +143,7 @@ fn main() {
     support::enter_private_mount_namespace();
     let rounds = env_count("KVOL_BENCH_ROUNDS", 5);
     let many = env_count("KVOL_BENCH_PODS", 50);
-    let containerd = Containerd::start();
-    let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
-    containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+    let containerd = Containerd::with_image(&busybox);
     let kvol = kvol_side(&containerd, rounds, many);
     match kubelet_binary() {
         Ok(binary) => {
@@ -214,14 +213,6 @@ const KUBELET_NODE: &str = "kubelet-bench";
 /// The kubelet's pod's volume `cfg`: a downwardAPI volume (the same atomic writer as a
 /// configMap's), since a kubelet without an API server cannot read configMaps.
 const KUBELET_CFG: &str = "downwardAPI: {items: [{path: a, fieldRef: {fieldPath: metadata.name}}]}";
-/// The sysctls a starting kubelet sets (the first three) or may set, under /proc/sys.
-const SYSCTLS: [&str; 5] = [
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "vm/overcommit_memory",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-];
 /// The label CRI names a pod by.
 const POD_NAME: &str = "io.kubernetes.pod.name";
 
@@ -273,85 +264,6 @@ fn other_kubelet(limit: Duration) -> Option<i32> {
             }
         }
     }
-}
-
-/// The sysctls as they were before the kubelet started; put back when dropped (after it
-/// stopped, also on a panic).
-struct Sysctls(Vec<(PathBuf, String)>);
-
-impl Sysctls {
-    /// Reads those of [`SYSCTLS`] that the kernel has.
-    fn save() -> Sysctls {
-        let read =
-            |path: PathBuf| Some((path.clone(), std::fs::read_to_string(&path).ok()?.trim().to_string()));
-        Sysctls(SYSCTLS.iter().filter_map(|name| read(Path::new("/proc/sys").join(name))).collect())
-    }
-}
-
-impl Drop for Sysctls {
-    /// Puts back every value that changed, and says so.
-    fn drop(&mut self) {
-        for (path, before) in &self.0 {
-            let now = std::fs::read_to_string(path).unwrap_or_default().trim().to_string();
-            if now != *before {
-                let name =
-                    path.strip_prefix("/proc/sys").unwrap_or(path).display().to_string().replace('/', ".");
-                match std::fs::write(path, before) {
-                    Ok(()) => println!("kubelet: sysctl {name} put back: {now} → {before}"),
-                    Err(e) => eprintln!("kubelet: cannot put back sysctl {name} ({now} → {before}): {e}"),
-                }
-            }
-        }
-    }
-}
-
-/// Scratch directories bound over `/var/log` and `/var/lib/kubelet` (which the kubelet writes
-/// whatever `--root-dir` says) in the bench's mount namespace; unbound when dropped, and
-/// `/var/lib/kubelet` removed if the bench made it as a mount point.
-struct HostDirs {
-    made_var_lib_kubelet: bool,
-    bound: Vec<PathBuf>,
-}
-
-impl HostDirs {
-    /// Binds `<scratch>/var-log` and `<scratch>/var-lib-kubelet` over the host's.
-    fn bind(scratch: &Path) -> HostDirs {
-        let var_lib_kubelet = Path::new("/var/lib/kubelet");
-        let mut dirs = HostDirs { made_var_lib_kubelet: false, bound: Vec::new() };
-        if !var_lib_kubelet.exists() {
-            std::fs::create_dir(var_lib_kubelet).expect("make the mount point /var/lib/kubelet");
-            dirs.made_var_lib_kubelet = true;
-        }
-        for (source, target) in [("var-log", "/var/log"), ("var-lib-kubelet", "/var/lib/kubelet")] {
-            let source = scratch.join(source);
-            std::fs::create_dir_all(&source).expect("a scratch directory");
-            nix::mount::mount(Some(&source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                .unwrap_or_else(|e| panic!("bind {} over {target}: {e}", source.display()));
-            dirs.bound.push(PathBuf::from(target));
-        }
-        dirs
-    }
-}
-
-impl Drop for HostDirs {
-    /// Unbinds them, and removes the mount point the bench made.
-    fn drop(&mut self) {
-        for target in self.bound.iter().rev() {
-            if let Err(e) = nix::mount::umount2(target, MntFlags::MNT_DETACH) {
-                eprintln!("kubelet: cannot unmount {}: {e}", target.display());
-            }
-        }
-        if self.made_var_lib_kubelet
-            && let Err(e) = std::fs::remove_dir("/var/lib/kubelet")
-        {
-            eprintln!("kubelet: cannot remove /var/lib/kubelet, which the bench made: {e}");
-        }
-    }
-}
-
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
 }
 
 /// The kubelet's command: standalone (no `--kubeconfig`), static pods from

@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use support::containerd::{Containerd, IMAGE, PAUSE, build_image, tools};
+use support::containerd::{Containerd, IMAGE, tools};
 
 const NODE: &str = "kvol-node";
 
@@ -151,9 +151,7 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
     ];
     let server = cluster::ApiServer::start_with(&apiserver, &etcd, kubelet_client.to_vec());
     let client = runtime.block_on(server.client());
-    let containerd = Containerd::start();
-    let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
-    containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+    let containerd = Containerd::with_image(&busybox);
     let scratch = kvol_test_support::ScratchRoot::new();
     let (root, log) = (scratch.path().join("node"), scratch.path().join("agent.log"));
     std::fs::create_dir_all(scratch.path().join("pki")).unwrap();
@@ -276,8 +274,12 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
         "pod {uid} deleted → stopped, volumes gone, object deleted in {} ms",
         deleting.elapsed().as_millis()
     );
-    let agent_log = std::fs::read_to_string(log).unwrap_or_default();
-    assert!(agent_log.contains("pod deleted: its containers stopped and its volumes let go"), "{agent_log}");
+    // The agent logs the delete once the API answered it, a moment after the pod is gone.
+    until("the agent's word of the delete", Duration::from_secs(5), log, async || {
+        let agent_log = std::fs::read_to_string(log).unwrap_or_default();
+        agent_log.contains("pod deleted: its containers stopped and its volumes let go").then_some(())
+    })
+    .await;
 
     // kubelet's Events about it, in the order they happened.
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");

@@ -665,19 +665,6 @@ spec:
     )
 }
 
-/// Every mount under `root` gone, deepest first, and the loop devices backed there detached:
-/// what a reboot (or the end of the mount namespace that held them) leaves.
-fn lose_every_mount(root: &Path) {
-    let mut mounts = kvol_test_support::mounts_below(root);
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-    for mount in mounts {
-        let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
-    }
-    for (device, _) in kvol_test_support::loop_devices_of(root) {
-        let _ = std::process::Command::new("losetup").args(["-d", &device]).status();
-    }
-}
-
 #[test]
 fn after_every_mount_is_lost_a_claim_is_staged_and_published_again_before_it_is_said_ready() {
     support::enter_private_mount_namespace();
@@ -694,7 +681,7 @@ fn after_every_mount_is_lost_a_claim_is_staged_and_published_again_before_it_is_
 
     // The agent dies, then every mount and loop device goes, as in a reboot.
     node.kill_9();
-    lose_every_mount(&node.root);
+    kvol_test_support::lose_mounts_and_loop_devices(&node.root);
     assert!(
         !target.join("kept").exists(),
         "the file is on the volume, not in the directory beneath: {} left mounted {:#?}",

@@ -19,6 +19,8 @@
 //! test ends, also when it fails. Its mounts are made in that same namespace, so this thread
 //! sees the kubelet's mounts beside the agent's (and the drivers').
 
+#[path = "support/kubelet_host.rs"]
+mod kubelet_host;
 #[path = "../../kvol-cluster/tests/support/mod.rs"]
 mod support;
 
@@ -34,6 +36,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use kubelet_host::{HostDirs, Sysctls, free_port};
 use kvol_node::report::status::{Phase, read_status};
 use kvol_plugin::{Mounter, SystemMounter};
 use nix::mount::{MntFlags, MsFlags};
@@ -64,14 +67,6 @@ const VOLUME_DIRS: [(&str, bool); 7] = [
 ];
 /// Generous: a 2-core CI machine runs the API server, the kubelet and the agent at once.
 const LIMIT: Duration = Duration::from_secs(120);
-/// The sysctls the kubelet sets (the first three) or may set (the keys), under /proc/sys.
-const SYSCTLS: [&str; 5] = [
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "vm/overcommit_memory",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-];
 
 /// A process the test started: asked to stop with SIGTERM, killed after its grace; on drop too.
 #[derive(Debug)]
@@ -131,97 +126,6 @@ fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// The sysctls as they were before the kubelet started; put back when dropped (the test ended
-/// or panicked), after the kubelet is stopped (declared before it, so dropped after it).
-#[derive(Debug)]
-struct Sysctls(Vec<(PathBuf, String)>);
-
-impl Sysctls {
-    fn save() -> Sysctls {
-        Sysctls(
-            SYSCTLS
-                .iter()
-                .map(|name| {
-                    let path = Path::new("/proc/sys").join(name);
-                    let value =
-                        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                    (path, value.trim().to_string())
-                })
-                .collect(),
-        )
-    }
-
-    /// Puts back every value that changed; what changed (`name: now -> before`).
-    fn restore(&self) -> Vec<String> {
-        let mut changed = Vec::new();
-        for (path, before) in &self.0 {
-            let now = std::fs::read_to_string(path).unwrap_or_default().trim().to_string();
-            if now != *before {
-                changed.push(format!("{}: {now} -> {before}", path.display()));
-                if let Err(e) = std::fs::write(path, before) {
-                    eprintln!("cannot restore {}: {e}", path.display());
-                }
-            }
-        }
-        changed
-    }
-}
-
-impl Drop for Sysctls {
-    fn drop(&mut self) {
-        for change in self.restore() {
-            eprintln!("sysctl restored: {change}");
-        }
-    }
-}
-
-/// Scratch directories bind-mounted over `/var/log` and `/var/lib/kubelet` in this thread's
-/// mount namespace; unmounted when dropped, and `/var/lib/kubelet` removed if the test made it.
-#[derive(Debug)]
-struct HostDirs {
-    made_var_lib_kubelet: bool,
-    mounted: Vec<PathBuf>,
-}
-
-impl HostDirs {
-    fn bind(scratch: &Path) -> HostDirs {
-        let var_lib_kubelet = Path::new("/var/lib/kubelet");
-        let mut dirs = HostDirs { made_var_lib_kubelet: false, mounted: Vec::new() };
-        if !var_lib_kubelet.exists() {
-            std::fs::create_dir(var_lib_kubelet).expect("make the mount point /var/lib/kubelet");
-            dirs.made_var_lib_kubelet = true;
-        }
-        for (source, target) in [("varlog", "/var/log"), ("varlibkubelet", "/var/lib/kubelet")] {
-            let source = scratch.join(source);
-            std::fs::create_dir_all(&source).expect("a scratch directory");
-            nix::mount::mount(Some(&source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                .unwrap_or_else(|e| panic!("bind {} over {target}: {e}", source.display()));
-            dirs.mounted.push(PathBuf::from(target));
-        }
-        dirs
-    }
-}
-
-impl Drop for HostDirs {
-    fn drop(&mut self) {
-        for target in self.mounted.iter().rev() {
-            if let Err(e) = nix::mount::umount2(target, MntFlags::MNT_DETACH) {
-                eprintln!("cannot unmount {}: {e}", target.display());
-            }
-        }
-        if self.made_var_lib_kubelet
-            && let Err(e) = std::fs::remove_dir("/var/lib/kubelet")
-        {
-            eprintln!("cannot remove /var/lib/kubelet, which the test made: {e}");
-        }
-    }
-}
-
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
 }
 
 /// The pod, as the test gives it to either node: the kubelet oracle's pod plus the volume the

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use support::containerd::{
-    Containerd, IMAGE, PAUSE, build_image, main_container, pod_status, tools, wait_pod,
-};
+use support::containerd::{Containerd, IMAGE, main_container, pod_status, tools, wait_pod};
 use support::{Node, enter_private_mount_namespace, wait_for_path};
 
 const WEB_UID: &str = "3c9a0000-0000-4000-8000-00000000e2e1";
@@ -149,9 +147,7 @@ fn pods_run_on_a_real_containerd() {
     };
     enter_private_mount_namespace();
     // Dropped last: the agent is killed (Node's drop) before containerd's tasks are.
-    let containerd = Containerd::start();
-    let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
-    containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+    let containerd = Containerd::with_image(&busybox);
 
     let mut node = Node::new();
     node.agent_args =

@@ -8,9 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::containerd::{
-    Containerd, IMAGE, PAUSE, build_image, main_container, pod_status, tools, wait_log, wait_pod,
-};
+use support::containerd::{Containerd, IMAGE, main_container, pod_status, tools, wait_log, wait_pod};
 use support::{Node, enter_private_mount_namespace};
 
 const WRITER_UID: &str = "3c9a0000-0000-4000-8000-0000000001a1";
@@ -164,9 +162,7 @@ fn every_volume_kind_reaches_a_real_container() {
         return;
     }
     enter_private_mount_namespace();
-    let containerd = Containerd::start();
-    let image = build_image(containerd.dir.path(), &busybox, &[IMAGE, PAUSE]);
-    containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+    let containerd = Containerd::with_image(&busybox);
 
     let mut node = Node::new();
     node.agent_args = vec!["--container-runtime-endpoint".into(), containerd.endpoint()];

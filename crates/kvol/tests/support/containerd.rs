@@ -79,6 +79,14 @@ impl Containerd {
         containerd
     }
 
+    /// A private containerd with the busybox image (and the sandbox image) imported.
+    pub fn with_image(busybox: &Path) -> Containerd {
+        let containerd = Containerd::start();
+        let image = build_image(containerd.dir.path(), busybox, &[IMAGE, PAUSE]);
+        containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
+        containerd
+    }
+
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
     }

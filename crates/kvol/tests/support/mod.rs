@@ -3,6 +3,7 @@
 pub mod churn;
 pub mod containerd;
 pub mod grow;
+pub mod kubelet_host;
 pub mod proxy;
 
 use std::path::{Path, PathBuf};
