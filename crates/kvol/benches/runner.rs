@@ -32,6 +32,9 @@
 #[allow(dead_code)]
 mod support;
 
+#[path = "runner/floor.rs"]
+mod floor;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -145,14 +148,15 @@ fn main() {
     let many = env_count("KVOL_BENCH_PODS", 50);
     let containerd = Containerd::with_image(&busybox);
     let kvol = kvol_side(&containerd, rounds, many);
-    match kubelet_binary() {
-        Ok(binary) => {
-            if let Some(kubelet) = kubelet_side(&containerd, &binary, rounds, many) {
-                print_table(&kvol, &kubelet, many);
-            }
+    let floor = floor::cri_floor(&containerd, rounds, many);
+    let kubelet = match kubelet_binary() {
+        Ok(binary) => kubelet_side(&containerd, &binary, rounds, many),
+        Err(why) => {
+            println!("kubelet: skipped ({why})");
+            None
         }
-        Err(why) => println!("kubelet: skipped ({why})"),
-    }
+    };
+    print_table(&kvol, &floor, kubelet.as_ref(), many);
 }
 
 /// kvol's rounds through the real agent (stopped at the end): one pod, then `many` at once.
@@ -558,24 +562,43 @@ fn kubelet_many(kubelet: &mut Kubelet, cri: &Cri, many: usize, idle: Option<u64>
     (all_up, rss)
 }
 
-/// kvol and the kubelet side by side, with the ratios kubelet/kvol.
-fn print_table(kvol: &Figures, kubelet: &Figures, many: usize) {
+/// kvol, the runtime's floor and the kubelet (when it ran) side by side, with the ratios to
+/// kvol.
+fn print_table(kvol: &Figures, floor: &floor::Floor, kubelet: Option<&Figures>, many: usize) {
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
-    let row = |what: &str, a: Duration, b: Duration| {
-        println!("{what:<30} {:>12} {:>12} {:>12.1}×", ms(a), ms(b), b.as_secs_f64() / a.as_secs_f64());
+    let ratio = |a: Duration, b: Option<Duration>| {
+        b.map(|b| format!("{:.1}×", b.as_secs_f64() / a.as_secs_f64())).unwrap_or_else(|| "-".into())
     };
-    let median = |f: &Figures| f.one[f.one.len() / 2];
-    println!("\n{:<30} {:>12} {:>12} {:>13}", "", "kvol", "kubelet", "kubelet/kvol");
-    row(&format!("one pod, median of {}", kvol.one.len()), median(kvol), median(kubelet));
-    row("one pod, min", kvol.one[0], kubelet.one[0]);
-    row("one pod, max", kvol.one[kvol.one.len() - 1], kubelet.one[kubelet.one.len() - 1]);
-    row(&format!("{many} pods, all running"), kvol.all_up, kubelet.all_up);
+    let row = |what: &str, a: Duration, f: Duration, b: Option<Duration>| {
+        let kubelet = b.map(ms).unwrap_or_else(|| "-".into());
+        println!(
+            "{what:<30} {:>12} {:>12} {:>12} {:>14} {:>12}",
+            ms(a),
+            ms(f),
+            kubelet,
+            ratio(a, b),
+            format!("{:.0}%", 100.0 * f.as_secs_f64() / a.as_secs_f64())
+        );
+    };
+    let median = |one: &[Duration]| one[one.len() / 2];
+    println!(
+        "\n{:<30} {:>12} {:>12} {:>12} {:>14} {:>12}",
+        "", "kvol", "cri floor", "kubelet", "kubelet/kvol", "floor/kvol"
+    );
+    row(
+        &format!("one pod, median of {}", kvol.one.len()),
+        median(&kvol.one),
+        median(&floor.one),
+        kubelet.map(|k| median(&k.one)),
+    );
+    row("one pod, min", kvol.one[0], floor.one[0], kubelet.map(|k| k.one[0]));
+    row(&format!("{many} pods, all running"), kvol.all_up, floor.all_up, kubelet.map(|k| k.all_up));
     let kib_row = |what: &str, a: Option<u64>, b: Option<u64>| {
         let ratio =
-            a.zip(b).map(|(a, b)| format!("{:.1}×", b as f64 / a as f64)).unwrap_or_else(|| "?".into());
-        let kib = |v: Option<u64>| v.map(|v| format!("{v} KiB")).unwrap_or_else(|| "?".into());
-        println!("{what:<30} {:>12} {:>12} {:>13}", kib(a), kib(b), ratio);
+            a.zip(b).map(|(a, b)| format!("{:.1}×", b as f64 / a as f64)).unwrap_or_else(|| "-".into());
+        let kib = |v: Option<u64>| v.map(|v| format!("{v} KiB")).unwrap_or_else(|| "-".into());
+        println!("{what:<30} {:>12} {:>12} {:>12} {:>14}", kib(a), "", kib(b), ratio);
     };
-    kib_row("RSS idle", kvol.idle_kib, kubelet.idle_kib);
-    kib_row(&format!("RSS with {many} running"), kvol.rss_kib, kubelet.rss_kib);
+    kib_row("RSS idle", kvol.idle_kib, kubelet.and_then(|k| k.idle_kib));
+    kib_row(&format!("RSS with {many} running"), kvol.rss_kib, kubelet.and_then(|k| k.rss_kib));
 }
