@@ -1,12 +1,15 @@
 //! kubelet's API on a kvol node (`--port`, 10250) for the API server: `/healthz`, `/containerLogs/{namespace}/{pod}/{container}` (follow, previous, tailLines, timestamps, sinceSeconds, sinceTime, limitBytes), and `/exec`, `/attach` and `/portForward` spliced to the runtime's streaming server, so `kubectl logs`, `exec`, `attach` and `port-forward` work through the API server.
 //!
-//! Over TLS (the `--tls-cert-file` pair, else a self-signed certificate for the node); callers
-//! are authenticated by a client certificate of `--client-ca-file` (the API server's
-//! `--kubelet-client-certificate`); without that file only `/healthz` answers. Not done here:
-//! authorization by SubjectAccessReview (every authenticated caller may read every log and
-//! exec into every container), bearer tokens.
+//! Over TLS (the `--tls-cert-file` pair, else a self-signed certificate for the node). A caller
+//! is a client certificate of `--client-ca-file` (the API server's
+//! `--kubelet-client-certificate`) or a bearer token the API server's TokenReview knows; its
+//! request is allowed by a SubjectAccessReview (`--authorization-mode Webhook`, the default) or
+//! outright (`AlwaysAllow`) — [`auth`]. `/healthz` answers anyone; no anonymous caller gets
+//! further. `/metrics` is the agent's metrics endpoint, passed through.
 
+pub mod auth;
 pub mod logs;
+pub mod reviews;
 pub mod streams;
 
 use std::convert::Infallible;
@@ -32,8 +35,13 @@ pub struct KubeletApiConfig {
     pub address: SocketAddr,
     /// The serving certificate and key (PEM files); none: a self-signed one for `node_name`.
     pub tls_files: Option<(PathBuf, PathBuf)>,
-    /// The CA whose client certificates may call (PEM); none: only `/healthz` answers.
+    /// The CA whose client certificates may call (PEM); none: callers are known by bearer
+    /// token only.
     pub client_ca: Option<PathBuf>,
+    /// How callers are known and what they may do.
+    pub access: auth::Access,
+    /// The agent's metrics endpoint (`/metrics` is passed through to it); none: not found.
+    pub metrics_address: Option<SocketAddr>,
     pub node_name: String,
     /// The runner's directory (its `pods.json`).
     pub runner_dir: PathBuf,
@@ -59,7 +67,13 @@ pub async fn serve(config: KubeletApiConfig, mut stop: watch::Receiver<bool>) ->
     let listener = tokio::net::TcpListener::bind(config.address)
         .await
         .map_err(|source| KubeletApiError::Listen { address: config.address, source })?;
-    tracing::info!(address = %config.address, clients = if config.client_ca.is_some() { "certificates of --client-ca-file" } else { "none (healthz only)" }, "kubelet api served");
+    tracing::info!(
+        address = %config.address,
+        certificates = config.client_ca.is_some(),
+        tokens = config.access.token_webhook,
+        authorization = ?config.access.authorization,
+        "kubelet api served"
+    );
     let config = Arc::new(config);
     loop {
         let (stream, _) = tokio::select! {
@@ -72,10 +86,11 @@ pub async fn serve(config: KubeletApiConfig, mut stop: watch::Receiver<bool>) ->
         let (acceptor, config) = (acceptor.clone(), Arc::clone(&config));
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(stream).await else { return };
-            let certified = tls.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+            let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+            let certificate = certificate.and_then(|c| auth::certificate_user(c.as_ref()));
             let service = hyper::service::service_fn(move |request| {
-                let config = Arc::clone(&config);
-                async move { Ok::<_, Infallible>(answer(&config, certified, request).await) }
+                let (config, certificate) = (Arc::clone(&config), certificate.clone());
+                async move { Ok::<_, Infallible>(answer(&config, certificate.as_ref(), request).await) }
             });
             let io = hyper_util::rt::TokioIo::new(tls);
             let _ = hyper::server::conn::http1::Builder::new()
@@ -147,11 +162,12 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     response
 }
 
-/// One request's answer; `certified`: its session showed a client certificate the CA signed
-/// (the verifier checked it; a session without one gets through the handshake for `/healthz`).
+/// One request's answer; `certificate`: the user of the client certificate its session showed
+/// (the verifier checked it against the CA; a session without one gets through the handshake
+/// for `/healthz` and bearer tokens).
 async fn answer(
     config: &KubeletApiConfig,
-    certified: bool,
+    certificate: Option<&auth::User>,
     request: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
     let path = request.uri().path().to_string();
@@ -159,11 +175,15 @@ async fn answer(
     if path == "/healthz" {
         return text(StatusCode::OK, "ok");
     }
-    if config.client_ca.is_none() || !certified {
-        return text(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized: kvol's kubelet api answers clients with a certificate of --client-ca-file\n",
-        );
+    if let Err(refusal) = admitted(config, certificate, &request).await {
+        return match refusal {
+            auth::Refusal::Unauthorized => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            auth::Refusal::Forbidden(why) => text(StatusCode::FORBIDDEN, why),
+            auth::Refusal::Error(why) => text(StatusCode::INTERNAL_SERVER_ERROR, why),
+        };
+    }
+    if path == "/metrics" {
+        return metrics(config.metrics_address).await;
     }
     if let Some(session) = streams::Session::of(&path) {
         return streams::serve(&config.runner_dir, session, request).await;
@@ -172,6 +192,56 @@ async fn answer(
         Some([namespace, pod, container]) => container_logs(config, namespace, pod, container, &query).await,
         _ => text(StatusCode::NOT_FOUND, format!("not found: {path}\n")),
     }
+}
+
+/// Whether the request's caller is known and may make it.
+async fn admitted<B>(
+    config: &KubeletApiConfig,
+    certificate: Option<&auth::User>,
+    request: &Request<B>,
+) -> Result<(), auth::Refusal> {
+    let header = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let user = config.access.authenticate(certificate, header).await?;
+    let attributes = auth::attributes(request.method().as_str(), request.uri().path());
+    config.access.authorize(&user, attributes, &config.node_name).await.inspect_err(|refusal| {
+        tracing::info!(user = %user.name, verb = attributes.verb, subresource = attributes.subresource, ?refusal, "kubelet api: request refused");
+    })
+}
+
+/// The agent's metrics, fetched from its own endpoint.
+async fn metrics(address: Option<SocketAddr>) -> Response<Body> {
+    let Some(address) = address else {
+        return text(StatusCode::NOT_FOUND, "metrics are off on this node (--no-metrics)\n");
+    };
+    match fetch_metrics(address).await {
+        Ok(body) => {
+            let mut response = text(StatusCode::OK, body);
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            response
+        }
+        Err(e) => text(StatusCode::BAD_GATEWAY, format!("metrics at {address}: {e}\n")),
+    }
+}
+
+async fn fetch_metrics(address: SocketAddr) -> Result<Bytes, String> {
+    let stream = tokio::net::TcpStream::connect(address).await.map_err(|e| e.to_string())?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = Request::get("/metrics")
+        .header(hyper::header::HOST, address.to_string())
+        .body(http_body_util::Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("answered {}", response.status()));
+    }
+    Ok(response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes())
 }
 
 /// The pod's status and the container's, from the runner's status file.
@@ -313,6 +383,8 @@ mod tests {
             address: "127.0.0.1:0".parse().unwrap(),
             tls_files: None,
             client_ca: None,
+            access: auth::Access::default(),
+            metrics_address: None,
             node_name: "n1".into(),
             runner_dir,
             log_root,

@@ -116,10 +116,18 @@ pub struct AgentArgs {
     pub tls_cert_file: Option<PathBuf>,
     #[arg(long, requires = "tls_cert_file")]
     pub tls_private_key_file: Option<PathBuf>,
-    /// Clients of the kubelet API must show a certificate this CA signed (the API server's
-    /// `--kubelet-client-certificate`); without it only `/healthz` answers.
+    /// Clients of the kubelet API may show a certificate this CA signed (the API server's
+    /// `--kubelet-client-certificate`); its subject is the caller.
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// Callers of the kubelet API may show a bearer token, which the API server's TokenReview
+    /// turns into a user (kubelet's flag).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub authentication_token_webhook: bool,
+    /// What kubelet API callers may do: `Webhook` (a SubjectAccessReview of `nodes/proxy`,
+    /// `nodes/log`, `nodes/metrics`, `nodes/stats` per request) or `AlwaysAllow`.
+    #[arg(long, default_value = "Webhook", value_name = "MODE")]
+    pub authorization_mode: kvol_kubelet_api::auth::Authorization,
     /// With --until-settled: give up (exit 1) after this long.
     #[arg(long, default_value = "120", value_name = "SECONDS")]
     pub settle_timeout_seconds: u64,
@@ -239,6 +247,13 @@ pub fn run(
             address: std::net::SocketAddr::new(args.address, port),
             tls_files: args.tls_cert_file.clone().zip(args.tls_private_key_file.clone()),
             client_ca: args.client_ca_file.clone(),
+            // The reviews are the API server's, set once the cluster is reached.
+            access: kvol_kubelet_api::auth::Access::new(
+                None,
+                args.authentication_token_webhook,
+                args.authorization_mode,
+            ),
+            metrics_address: (!args.no_metrics).then_some(args.metrics_address),
             node_name: config.node_name.clone(),
             runner_dir: runner.runner_dir(),
             log_root: runner.log_root(),
@@ -385,7 +400,13 @@ impl ClusterMode {
             kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), config.node_name.clone(), r)
         });
         let (kubelet_api_stop, stopped) = tokio::sync::watch::channel(false);
-        if let Some(api) = self.kubelet_api.filter(|_| keeper.is_some()) {
+        if let Some(mut api) = self.kubelet_api.filter(|_| keeper.is_some()) {
+            let reviews = std::sync::Arc::new(kvol_kubelet_api::reviews::ApiReviews::new(client.clone()));
+            api.access = kvol_kubelet_api::auth::Access::new(
+                Some(reviews),
+                api.access.token_webhook,
+                api.access.authorization,
+            );
             tokio::spawn(async move {
                 if let Err(e) = kvol_kubelet_api::serve(api, stopped).await {
                     tracing::error!(error = %e, "kubelet api not served");

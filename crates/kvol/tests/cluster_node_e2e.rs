@@ -263,6 +263,8 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     let _ = forwarder.join().await;
     assert!(answer.starts_with("HTTP/1.") && answer.ends_with("hello from the api"), "{answer}");
 
+    kubelet_api_callers(client).await;
+
     // Deleted: the node stops it, lets its volumes go, then deletes the object itself.
     let deleting = Instant::now();
     pods.delete("web", &DeleteParams { grace_period_seconds: Some(5), ..Default::default() }).await.unwrap();
@@ -301,6 +303,76 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     assert_eq!(reasons, ["Pulled", "Created", "Started", "Killing"], "{said:#?}");
     assert_eq!(said[1].1, "Created container main");
     assert_eq!(said[3].1, "Stopping container main");
+}
+
+/// `GET path` on the node's kubelet API with `token` (if any), as curl does it: the status
+/// code and the body.
+async fn kubelet_api_get(port: i32, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut curl = Command::new("curl");
+    curl.args(["-sk", "-w", "\n%{http_code}", &format!("https://127.0.0.1:{port}{path}")]);
+    if let Some(token) = token {
+        curl.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = tokio::task::spawn_blocking(move || curl.output()).await.unwrap().expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("curl's status code");
+    (code.parse().expect("a status code"), body.to_string())
+}
+
+/// A token of the service account `name` in `default`, made for it.
+async fn service_account_token(client: &kube::Client, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    accounts
+        .create(&Default::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap())
+        .await
+        .unwrap();
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}})).unwrap();
+    let made = accounts.create_token_request(name, &Default::default(), &request).await.unwrap();
+    made.status.unwrap().token.expect("a token")
+}
+
+/// Callers of the node's kubelet API straight (not through the API server): a bearer token is
+/// a user by TokenReview, and its request is allowed by SubjectAccessReview (`nodes/proxy`
+/// for a container's log), as kubelet decides.
+async fn kubelet_api_callers(client: &kube::Client) {
+    let node = Api::<Node>::all(client.clone()).get(NODE).await.unwrap();
+    let port = node.status.unwrap().daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port;
+    let logs = "/containerLogs/default/web/main";
+    let reader = service_account_token(client, "reader").await;
+    let viewer = service_account_token(client, "viewer").await;
+    let role = json!({"metadata": {"name": "node-proxy"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]});
+    let binding = json!({"metadata": {"name": "viewer-node-proxy"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-proxy"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "default"}]});
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    Api::<ClusterRole>::all(client.clone())
+        .create(&Default::default(), &serde_json::from_value(role).unwrap())
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&Default::default(), &serde_json::from_value(binding).unwrap())
+        .await
+        .unwrap();
+    // (token, status, body)
+    let table = [
+        (None, 401, "Unauthorized".to_string()),
+        (Some("not-a-token"), 401, "Unauthorized".to_string()),
+        (
+            Some(reader.as_str()),
+            403,
+            "Forbidden (user=system:serviceaccount:default:reader, verb=get, resource=nodes, subresource=proxy)"
+                .to_string(),
+        ),
+        (Some(viewer.as_str()), 200, "hello from the api\n".to_string()),
+    ];
+    for (token, status, body) in table {
+        let said = kubelet_api_get(port, logs, token).await;
+        assert_eq!(said, (status, body), "{logs} with token {:?}", token.map(|t| &t[..t.len().min(12)]));
+    }
+    assert_eq!(kubelet_api_get(port, "/healthz", None).await, (200, "ok".to_string()));
 }
 
 /// A node whose Lease a kubelet renews: a second agent for it exits non-zero, saying so.
