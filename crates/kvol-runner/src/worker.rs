@@ -200,6 +200,7 @@ impl Worker {
             let _ = self.volumes.wait_for_volumes(wait).await;
             return Some(Duration::ZERO);
         }
+        self.adopt_pod_ip(pod, &input.seen).await;
         let mut seen = input.seen.clone();
         self.annotate_probes(pod, &mut seen);
         let input = &Input { seen, ..input.clone() };
@@ -295,15 +296,9 @@ impl Worker {
                     wake = Some(wake.map_or(due, |w| w.min(due)));
                     continue;
                 }
-                let outcome = crate::prober::run(
-                    &self.cri,
-                    &c.id,
-                    container,
-                    probe,
-                    &self.shared.host_ip,
-                    timing.timeout,
-                )
-                .await;
+                let ip = self.hook_ip(Some(pod));
+                let outcome =
+                    crate::prober::run(&self.cri, &c.id, container, probe, &ip, timing.timeout).await;
                 if let Err(why) = &outcome {
                     tracing::debug!(pod = %PodIds::of(pod).key(), container = %c.name, probe = kind.name(), %why, "probe failed");
                     let message = format!("{} probe failed: {why}", capitalised(kind.name()));
@@ -619,6 +614,19 @@ impl Worker {
         std::iter::once(network.ip).chain(network.additional_ips.into_iter().map(|i| i.ip)).collect()
     }
 
+    /// The address of a pod on the pod network whose sandbox this worker did not start (the
+    /// runner restarted under it), read back from the runtime once.
+    async fn adopt_pod_ip(&mut self, pod: &Pod, seen: &PodSeen) {
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        if host_network || !self.pod_ip.is_empty() {
+            return;
+        }
+        let Some(sandbox) = seen.sandboxes.iter().filter(|s| s.ready).max_by_key(|s| s.created_at) else {
+            return;
+        };
+        self.pod_ip = self.pod_ips(pod, &sandbox.id).await.into_iter().next().unwrap_or_default();
+    }
+
     /// Writes the pod's `etc-hosts` (kubelet's, beside its containers' files); none while the
     /// pod has no IP.
     async fn hosts_file(&self, pod: &Pod, pod_ips: &[String]) -> Result<Option<std::path::PathBuf>, String> {
@@ -656,8 +664,8 @@ impl Worker {
         Ok(file)
     }
 
-    /// Where a hook's httpGet goes: the pod's address (the node's under host networking, also
-    /// for a pod adopted after a restart).
+    /// Where a probe's or a hook's connection goes: the pod's address (the node's under host
+    /// networking; a pod adopted after a restart has its address read back first).
     fn hook_ip(&self, pod: Option<&Pod>) -> String {
         let host_network = pod.and_then(|p| p.spec.as_ref()?.host_network).unwrap_or(false);
         if host_network { self.shared.host_ip.clone() } else { self.pod_ip.clone() }
@@ -696,6 +704,12 @@ impl Worker {
     /// removed, and only then its volumes let go. True once nothing of it is left.
     async fn tear_down(&mut self, input: &Input) -> bool {
         self.acted |= !input.seen.sandboxes.is_empty() || !input.seen.containers.is_empty();
+        if self.last_pod.is_none() {
+            // A pod being deleted when the runner started (never wanted by this worker): its
+            // object still names it, for its grace period, its hooks and its deletion.
+            let uid = Some(self.uid.as_str());
+            self.last_pod = input.objects.pods.values().find(|p| p.metadata.uid.as_deref() == uid).cloned();
+        }
         let pod = self.last_pod.clone();
         let grace = grace_of(pod.as_deref(), input.grace);
         let started = std::time::Instant::now();

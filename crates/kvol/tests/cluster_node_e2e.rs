@@ -9,7 +9,7 @@ mod cluster;
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -19,119 +19,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
+use support::cluster_node::{Process, agent, kubelet_client_pki, ready_condition, until};
 use support::containerd::{Containerd, IMAGE, tools};
 
 const NODE: &str = "kvol-node";
-
-/// A child process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A CA and a client certificate it signed for the API server's calls to the node
-/// (`<dir>/ca.crt`, `<dir>/client.crt`, `<dir>/client.key`), made with openssl.
-fn kubelet_client_pki(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    std::fs::write(dir.join("client.ext"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
-        .unwrap();
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=kubelet-client-ca",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "client.key",
-        "-out",
-        "client.csr",
-        "-subj",
-        "/CN=kube-apiserver-kubelet-client/O=system:masters",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "client.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "client.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "client.ext",
-    ]);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
-}
-
-fn agent(node: &str, kubeconfig: &Path, root: &Path, endpoint: &str, log: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
-    command
-        .args(["agent", "--no-metrics", "--no-components", "--resync-seconds", "1", "--node-name", node])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--root")
-        .arg(root)
-        .args(["--container-runtime-endpoint", endpoint])
-        .args(["--port", &free_port().to_string()])
-        .arg("--client-ca-file")
-        .arg(root.with_file_name("pki").join("ca.crt"))
-        .env("KVOL_LOG", "info")
-        .env_remove("KVOL_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
-    command
-}
-
-/// Polls `check` every 100 ms until it answers, for at most `limit`; panics with `what` and the log.
-async fn until<T>(what: &str, limit: Duration, log: &Path, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what}: not within {limit:?}; the agent's log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn ready_condition(node: &Node) -> Option<(String, Option<String>)> {
-    let conditions = node.status.as_ref()?.conditions.as_ref()?;
-    conditions.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
-}
 
 #[test]
 fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {

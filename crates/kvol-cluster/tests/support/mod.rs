@@ -36,6 +36,11 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
 }
 
+/// `--name` of `--name=value`.
+fn flag_name(arg: &str) -> &str {
+    arg.split('=').next().unwrap_or(arg)
+}
+
 fn run(cmd: &mut Command) {
     let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(status.success(), "{cmd:?} failed: {status}");
@@ -47,7 +52,9 @@ impl ApiServer {
         ApiServer::start_with(apiserver, etcd, Vec::new())
     }
 
-    /// [`ApiServer::start`] with more flags for the API server.
+    /// [`ApiServer::start`] with more flags for the API server; a flag given here replaces the
+    /// default of the same name (`--disable-admission-plugins=` turns the ServiceAccount
+    /// admission back on, for a cluster whose controllers make the accounts).
     pub fn start_with(apiserver: &Path, etcd: &Path, extra: Vec<String>) -> ApiServer {
         let dir = kvol_test_support::ScratchRoot::new();
         let d = dir.path();
@@ -99,7 +106,8 @@ impl ApiServer {
             "--profiling=false".into(),
         ]
         .into_iter()
-        .chain(extra)
+        .filter(|default| !extra.iter().any(|e| flag_name(e) == flag_name(default)))
+        .chain(extra.iter().cloned())
         .collect();
         let mut server = ApiServer {
             kubeconfig: d.join("kubeconfig"),

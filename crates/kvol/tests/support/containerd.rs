@@ -50,12 +50,59 @@ pub struct Containerd {
     pub dir: kvol_test_support::ScratchRoot,
     socket: PathBuf,
     daemon: Option<Daemon>,
+    /// The pods' network, when it has one (dropped after containerd stops).
+    network: Option<PodNetwork>,
+}
+
+/// A bridge network for pods through the CNI plugins of `KVOL_CNI_BIN` (bridge, host-local):
+/// a bridge of its own and a /16 of its own, so tests can run side by side; the bridge removed
+/// and `net.ipv4.ip_forward` (which the bridge plugin turns on) put back on drop. No portmap
+/// and no masquerade: nothing is written to the host's firewall.
+struct PodNetwork {
+    bridge: String,
+    ip_forward: String,
+}
+
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+impl PodNetwork {
+    /// The network's config and plugins under `root/cni`, where containerd's config looks.
+    fn set_up(root: &Path, plugins: &Path) -> PodNetwork {
+        let n = std::process::id() % 10_000 + fastrand::u32(0..1000) * 10_000;
+        let bridge = format!("kvol{:x}", n);
+        let subnet = format!("10.{}.0.0/16", 100 + n % 150);
+        std::fs::create_dir_all(root.join("cni/conf")).unwrap();
+        std::os::unix::fs::symlink(plugins, root.join("cni/bin")).unwrap();
+        let conflist = serde_json::json!({"cniVersion": "1.0.0", "name": "kvol-test", "plugins": [{
+            "type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "routes": [{"dst": "0.0.0.0/0"}],
+                     "dataDir": root.join("cni/ipam")}}]});
+        std::fs::write(root.join("cni/conf/10-kvol.conflist"), conflist.to_string()).unwrap();
+        let ip_forward = std::fs::read_to_string(IP_FORWARD).unwrap_or_default();
+        PodNetwork { bridge, ip_forward }
+    }
+}
+
+impl Drop for PodNetwork {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "delete", &self.bridge]).output();
+        if !self.ip_forward.is_empty() {
+            let _ = std::fs::write(IP_FORWARD, &self.ip_forward);
+        }
+    }
 }
 
 impl Containerd {
     pub fn start() -> Containerd {
+        Containerd::start_with(None)
+    }
+
+    /// A private containerd whose pods not on the host's network get a bridge network of
+    /// their own from the CNI plugins in `plugins`.
+    fn start_with(plugins: Option<&Path>) -> Containerd {
         let dir = kvol_test_support::ScratchRoot::new();
         let root = dir.path().to_path_buf();
+        let network = plugins.map(|plugins| PodNetwork::set_up(&root, plugins));
         let socket = root.join("containerd.sock");
         let config = kvol::embedded_runtime::containerd_config(&root);
         std::fs::write(root.join("config.toml"), config).unwrap();
@@ -65,7 +112,7 @@ impl Containerd {
         command.arg("--address").arg(&socket);
         let daemon = Daemon::spawn("containerd", command, &root.join("containerd.log"));
         wait_for_path(&socket, "containerd's socket", Duration::from_secs(30));
-        let containerd = Containerd { dir, socket, daemon: Some(daemon) };
+        let containerd = Containerd { dir, socket, daemon: Some(daemon), network };
         // The CRI plugin answers a moment after the socket appears.
         let start = Instant::now();
         while containerd.ctr(&["version"]).is_err() {
@@ -81,7 +128,23 @@ impl Containerd {
 
     /// A private containerd with the busybox image (and the sandbox image) imported.
     pub fn with_image(busybox: &Path) -> Containerd {
-        let containerd = Containerd::start();
+        Containerd::with_image_on(busybox, None)
+    }
+
+    /// [`Containerd::with_image`] with a pod network from the CNI plugins `KVOL_CNI_BIN`
+    /// names; `None`, said, when it is unset.
+    pub fn with_pod_network(busybox: &Path) -> Option<Containerd> {
+        let Some(plugins) = std::env::var_os("KVOL_CNI_BIN").filter(|p| !p.is_empty()) else {
+            eprintln!(
+                "skipped: set KVOL_CNI_BIN to a directory of CNI plugins (bridge, host-local) for pods on a pod network"
+            );
+            return None;
+        };
+        Some(Containerd::with_image_on(busybox, Some(Path::new(&plugins))))
+    }
+
+    fn with_image_on(busybox: &Path, plugins: Option<&Path>) -> Containerd {
+        let containerd = Containerd::start_with(plugins);
         let image = build_image(containerd.dir.path(), busybox, &[IMAGE, PAUSE]);
         containerd.ctr(&["images", "import", image.to_str().unwrap()]).expect("the image imports");
         containerd
