@@ -48,18 +48,23 @@ pub struct NodeFacts {
     pub kubelet_port: u16,
 }
 
-/// kvol's fields of the Node object: kubelet's well-known labels (and their `beta.` forms).
-pub fn node_body(facts: &NodeFacts) -> Value {
-    let mut labels: BTreeMap<String, String> = [
-        ("kubernetes.io/hostname", facts.hostname.as_str()),
+/// kubelet's well-known labels of a node (and their `beta.` forms).
+pub fn well_known_labels(hostname: &str, architecture: &str) -> BTreeMap<String, String> {
+    [
+        ("kubernetes.io/hostname", hostname),
         ("kubernetes.io/os", "linux"),
-        ("kubernetes.io/arch", facts.architecture.as_str()),
+        ("kubernetes.io/arch", architecture),
         ("beta.kubernetes.io/os", "linux"),
-        ("beta.kubernetes.io/arch", facts.architecture.as_str()),
+        ("beta.kubernetes.io/arch", architecture),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    .collect()
+}
+
+/// kvol's fields of the Node object: the well-known labels and the drivers' topology.
+pub fn node_body(facts: &NodeFacts) -> Value {
+    let mut labels = well_known_labels(&facts.hostname, &facts.architecture);
     labels.extend(facts.extra_labels.clone());
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": facts.name, "labels": labels}})
 }

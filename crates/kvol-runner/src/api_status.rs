@@ -51,6 +51,18 @@ pub fn api_pod_status(pod: &Pod, view: &PodView, seen: &PodSeen, context: &Statu
     }
 }
 
+/// The status kubelet writes for a pod it rejected: Failed, its reason and message, the rest
+/// as the API had it (the scheduler's condition, the start time).
+pub fn rejected_status(pod: &Pod, view: &PodView) -> PodStatus {
+    let previous = pod.status.clone().unwrap_or_default();
+    PodStatus {
+        phase: Some(view.phase.clone()),
+        reason: Some(view.reason.clone()),
+        message: Some(view.message.clone()),
+        ..previous
+    }
+}
+
 fn qos_name(qos: QosClass) -> &'static str {
     match qos {
         QosClass::Guaranteed => "Guaranteed",

@@ -217,6 +217,12 @@ fn request(container: &Container, kind: &str) -> Option<String> {
     quantity(container, "requests", kind).or_else(|| quantity(container, "limits", kind))
 }
 
+/// A container's request of `kind` (`cpu` in thousandths, else bytes) as the API server
+/// defaults it: the request, else the limit, else 0.
+pub fn requested(container: &Container, kind: &str) -> u64 {
+    request(container, kind).map_or(0, |q| amount(kind, &q))
+}
+
 fn millis(cpu: &str) -> u64 {
     kvol_api::downward::resource_value("limits.cpu", cpu, Some("1m"))
         .ok()

@@ -6,6 +6,7 @@
 //! that asks CRI and the runtime API and does what they decide.
 
 pub mod actions;
+pub mod admission;
 pub mod api_status;
 pub mod backoff;
 pub mod container;

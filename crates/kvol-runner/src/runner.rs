@@ -34,6 +34,10 @@ pub struct RunnerConfig {
     /// The host's resolv.conf, read once at start.
     pub resolv_conf: PathBuf,
     pub node: NodeResources,
+    /// The node's labels, for its pods' node affinity.
+    pub node_labels: BTreeMap<String, String>,
+    /// How many pods the node takes (kubelet's `--max-pods`).
+    pub max_pods: u32,
     /// How often the runtime is looked at when nothing happens.
     pub poll: Duration,
 }
@@ -76,6 +80,9 @@ impl Runner {
             node_name: config.node_name.clone(),
             host_ip: config.host_ip.clone(),
             node: config.node,
+            node_labels: config.node_labels.clone(),
+            max_pods: config.max_pods,
+            admitted: Mutex::new(BTreeMap::new()),
             status: watch::channel(Arc::new(BTreeMap::new())).0,
             relist: Notify::new(),
             looks: std::sync::atomic::AtomicU64::new(0),

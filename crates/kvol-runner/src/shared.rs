@@ -25,6 +25,11 @@ pub struct Shared {
     pub node_name: String,
     pub host_ip: String,
     pub node: NodeResources,
+    /// The node's labels (its node affinity is judged against them) and its pod limit.
+    pub node_labels: BTreeMap<String, String>,
+    pub max_pods: u32,
+    /// What each admitted pod takes of the node, by uid (kubelet's admission counts them).
+    pub(crate) admitted: Mutex<BTreeMap<String, crate::admission::Share>>,
     /// Every pod's status, by uid.
     pub status: watch::Sender<Arc<BTreeMap<String, PodView>>>,
     /// A worker did something: look at the runtime again now.
@@ -80,7 +85,34 @@ impl Shared {
         }
     }
 
+    /// Admits the pod `uid` (`adopted`: it runs already, so it is counted, not judged), or
+    /// says why the node does not take it.
+    pub fn admit(
+        &self,
+        uid: &str,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        adopted: bool,
+    ) -> Result<(), crate::admission::Rejection> {
+        let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
+        let share = if adopted {
+            crate::admission::share_of(pod)
+        } else {
+            let others: Vec<_> = admitted.iter().filter(|(u, _)| *u != uid).map(|(_, s)| s.clone()).collect();
+            let node = crate::admission::NodeView {
+                name: &self.node_name,
+                labels: &self.node_labels,
+                allocatable: self.node,
+                max_pods: self.max_pods,
+                taints: &[],
+            };
+            crate::admission::admit(pod, &node, &others)?
+        };
+        admitted.insert(uid.to_string(), share);
+        Ok(())
+    }
+
     pub fn forget(&self, uid: &str) {
+        self.admitted.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
         self.finished.lock().unwrap_or_else(|e| e.into_inner()).push(uid.to_string());
         self.relist.notify_one();
     }

@@ -42,6 +42,9 @@ pub struct PodView {
     /// Why the pod as a whole waits (its volumes, its sandbox), when it does.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Why the pod failed as a whole (`OutOfcpu` for a pod the node rejected).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub init_containers: Vec<ContainerView>,
     pub containers: Vec<ContainerView>,
@@ -81,8 +84,25 @@ pub fn pod_view(pod: &Pod, seen: &PodSeen, waiting: &BTreeMap<String, Waiting>, 
         phase: phase.to_string(),
         ready,
         message: message.to_string(),
+        reason: String::new(),
         init_containers,
         containers,
+    }
+}
+
+/// The status of a pod the node rejected (kubelet's `rejectPod`): Failed, with the reason and
+/// "Pod was rejected: …"; no container runs.
+pub fn rejected_view(pod: &Pod, rejection: &crate::admission::Rejection) -> PodView {
+    let ids = PodIds::of(pod);
+    PodView {
+        pod: ids.key(),
+        uid: ids.uid.to_string(),
+        phase: "Failed".into(),
+        ready: false,
+        message: format!("Pod was rejected: {}", rejection.message),
+        reason: rejection.reason.clone(),
+        init_containers: Vec::new(),
+        containers: Vec::new(),
     }
 }
 

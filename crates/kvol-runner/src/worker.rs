@@ -78,6 +78,8 @@ pub struct Worker {
     pod_ip: String,
     /// When this node took the pod (its `startTime` unless the API has one).
     first_seen: Timestamp,
+    /// The node admitted the pod (counted its share), or rejected it for good.
+    admission: Option<Result<(), crate::admission::Rejection>>,
 }
 
 /// Now, as the API's times carry it.
@@ -108,6 +110,7 @@ impl Worker {
             probes: BTreeMap::new(),
             pod_ip: String::new(),
             first_seen: timestamp_now(),
+            admission: None,
         }
     }
 
@@ -159,11 +162,16 @@ impl Worker {
                 now: timestamp_now(),
             };
             let ids = PodIds::of(pod);
+            let status = if view.reason.is_empty() {
+                api_status::api_pod_status(pod, &view, seen, &context)
+            } else {
+                api_status::rejected_status(pod, &view)
+            };
             self.shared.report(PodStatusReport {
                 namespace: ids.namespace.to_string(),
                 name: ids.name.to_string(),
                 uid: self.uid.clone(),
-                status: Some(Box::new(api_status::api_pod_status(pod, &view, seen, &context))),
+                status: Some(Box::new(status)),
             });
         }
         self.shared.status.send_modify(|all| {
@@ -175,6 +183,10 @@ impl Worker {
     async fn sync(&mut self, pod: &Arc<Pod>, input: &Input) -> Option<Duration> {
         let ids = PodIds::of(pod);
         let key = ids.key();
+        if let Err(rejection) = self.admitted(pod, &input.seen) {
+            self.publish(pod, &input.seen, crate::status::rejected_view(pod, &rejection));
+            return None;
+        }
         if !self.held {
             match self.hold(pod).await {
                 Ok(()) => self.held = true,
@@ -228,6 +240,23 @@ impl Worker {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Whether the node takes the pod: judged once, when it first comes (a pod the runtime runs
+    /// already is counted, not judged); a rejection is said once and kept.
+    fn admitted(&mut self, pod: &Pod, seen: &PodSeen) -> Result<(), crate::admission::Rejection> {
+        if let Some(decided) = &self.admission {
+            return decided.clone();
+        }
+        let adopted = !seen.sandboxes.is_empty() || !seen.containers.is_empty();
+        let decided = self.shared.admit(&self.uid, pod, adopted);
+        if let Err(rejection) = &decided {
+            let key = PodIds::of(pod).key();
+            tracing::warn!(pod = %key, reason = %rejection.reason, message = %rejection.message, "pod rejected by the node");
+            self.shared.event(pod, "Warning", &rejection.reason, rejection.message.clone());
+        }
+        self.admission = Some(decided.clone());
+        decided
     }
 
     /// Marks the running containers with what their probes say: a failed liveness or

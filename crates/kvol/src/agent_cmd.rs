@@ -102,7 +102,8 @@ pub struct AgentArgs {
     /// status as kubelet does (kubelet's flag); false leaves the Node to whoever made it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub register_node: bool,
-    /// The pods the Node says it takes (kubelet's `--max-pods`).
+    /// The pods the node takes (kubelet's `--max-pods`): in its Node's capacity, and counted
+    /// when a pod is admitted.
     #[arg(long, default_value = "110")]
     pub max_pods: u32,
     /// kubelet's API (containerLogs, healthz) for the API server, in cluster mode with a
@@ -214,7 +215,9 @@ pub fn run(
         other => other.map(str::to_string),
     };
     let runner = match &endpoint {
-        Some(endpoint) => Some(crate::runner_cmd::prepare(endpoint, args.root.is_some(), &mut config)?),
+        Some(endpoint) => {
+            Some(crate::runner_cmd::prepare(endpoint, args.root.is_some(), args.max_pods, &mut config)?)
+        }
         None => None,
     };
     let private_runtime = embedded && endpoint.is_some();

@@ -56,7 +56,7 @@ fn disk_bytes(dir: &Path) -> u64 {
 }
 
 /// Go's name of an architecture, as `kubernetes.io/arch` carries it.
-fn go_arch(rust: &str) -> &str {
+pub fn go_arch(rust: &str) -> &str {
     match rust {
         "x86_64" => "amd64",
         "aarch64" => "arm64",

@@ -20,7 +20,12 @@ pub struct RunnerSetup {
 /// Sets `config` up to feed a runner on the CRI `endpoint`: the agent's objects tapped, the
 /// runner's files in `<state dir>/runner`, pods' logs in `/var/log/pods` (or
 /// `<root>/logs/pods` under `--root`).
-pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyhow::Result<RunnerSetup> {
+pub fn prepare(
+    endpoint: &str,
+    embedded: bool,
+    max_pods: u32,
+    config: &mut AgentConfig,
+) -> anyhow::Result<RunnerSetup> {
     let Some(socket) = config.runtime_socket.clone() else {
         anyhow::bail!("--container-runtime-endpoint needs the runtime api (drop --no-runtime-api)");
     };
@@ -37,6 +42,11 @@ pub fn prepare(endpoint: &str, embedded: bool, config: &mut AgentConfig) -> anyh
         host_ip: host_ip(),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
         node: node_resources(),
+        node_labels: kvol_cluster::node_registration::well_known_labels(
+            &config.node_name,
+            crate::node_facts::go_arch(std::env::consts::ARCH),
+        ),
+        max_pods,
         poll: Duration::from_secs(1),
     };
     Ok(RunnerSetup { config: runner, objects })

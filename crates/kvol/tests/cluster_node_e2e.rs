@@ -64,6 +64,7 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
         let lease = Api::<Lease>::namespaced(client.clone(), "kube-node-lease").get(NODE).await.unwrap();
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(NODE));
         run_and_delete_a_pod(&client, &log).await;
+        rejected_pods(&client, &log).await;
         refuse_a_kubelets_node(&client, &server.kubeconfig, &root, &containerd.endpoint(), &log).await;
     });
     node_lifecycle(&runtime, &client, &server.kubeconfig, scratch.path(), &mut kvol, &log);
@@ -194,6 +195,49 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
     assert_eq!(reasons, ["Pulled", "Created", "Started", "Killing"], "{said:#?}");
     assert_eq!(said[1].1, "Created container main");
     assert_eq!(said[3].1, "Stopping container main");
+}
+
+/// Pods the node does not take, as kubelet rejects them: Failed with the reason and "Pod was
+/// rejected: …" in the API, an Event, and no container started.
+async fn rejected_pods(client: &kube::Client, log: &Path) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let container = |resources: serde_json::Value| json!([{"name": "main", "image": IMAGE, "command": ["sleep", "100000"], "resources": resources}]);
+    let greedy = json!({"metadata": {"name": "greedy"}, "spec": {"nodeName": NODE, "hostNetwork": true,
+        "containers": container(json!({"requests": {"cpu": "100000"}}))}});
+    let elsewhere = json!({"metadata": {"name": "elsewhere"}, "spec": {"nodeName": NODE, "hostNetwork": true,
+        "nodeSelector": {"disk": "none-here"}, "containers": container(json!({}))}});
+    for pod in [greedy, elsewhere] {
+        pods.create(&Default::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+    }
+    // (pod, reason, message start)
+    let table = [
+        (
+            "greedy",
+            "OutOfcpu",
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 100000000, used: 0, capacity: ",
+        ),
+        ("elsewhere", "NodeAffinity", "Pod was rejected: Predicate NodeAffinity failed"),
+    ];
+    for (name, reason, message) in table {
+        let status = until(&format!("{name} rejected"), Duration::from_secs(30), log, async || {
+            let status = pods.get(name).await.ok()?.status?;
+            (status.phase.as_deref() == Some("Failed")).then_some(status)
+        })
+        .await;
+        assert_eq!(status.reason.as_deref(), Some(reason), "{name}: {status:?}");
+        assert!(status.message.as_deref().is_some_and(|m| m.starts_with(message)), "{name}: {status:?}");
+        assert!(status.container_statuses.unwrap_or_default().iter().all(|c| c.container_id.is_none()));
+        pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .await
+            .unwrap();
+    }
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let listed = events.list(&Default::default()).await.unwrap().items;
+    assert!(
+        listed.iter().any(|e| e.reason.as_deref() == Some("OutOfcpu")
+            && e.involved_object.name.as_deref() == Some("greedy")),
+        "kubelet's Event of the rejection"
+    );
 }
 
 /// `GET path` on the node's kubelet API with `token` (if any), as curl does it: the status
