@@ -78,6 +78,8 @@ pub struct Worker {
     pod_ip: String,
     /// When this node took the pod (its `startTime` unless the API has one).
     first_seen: Timestamp,
+    /// The exited container each container's crash-loop back-off was last said for.
+    backoff_said: BTreeMap<String, String>,
     /// The node admitted the pod (counted its share), or rejected it for good.
     admission: Option<Result<(), crate::admission::Rejection>>,
 }
@@ -111,6 +113,7 @@ impl Worker {
             pod_ip: String::new(),
             first_seen: timestamp_now(),
             admission: None,
+            backoff_said: BTreeMap::new(),
         }
     }
 
@@ -217,6 +220,7 @@ impl Worker {
         self.annotate_probes(pod, &mut seen);
         let input = &Input { seen, ..input.clone() };
         let mut decided = actions::compute(pod, &input.seen, &mut self.backoff, now());
+        self.say_backoffs(pod, &input.seen, &decided);
         let mut wake = decided.wake_in;
         let message = match self.apply(pod, input, &mut decided).await {
             Ok(()) => String::new(),
@@ -239,6 +243,24 @@ impl Worker {
         match (wake, probe_wake) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+
+    /// kubelet's BackOff Event for each container that waits out a crash-loop back-off, once
+    /// per exited container.
+    fn say_backoffs(&mut self, pod: &Pod, seen: &PodSeen, decided: &actions::PodActions) {
+        for (name, waiting) in decided.waiting.iter().filter(|(_, w)| w.reason == "CrashLoopBackOff") {
+            let exited = seen.latest(name).map(|c| c.id.clone()).unwrap_or_default();
+            if self.backoff_said.get(name) == Some(&exited) {
+                continue;
+            }
+            self.backoff_said.insert(name.clone(), exited);
+            tracing::info!(pod = %PodIds::of(pod).key(), container = %name, message = %waiting.message, "crash-loop back-off");
+            let message = format!(
+                "Back-off restarting failed container {name} in pod {}",
+                PodIds::of(pod).kubelet_format()
+            );
+            self.shared.event(pod, "Warning", "BackOff", message);
         }
     }
 

@@ -65,6 +65,7 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(NODE));
         run_and_delete_a_pod(&client, &log).await;
         rejected_pods(&client, &log).await;
+        a_crash_loop(&client, &log).await;
         refuse_a_kubelets_node(&client, &server.kubeconfig, &root, &containerd.endpoint(), &log).await;
     });
     node_lifecycle(&runtime, &client, &server.kubeconfig, scratch.path(), &mut kvol, &log);
@@ -238,6 +239,42 @@ async fn rejected_pods(client: &kube::Client, log: &Path) {
             && e.involved_object.name.as_deref() == Some("greedy")),
         "kubelet's Event of the rejection"
     );
+}
+
+/// A container that keeps failing: CrashLoopBackOff in the API and kubelet's BackOff Event.
+async fn a_crash_loop(client: &kube::Client, log: &Path) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = json!({"metadata": {"name": "crashy"}, "spec": {"nodeName": NODE, "hostNetwork": true,
+        "containers": [{"name": "main", "image": IMAGE, "command": ["sh", "-c", "exit 3"]}]}});
+    let uid = pods
+        .create(&Default::default(), &serde_json::from_value(pod).unwrap())
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let waiting = until("crashy in CrashLoopBackOff", Duration::from_secs(30), log, async || {
+        let status = pods.get("crashy").await.ok()?.status?;
+        let container = status.container_statuses?.into_iter().next()?;
+        let waiting = container.state?.waiting?;
+        (waiting.reason.as_deref() == Some("CrashLoopBackOff")).then_some((waiting, container.last_state))
+    })
+    .await;
+    let terminated = waiting.1.and_then(|s| s.terminated).expect("its last state");
+    assert_eq!((terminated.exit_code, terminated.reason.as_deref()), (3, Some("Error")));
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let want = format!("Back-off restarting failed container main in pod crashy_default({uid})");
+    until("kubelet's BackOff Event", Duration::from_secs(10), log, async || {
+        let listed = events.list(&Default::default()).await.ok()?.items;
+        listed
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("BackOff") && e.message.as_deref() == Some(want.as_str()))
+            .then_some(())
+    })
+    .await;
+    pods.delete("crashy", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .unwrap();
 }
 
 /// `GET path` on the node's kubelet API with `token` (if any), as curl does it: the status
