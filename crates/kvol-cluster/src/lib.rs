@@ -19,6 +19,7 @@ pub mod events;
 mod follow;
 pub mod inventory;
 pub mod merged;
+pub mod mirror_pods;
 pub mod node_objects;
 pub mod node_registration;
 pub mod pod_status;

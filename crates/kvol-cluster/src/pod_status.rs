@@ -38,6 +38,8 @@ pub fn status_patch(uid: &str, status: &PodStatus) -> serde_json::Value {
 
 async fn write(client: Client, node: String, mut reports: mpsc::UnboundedReceiver<PodReport>) {
     let mut written: BTreeMap<String, Box<PodStatus>> = BTreeMap::new();
+    // A static pod's uid → its mirror pod's.
+    let mut mirrors: BTreeMap<String, String> = BTreeMap::new();
     let mut events = EventBook::default();
     while let Some(report) = reports.recv().await {
         let report = match report {
@@ -49,18 +51,29 @@ async fn write(client: Client, node: String, mut reports: mpsc::UnboundedReceive
         };
         if report.status.is_none() {
             events.forget(&report.uid);
+            mirrors.remove(&report.uid);
         }
         let pods: Api<Pod> = Api::namespaced(client.clone(), &report.namespace);
         let key = format!("{}/{}", report.namespace, report.name);
         match &report.status {
             Some(status) if written.get(&report.uid) == Some(status) => {}
             Some(status) => {
-                let patch = Patch::Merge(status_patch(&report.uid, status));
-                match pods.patch_status(&report.name, &PatchParams::default(), &patch).await {
+                let uid = mirrors.get(&report.uid).cloned().unwrap_or_else(|| report.uid.clone());
+                let mut outcome = patch_status(&pods, &report.name, &uid, status).await;
+                if matches!(&outcome, Err(kube::Error::Api(e)) if [404, 409, 422].contains(&e.code)) {
+                    // A static pod's status goes to its mirror pod, which has a uid of its own
+                    // (the API answers the static pod's as an immutable field changed: 422).
+                    if let Some(mirror) = mirror_uid(&pods, &report).await.filter(|m| *m != uid) {
+                        mirrors.insert(report.uid.clone(), mirror.clone());
+                        outcome = patch_status(&pods, &report.name, &mirror, status).await;
+                    }
+                }
+                match outcome {
                     Ok(_) => {
                         written.insert(report.uid.clone(), status.clone());
                     }
-                    // A static pod without a mirror, or one deleted meanwhile: nothing to write.
+                    // A static pod without a mirror yet, or a pod deleted meanwhile: nothing to
+                    // write now.
                     Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => tracing::warn!(pod = %key, error = %e, "pod status not written"),
                 }
@@ -71,6 +84,17 @@ async fn write(client: Client, node: String, mut reports: mpsc::UnboundedReceive
             }
         }
     }
+}
+
+async fn patch_status(pods: &Api<Pod>, name: &str, uid: &str, status: &PodStatus) -> kube::Result<Pod> {
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status_patch(uid, status))).await
+}
+
+/// The uid of the mirror pod of the static pod `report` is about, when the API has one.
+async fn mirror_uid(pods: &Api<Pod>, report: &PodStatusReport) -> Option<String> {
+    let pod = pods.get_opt(&report.name).await.ok()??;
+    let hash = pod.metadata.annotations.as_ref()?.get(crate::mirror_pods::CONFIG_MIRROR)?;
+    (*hash == report.uid).then(|| pod.metadata.uid.clone()).flatten()
 }
 
 /// The Events written, by (pod uid, type, reason, message): a repeat bumps the count of the

@@ -311,6 +311,9 @@ pub fn run(
                 if let Some(writer) = parts.writer {
                     writer.stop();
                 }
+                if let Some(mirrors) = parts.mirrors {
+                    mirrors.stop();
+                }
                 let _ = parts.kubelet_api_stop.send(true);
             }
             None => run_agent(config, shutdown).await.map_err(anyhow::Error::msg)?,
@@ -342,6 +345,8 @@ struct ClusterParts {
     source: Box<dyn ObjectSource>,
     keeper: Option<kvol_cluster::node_registration::NodeKeeper>,
     writer: Option<kvol_cluster::pod_status::PodStatusWriter>,
+    /// The static pods' mirror pods, kept when kvol keeps the Node.
+    mirrors: Option<kvol_cluster::mirror_pods::MirrorKeeper>,
     kubelet_api_stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -389,15 +394,24 @@ impl ClusterMode {
             Some(std::sync::Arc::new(kvol_cluster::events::EventWriter::start(node.clone(), events)));
         let objects = std::sync::Arc::new(kvol_cluster::node_objects::ApiNodeObjects::new(client.clone()));
         config.node_storage =
-            Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node, objects)));
+            Some(std::sync::Arc::new(kvol_cluster::node_objects::NodeWriter::start(node.clone(), objects)));
+        let has_static_pods = self.static_pods.is_some();
         let source: Box<dyn ObjectSource> = match self.static_pods {
             Some(dir) => {
                 let manifests = ManifestsSource::start(dir.clone())
                     .with_context(|| format!("cannot watch the static pods in {}", dir.display()))?;
-                Box::new(kvol_cluster::merged::MergedSource::start(Box::new(api), Box::new(manifests)))
+                let merged = kvol_cluster::merged::MergedSource::start(
+                    Box::new(api),
+                    Box::new(manifests),
+                    node.clone(),
+                );
+                Box::new(merged)
             }
             None => Box::new(api),
         };
+        let mirrors = (keeper.is_some() && has_static_pods).then(|| {
+            kvol_cluster::mirror_pods::MirrorKeeper::start(client.clone(), node.clone(), source.subscribe())
+        });
         // The pods' status is kvol's to write when it keeps the Node (it runs them).
         let writer = reports.filter(|_| keeper.is_some()).map(|r| {
             kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), config.node_name.clone(), r)
@@ -416,7 +430,7 @@ impl ClusterMode {
                 }
             });
         }
-        Ok(ClusterParts { source, keeper, writer, kubelet_api_stop })
+        Ok(ClusterParts { source, keeper, writer, mirrors, kubelet_api_stop })
     }
 
     /// The node's facts when kvol registers it (it runs the node's pods).

@@ -48,8 +48,10 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
     std::fs::create_dir_all(scratch.path().join("pki")).unwrap();
     std::fs::copy(pki.path().join("ca.crt"), scratch.path().join("pki/ca.crt")).unwrap();
     let start = Instant::now();
-    let mut kvol =
-        Process(agent(NODE, &server.kubeconfig, &root, &containerd.endpoint(), &log).spawn().unwrap());
+    let manifests = scratch.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let mut command = agent(NODE, &server.kubeconfig, &root, &containerd.endpoint(), &log);
+    let mut kvol = Process(command.arg("--manifests").arg(&manifests).spawn().unwrap());
     runtime.block_on(async {
         let nodes: Api<Node> = Api::all(client.clone());
         let ready = until("the node registered and Ready", Duration::from_secs(30), &log, async || {
@@ -66,6 +68,7 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
         run_and_delete_a_pod(&client, &log).await;
         rejected_pods(&client, &log).await;
         a_crash_loop(&client, &log).await;
+        a_static_pod_and_its_mirror(&client, &manifests, &log).await;
         refuse_a_kubelets_node(&client, &server.kubeconfig, &root, &containerd.endpoint(), &log).await;
     });
     node_lifecycle(&runtime, &client, &server.kubeconfig, scratch.path(), &mut kvol, &log);
@@ -239,6 +242,59 @@ async fn rejected_pods(client: &kube::Client, log: &Path) {
             && e.involved_object.name.as_deref() == Some("greedy")),
         "kubelet's Event of the rejection"
     );
+}
+
+/// A static pod from the manifests directory: run as `<name>-<node>`, shown in the API by a
+/// mirror pod owned by the Node and carrying its status; a deleted mirror made again while the
+/// static pod runs on untouched; the manifest removed → the pod stopped and its mirror gone.
+async fn a_static_pod_and_its_mirror(client: &kube::Client, manifests: &Path, log: &Path) {
+    let uid = "5eed0000-0000-4000-8000-0000000057a7";
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: static-web, namespace: default, uid: {uid}}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: main, image: '{IMAGE}', command: [sleep, '100000']}}\n"
+    );
+    std::fs::write(manifests.join("static-web.yaml"), manifest).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let name = format!("static-web-{NODE}");
+    let running = |mirror_uid: Option<String>| {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move {
+            let pod = pods.get_opt(&name).await.ok()??;
+            let fresh = mirror_uid.is_none_or(|old| pod.metadata.uid.as_deref() != Some(old.as_str()));
+            let status = pod.status.clone()?;
+            let container = status.container_statuses.clone()?.into_iter().next()?;
+            (fresh && status.phase.as_deref() == Some("Running") && container.ready)
+                .then_some((pod, container))
+        }
+    };
+    let (mirror, container) =
+        until("the mirror pod running", Duration::from_secs(60), log, async || running(None).await).await;
+    let annotations = mirror.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("kubernetes.io/config.mirror").map(String::as_str),
+        Some(uid),
+        "{annotations:?}"
+    );
+    assert_eq!(annotations.get("kubernetes.io/config.source").map(String::as_str), Some("file"));
+    let owner = &mirror.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("Node", NODE, Some(true)));
+
+    // The mirror deleted as a user would: made again, the static pod not restarted.
+    let old = mirror.metadata.uid.clone();
+    pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    let (_, again) =
+        until("the mirror pod made again", Duration::from_secs(60), log, async || running(old.clone()).await)
+            .await;
+    assert_eq!(
+        (again.container_id, again.restart_count),
+        (container.container_id, 0),
+        "the static pod ran on"
+    );
+
+    std::fs::remove_file(manifests.join("static-web.yaml")).unwrap();
+    until("the mirror pod gone with its static pod", Duration::from_secs(60), log, async || {
+        pods.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
 }
 
 /// A container that keeps failing: CrashLoopBackOff in the API and kubelet's BackOff Event.
