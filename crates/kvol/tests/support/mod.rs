@@ -1,6 +1,7 @@
 //! Shared support of the churn tests: a node (the real `kvol agent` under a temporary root, killed and restarted at will), driver processes, the misbehaving CSI proxy, and the churn itself with its figures.
 
 pub mod churn;
+pub mod claim_pods;
 pub mod containerd;
 pub mod grow;
 pub mod kubelet_host;
