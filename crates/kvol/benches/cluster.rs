@@ -131,15 +131,7 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let server = support::ApiServer::start(&apiserver, &etcd);
     let client = runtime.block_on(server.client());
-    runtime.block_on(async {
-        create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
-        create(
-            &Api::<CSIDriver>::all(client.clone()),
-            json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false, "podInfoOnMount": true,
-                "volumeLifecycleModes": ["Persistent", "Ephemeral"]}}),
-        )
-        .await;
-    });
+    runtime.block_on(support::nodes_and_csi_driver(&client, &[NODE], DRIVER));
     let dir = tempfile::tempdir().unwrap();
     let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap();
     let agent = Agent(

@@ -4,7 +4,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvol_components_runtime::components::ComponentStatus;
@@ -264,12 +263,7 @@ struct Upstream {
 
 impl Upstream {
     fn start(&mut self) {
-        let mut command = Command::new(&self.binary);
-        command
-            .arg(format!("--endpoint=unix://{}", self.socket.display()))
-            .args(["--nodeid=node-a", &format!("--drivername={UPSTREAM}")])
-            .arg(format!("--statedir={}", self.state.display()));
-        self.driver = Some(Daemon::spawn("hostpathplugin", command, &self.log));
+        self.driver = Some(support::start_hostpathplugin(&self.binary, UPSTREAM, &self.socket, &self.state, &self.log));
     }
 }
 
@@ -305,7 +299,6 @@ fn an_upstream_driver_crashing_again_and_again_behind_its_registrar_touches_no_p
     node.agent_args = vec!["--no-components".into()];
     let root = node.root.clone();
     let socket = root.join("kubelet/plugins").join(UPSTREAM).join("csi.sock");
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     let mut crashing = Upstream {
         binary: hostpath,
         socket: socket.clone(),
@@ -316,13 +309,7 @@ fn an_upstream_driver_crashing_again_and_again_behind_its_registrar_touches_no_p
     };
     crashing.start();
     support::wait_for_path(&socket, "hostpathplugin", LIMIT);
-    let mut command = Command::new(&registrar);
-    command
-        .arg(format!("--csi-address={}", socket.display()))
-        .arg(format!("--kubelet-registration-path={}", socket.display()))
-        .arg(format!("--plugin-registration-path={}", node.registration_dir().display()));
-    std::fs::create_dir_all(node.registration_dir()).unwrap();
-    let mut registrar = Daemon::spawn("node-driver-registrar", command, &root.join("registrar.log"));
+    let mut registrar = support::start_registrar(&registrar, &socket, &socket, &node);
     let started = Instant::now();
     let figures = crash_loop(&mut node, UPSTREAM, &mut crashing, seed);
     let log = node.agent_log();

@@ -1,5 +1,7 @@
 //! Pods of one CSI driver for the fault tests: each with a claim of its own, a CSI ephemeral volume and an emptyDir; whether they are published or gone, and the identity of their mounts (a volume torn down and set up again has other ones).
 
+#![allow(dead_code)] // not every test that shares this module uses all of it
+
 use std::path::PathBuf;
 
 use kvol_node::report::status::{Phase, StatusReport};
