@@ -108,7 +108,11 @@ fn is_zero(n: &u32) -> bool {
 /// What the end of a run means for the next start: the crashes in a row, this one included
 /// (a run of `stable_after` or longer starts a new row), and the back-off before the next
 /// start. Pure.
-pub fn next_restart(crashes_before: u32, ran_for: Duration, settings: &SupervisorSettings) -> (u32, Duration) {
+pub fn next_restart(
+    crashes_before: u32,
+    ran_for: Duration,
+    settings: &SupervisorSettings,
+) -> (u32, Duration) {
     let crashes = if ran_for >= settings.stable_after { 1 } else { crashes_before.saturating_add(1) };
     (crashes, settings.backoff.delay(crashes))
 }

@@ -218,7 +218,8 @@ pub fn run(
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
-    config.component_restart_backoff_max = Duration::from_secs(args.component_restart_backoff_max_seconds.max(1));
+    config.component_restart_backoff_max =
+        Duration::from_secs(args.component_restart_backoff_max_seconds.max(1));
     config.volume_stats_period = args.volume_stats_agg_period;
     if let Some(prefixes) = &args.allowed_host_paths {
         if let Some(bad) = prefixes.iter().find(|p| !p.is_absolute()) {

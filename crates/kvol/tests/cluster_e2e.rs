@@ -1,9 +1,9 @@
 //! The real `kvol agent --kubeconfig` against a real kube-apiserver (`KVOL_KUBE_APISERVER`, `KVOL_ETCD`; skipped with the reason when unset), with real mounts: the node's pods mounted and nobody else's, the node's storage objects kept in the API, and an outage of the API server that unmounts nothing, with its watch history compacted meanwhile (410 Gone on return), and an API server answering 429 and 500 for a while.
 
-#[path = "../../kvol-cluster/tests/support/mod.rs"]
-mod support;
 #[path = "support/api_proxy.rs"]
 mod api_proxy;
+#[path = "../../kvol-cluster/tests/support/mod.rs"]
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -1152,7 +1152,10 @@ impl Outage {
             });
             if let Some(in_use) = in_use {
                 reads += 1;
-                assert!(in_use.iter().any(|v| v == GCE_PD_IN_USE), "a mounted volume left volumesInUse: {in_use:?}");
+                assert!(
+                    in_use.iter().any(|v| v == GCE_PD_IN_USE),
+                    "a mounted volume left volumesInUse: {in_use:?}"
+                );
             }
             assert!(mounted(&self.migrated, &self.root), "{} was unmounted", self.migrated.display());
             let report = read_status(&self.root).ok();
@@ -1167,8 +1170,12 @@ impl Outage {
             }
             if start.elapsed() > Duration::from_secs(120) {
                 let log = std::fs::read_to_string(&self.agent.log).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
-                panic!("never converged; status: {report:#?}\nthe agent's log, last lines:\n{}", tail.join("\n"));
+                let tail: Vec<&str> =
+                    log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+                panic!(
+                    "never converged; status: {report:#?}\nthe agent's log, last lines:\n{}",
+                    tail.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -1261,8 +1268,11 @@ fn the_api_server_away_with_its_history_compacted_keeps_every_volume_and_applies
     let (took, reads) = outage.converge(&runtime, &client);
     let log = outage.log();
     // "too old resource version" from the watch cache, "… is too old" from etcd.
-    let gone_410 = log.lines().filter(|l| l.contains("api watch failed") || l.contains("watch of referenced object"))
-        .filter(|l| l.contains("too old")).count();
+    let gone_410 = log
+        .lines()
+        .filter(|l| l.contains("api watch failed") || l.contains("watch of referenced object"))
+        .filter(|l| l.contains("too old"))
+        .count();
     eprintln!(
         "api server away {back:?} (asked {away:?}), etcd compacted at revision {revision}; {checks} checks while away kept every volume; \
          converged {took:?} after its return ({reads} reads of the Node, each listing the mounted volume in volumesInUse); \
@@ -1288,7 +1298,9 @@ fn the_api_server_answering_429_then_500_for_a_while_is_backed_off_and_converged
     proxy.set(api_proxy::Answer::TooManyRequests, true);
     runtime.block_on(change_meanwhile(&client));
     let mut checks = 0;
-    for (answer, until) in [(api_proxy::Answer::TooManyRequests, half), (api_proxy::Answer::InternalError, 2 * half)] {
+    for (answer, until) in
+        [(api_proxy::Answer::TooManyRequests, half), (api_proxy::Answer::InternalError, 2 * half)]
+    {
         proxy.set(answer, true);
         while start.elapsed() < until {
             outage.assert_kept();

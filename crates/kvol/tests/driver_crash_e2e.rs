@@ -78,7 +78,8 @@ fn crash_loop(node: &mut Node, driver: &str, crashing: &mut dyn Crashing, seed: 
     if !node.running() {
         node.start();
     }
-    let report = node.wait(LIMIT, |r| published(r, "kept")).unwrap_or_else(|e| panic!("{e}\n{}", node.agent_log()));
+    let report =
+        node.wait(LIMIT, |r| published(r, "kept")).unwrap_or_else(|e| panic!("{e}\n{}", node.agent_log()));
     let kept = identities(&report, "kept");
     let data = report.volumes.iter().find(|v| v.pod == "default/kept" && v.volume == "data").unwrap();
     let file = data.target.clone().unwrap().join("mount/written-before");
@@ -125,9 +126,9 @@ fn crash_loop(node: &mut Node, driver: &str, crashing: &mut dyn Crashing, seed: 
         assert_eq!(identities(&now, "kept"), kept, "kill {i}: the kept pod's volumes are the same mounts");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "kept through every crash", "kill {i}");
     }
-    let report = node
-        .wait(LIMIT, |r| pods.iter().all(|p| published(r, p)))
-        .unwrap_or_else(|e| panic!("not every pod was served once the driver was back: {e}\n{}", node.agent_log()));
+    let report = node.wait(LIMIT, |r| pods.iter().all(|p| published(r, p))).unwrap_or_else(|e| {
+        panic!("not every pod was served once the driver was back: {e}\n{}", node.agent_log())
+    });
     figures.settled_after_last_kill = last_written.elapsed();
     published_means_mounted(&report).unwrap();
     assert_eq!(identities(&report, "kept"), kept, "the kept pod's volumes are the same mounts");
@@ -184,7 +185,8 @@ impl Crashing for Supervised {
     fn kill(&mut self, node: &Node) {
         let report = node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
         let pid = hostpath(&report).unwrap().state.pid.unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL)
+            .unwrap();
         self.killed.push(pid);
     }
 
@@ -218,7 +220,9 @@ fn a_bundled_driver_crashing_again_and_again_is_restarted_with_backoff_and_no_pu
     let backoffs: Vec<u64> = log
         .lines()
         .filter(|l| l.contains("component process ended"))
-        .filter_map(|l| l.split("backoff_ms=").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("backoff_ms=").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        })
         .collect();
     eprintln!(
         "seed {seed}: {} kills ({} as a stage or publish call began), driver back after {:?}; back-offs said in the log (ms): {backoffs:?}; {} status snapshots while down, {} showing the back-off, e.g. {:?}; {} driver calls failed uncertain; every pod published {:?} after the last was written; {:?} in all",
@@ -263,7 +267,8 @@ struct Upstream {
 
 impl Upstream {
     fn start(&mut self) {
-        self.driver = Some(support::start_hostpathplugin(&self.binary, UPSTREAM, &self.socket, &self.state, &self.log));
+        self.driver =
+            Some(support::start_hostpathplugin(&self.binary, UPSTREAM, &self.socket, &self.state, &self.log));
     }
 }
 
@@ -330,7 +335,15 @@ fn an_upstream_driver_crashing_again_and_again_behind_its_registrar_touches_no_p
     // without unmounting. Such a target is one the driver's own state does not list.
     let state = std::fs::read_to_string(root.join("upstream-state/state.json")).unwrap_or_default();
     for target in &figures.left_by_driver {
-        assert!(!state.contains(&*target.to_string_lossy()), "{} is the driver's, yet left mounted", target.display());
+        assert!(
+            !state.contains(&*target.to_string_lossy()),
+            "{} is the driver's, yet left mounted",
+            target.display()
+        );
     }
-    eprintln!("{} target(s) the driver lost track of and left mounted: {:?}", figures.left_by_driver.len(), figures.left_by_driver);
+    eprintln!(
+        "{} target(s) the driver lost track of and left mounted: {:?}",
+        figures.left_by_driver.len(),
+        figures.left_by_driver
+    );
 }

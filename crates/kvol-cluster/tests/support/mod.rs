@@ -176,7 +176,8 @@ impl ApiServer {
     /// `http` for a proxy in front), written beside the API server's own.
     pub fn kubeconfig_at(&self, scheme: &str, port: u16) -> PathBuf {
         let text = fs::read_to_string(&self.kubeconfig).expect("the kubeconfig");
-        let text = text.replace(&format!("https://127.0.0.1:{}", self.port), &format!("{scheme}://127.0.0.1:{port}"));
+        let text = text
+            .replace(&format!("https://127.0.0.1:{}", self.port), &format!("{scheme}://127.0.0.1:{port}"));
         let path = self.dir.path().join(format!("kubeconfig-{scheme}-{port}"));
         fs::write(&path, text).expect("a kubeconfig");
         path
@@ -185,7 +186,8 @@ impl ApiServer {
     /// A client for the API server on `port` (see [`ApiServer::start_apiserver_on`]), once it
     /// answers requests.
     pub async fn client_on(&self, port: u16) -> kube::Client {
-        let kubeconfig = if port == self.port { self.kubeconfig.clone() } else { self.kubeconfig_at("https", port) };
+        let kubeconfig =
+            if port == self.port { self.kubeconfig.clone() } else { self.kubeconfig_at("https", port) };
         let client = kvol_cluster::client::client(Some(&kubeconfig)).await.expect("a client");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -240,8 +242,11 @@ where
 /// the pod's info on mount, persistent and ephemeral volumes.
 pub async fn nodes_and_csi_driver(client: &kube::Client, nodes: &[&str], driver: &str) {
     for node in nodes {
-        create(&kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()), serde_json::json!({"metadata": {"name": node}}))
-            .await;
+        create(
+            &kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
+            serde_json::json!({"metadata": {"name": node}}),
+        )
+        .await;
     }
     create(
         &kube::Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(client.clone()),

@@ -128,7 +128,8 @@ async fn run(
         ..Default::default()
     };
     let mut components =
-        ComponentRuntime::start(config.components.clone(), config.config_file.as_deref(), supervision).await?;
+        ComponentRuntime::start(config.components.clone(), config.config_file.as_deref(), supervision)
+            .await?;
     let source = source_of(&config, source, &node)?;
     if let Some(tap) = config.objects_tap.clone() {
         crate::sources::forward(source.subscribe(), tap);

@@ -82,7 +82,8 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         cut.mark_unchanged();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| answer(Arc::clone(&shared), request));
-            let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let connection =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = connection => {}
                 _ = cut.changed() => {}
@@ -106,9 +107,8 @@ async fn answer(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     shared.forwarded.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    let mut forward = Request::builder().method(parts.method).uri(
-        parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-    );
+    let mut forward =
+        Request::builder().method(parts.method).uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     for (name, value) in &parts.headers {
         if name != hyper::header::HOST && name != hyper::header::AUTHORIZATION {
             forward = forward.header(name, value);

@@ -294,7 +294,13 @@ impl Drop for Node {
 
 /// Upstream's hostpathplugin `binary` as driver `name` of node `node-a`, serving CSI on
 /// `socket` (its directory made) with its state in `state_dir`; its log in `log`.
-pub fn start_hostpathplugin(binary: &Path, name: &str, socket: &Path, state_dir: &Path, log: &Path) -> Daemon {
+pub fn start_hostpathplugin(
+    binary: &Path,
+    name: &str,
+    socket: &Path,
+    state_dir: &Path,
+    log: &Path,
+) -> Daemon {
     let mut command = Command::new(binary);
     command
         .arg(format!("--endpoint=unix://{}", socket.display()))
