@@ -31,14 +31,15 @@ pub struct ComponentRuntime {
 }
 
 impl ComponentRuntime {
-    /// Starts the components `setup`'s decision asks for (none without a setup) and, with a
-    /// setup, watches `config_file` and the components' config directory. An invalid storage
-    /// section is an error listing every problem.
+    /// Starts the components `setup`'s decision asks for (none without a setup), supervised
+    /// as `settings` say, and, with a setup, watches `config_file` and the components' config
+    /// directory. An invalid storage section is an error listing every problem.
     pub async fn start(
         setup: Option<ComponentsSetup>,
         config_file: Option<&Path>,
+        settings: SupervisorSettings,
     ) -> Result<ComponentRuntime, String> {
-        let mut components = Components::new(SupervisorSettings::default());
+        let mut components = Components::new(settings);
         let mut snapshots_on = false;
         if let Some(setup) = &setup {
             let (specs, snapshots) = planned_processes(setup)?;

@@ -92,6 +92,29 @@ pub struct ProcessState {
     /// driver: its volume backing and why).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub manifest: std::collections::BTreeMap<String, String>,
+    /// Runs in a row that ended before [`SupervisorSettings::stable_after`], the last one
+    /// included (a run that lasted counts as the first of a new row).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub crashes_in_a_row: u32,
+    /// While the process waits to be started again: the back-off it waits, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_backoff_ms: Option<u64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What the end of a run means for the next start: the crashes in a row, this one included
+/// (a run of `stable_after` or longer starts a new row), and the back-off before the next
+/// start. Pure.
+pub fn next_restart(
+    crashes_before: u32,
+    ran_for: Duration,
+    settings: &SupervisorSettings,
+) -> (u32, Duration) {
+    let crashes = if ran_for >= settings.stable_after { 1 } else { crashes_before.saturating_add(1) };
+    (crashes, settings.backoff.delay(crashes))
 }
 
 /// A process under supervision; `stop` stops it and waits, dropping the handle stops it too.
@@ -153,7 +176,7 @@ async fn supervise(
     state: Arc<Mutex<ProcessState>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut failures = 0;
+    let mut crashes = 0;
     if let Some(pid_file) = &spec.pid_file {
         stop_left_behind(&spec.name, pid_file, &spec.command, settings.stop_grace).await;
     }
@@ -172,14 +195,21 @@ async fn supervise(
             }
             RunEnd::Exited(reason) | RunEnd::Unhealthy(reason) => reason,
         };
-        tracing::warn!(component = %spec.name, reason = %reason, "component process ended; restarting");
+        let (in_a_row, backoff) = next_restart(crashes, started.elapsed(), &settings);
+        crashes = in_a_row;
+        let backoff_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(component = %spec.name, reason = %reason, crashes_in_a_row = crashes, backoff_ms,
+            "component process ended; restarting after a back-off");
         update(&state, |s| {
             s.pid = None;
             s.last_exit = Some(reason);
+            // What the dead run answered is no health of a process that does not run.
+            s.healthy = None;
+            s.crashes_in_a_row = crashes;
+            s.restart_backoff_ms = Some(backoff_ms);
         });
-        failures = if started.elapsed() >= settings.stable_after { 1 } else { failures + 1 };
         tokio::select! {
-            _ = tokio::time::sleep(settings.backoff.delay(failures)) => {}
+            _ = tokio::time::sleep(backoff) => {}
             () = stopped(&mut stop) => return,
         }
     }
@@ -286,6 +316,7 @@ async fn run_once(
     update(state, |s| {
         s.pid = child.id();
         s.starts += 1;
+        s.restart_backoff_ms = None;
         s.healthy = None;
         s.probe_error = None;
         s.version = None;
@@ -388,4 +419,33 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 
 fn update(state: &Mutex<ProcessState>, change: impl FnOnce(&mut ProcessState)) {
     change(&mut state.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crashes_in_a_row_double_the_back_off_to_its_cap_and_a_run_that_lasted_starts_a_new_row() {
+        let settings = SupervisorSettings {
+            backoff: Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(4) },
+            stable_after: Duration::from_secs(60),
+            ..SupervisorSettings::default()
+        };
+        // (crashes before, seconds the run lasted, crashes in a row, back-off in ms)
+        let rows: &[(u32, u64, u32, u64)] = &[
+            (0, 0, 1, 500),
+            (1, 1, 2, 1_000),
+            (2, 59, 3, 2_000),
+            (3, 0, 4, 4_000),
+            (4, 0, 5, 4_000),
+            (9, 60, 1, 500),
+            (9, 3_600, 1, 500),
+            (u32::MAX, 0, u32::MAX, 4_000),
+        ];
+        for &(before, ran, crashes, ms) in rows {
+            let (got, backoff) = next_restart(before, Duration::from_secs(ran), &settings);
+            assert_eq!((got, backoff.as_millis() as u64), (crashes, ms), "{before} crashes, ran {ran} s");
+        }
+    }
 }

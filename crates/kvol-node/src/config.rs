@@ -30,6 +30,9 @@ pub struct AgentConfig {
     /// storage section decided against the component definitions. `None`: none run. Each
     /// meets the agent only through plugin registration, the bundled driver among them.
     pub components: Option<kvol_components_runtime::components::ComponentsSetup>,
+    /// The longest back-off before a component process that keeps crashing is started again
+    /// (from 500 ms, doubling; 30 s by default).
+    pub component_restart_backoff_max: Duration,
     /// kvol's config file, watched while the agent runs: a valid change of its storage section
     /// is applied at once (components started and stopped); an invalid one keeps what runs
     /// and says why. Other sections apply at the next start.
@@ -92,6 +95,7 @@ impl AgentConfig {
             node_name: node_name.into(),
             gates: FeatureGates::default(),
             components: None,
+            component_restart_backoff_max: kvol_api::Backoff::default().max,
             config_file: None,
             example_flex_drivers: true,
             metrics_address: None,

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
 use kvol_csi::proto::csi::node_client::NodeClient;
@@ -131,15 +130,7 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let server = support::ApiServer::start(&apiserver, &etcd);
     let client = runtime.block_on(server.client());
-    runtime.block_on(async {
-        create(&Api::<Node>::all(client.clone()), json!({"metadata": {"name": NODE}})).await;
-        create(
-            &Api::<CSIDriver>::all(client.clone()),
-            json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": false, "podInfoOnMount": true,
-                "volumeLifecycleModes": ["Persistent", "Ephemeral"]}}),
-        )
-        .await;
-    });
+    runtime.block_on(support::nodes_and_csi_driver(&client, &[NODE], DRIVER));
     let dir = tempfile::tempdir().unwrap();
     let root: PathBuf = std::fs::canonicalize(dir.path()).unwrap();
     let agent = Agent(

@@ -63,6 +63,10 @@ pub struct AgentArgs {
     /// whatever the config's `storage` section says.
     #[arg(long, alias = "no-bundled-driver")]
     pub no_components: bool,
+    /// The longest wait before a storage component that keeps crashing is started again (the
+    /// wait starts at 500 ms and doubles with each crash in a row; a run of a minute resets it).
+    #[arg(long, default_value = "30", value_name = "SECONDS")]
+    pub component_restart_backoff_max_seconds: u64,
     /// Directory of user component definitions (*.yaml) beside the built-in ones.
     #[arg(long, default_value = crate::components_common::DEFAULT_DEFINITIONS_DIR)]
     pub component_definitions_dir: PathBuf,
@@ -225,6 +229,8 @@ pub fn run(
     config.resync = Duration::from_secs(args.resync_seconds.max(1));
     config.republish = Duration::from_secs(args.republish_seconds.max(1));
     config.csi_call_timeout = Duration::from_secs(args.csi_call_timeout_seconds.max(1));
+    config.component_restart_backoff_max =
+        Duration::from_secs(args.component_restart_backoff_max_seconds.max(1));
     config.volume_stats_period = args.volume_stats_agg_period;
     if let Some(prefixes) = &args.allowed_host_paths {
         if let Some(bad) = prefixes.iter().find(|p| !p.is_absolute()) {

@@ -70,13 +70,13 @@ fn churn_with_kill_9_against_the_upstream_hostpath_driver_and_registrar() {
     let mut node = Node::new();
     let root = node.root.clone();
     let upstream = root.join("upstream/csi.sock");
-    let mut command = Command::new(&hostpath);
-    command
-        .arg(format!("--endpoint=unix://{}", upstream.display()))
-        .args(["--nodeid=node-a", &format!("--drivername={UPSTREAM}")])
-        .arg(format!("--statedir={}", root.join("upstream-state").display()));
-    std::fs::create_dir_all(upstream.parent().unwrap()).unwrap();
-    let mut driver = Daemon::spawn("hostpathplugin", command, &root.join("hostpathplugin.log"));
+    let mut driver = support::start_hostpathplugin(
+        &hostpath,
+        UPSTREAM,
+        &upstream,
+        &root.join("upstream-state"),
+        &root.join("hostpathplugin.log"),
+    );
     wait_for_path(&upstream, "hostpathplugin", Duration::from_secs(20));
     // The agent reaches the driver through a proxy that only counts (it never misbehaves), so
     // the driver's publish/unpublish and stage/unstage books can be checked.
@@ -89,13 +89,7 @@ fn churn_with_kill_9_against_the_upstream_hostpath_driver_and_registrar() {
         weights: [1, 0, 0],
         seed,
     });
-    let mut command = Command::new(&registrar);
-    command
-        .arg(format!("--csi-address={}", upstream.display()))
-        .arg(format!("--kubelet-registration-path={}", proxied.display()))
-        .arg(format!("--plugin-registration-path={}", node.registration_dir().display()));
-    std::fs::create_dir_all(node.registration_dir()).unwrap();
-    let mut registrar = Daemon::spawn("node-driver-registrar", command, &root.join("registrar.log"));
+    let mut registrar = support::start_registrar(&registrar, &upstream, &proxied, &node);
     let config = ChurnConfig {
         rounds: rounds(20),
         seed,

@@ -3,58 +3,15 @@
 #[allow(dead_code)]
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kvol_node::report::status::{Phase, StatusReport};
 use nix::sys::signal::Signal;
 use support::Node;
+use support::claim_pods::{gone, identities, pod, published, storage};
+
+const DRIVER: &str = "hostpath.csi.kvol.io";
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-const STORAGE: &str = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: kvol-hostpath}\nprovisioner: hostpath.csi.kvol.io\n---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: hostpath.csi.kvol.io}\nspec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Persistent, Ephemeral]}\n";
-
-/// Pod `name` with a claim of its own (in the same file), a CSI ephemeral volume and an emptyDir.
-fn pod(name: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}, namespace: default}}\nspec: {{storageClassName: kvol-hostpath, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 8Mi}}}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /d}}, {{name: scratch, mountPath: /s}}, {{name: cache, mountPath: /c}}]}}]\n  volumes:\n  - {{name: data, persistentVolumeClaim: {{claimName: {name}}}}}\n  - {{name: scratch, csi: {{driver: hostpath.csi.kvol.io}}}}\n  - {{name: cache, emptyDir: {{}}}}\n"
-    )
-}
-
-fn published(report: &StatusReport, pod: &str) -> bool {
-    let of_pod: Vec<_> = report.volumes.iter().filter(|v| v.pod == format!("default/{pod}")).collect();
-    of_pod.len() == 3 && of_pod.iter().all(|v| v.phase == Phase::Published)
-}
-
-fn gone(report: &StatusReport, pod: &str) -> bool {
-    !report.volumes.iter().any(|v| v.pod == format!("default/{pod}"))
-}
-
-/// The pod's published targets, each with its inode and the ids of the mounts at or below it
-/// (from this thread's mount table): a volume torn down and set up again has other ones.
-fn identities(report: &StatusReport, pod: &str) -> Vec<(PathBuf, u64, Vec<u64>)> {
-    use std::os::unix::fs::MetadataExt;
-    let table = std::fs::read_to_string("/proc/thread-self/mountinfo").unwrap();
-    let mut out: Vec<_> = report
-        .volumes
-        .iter()
-        .filter(|v| v.pod == format!("default/{pod}"))
-        .filter_map(|v| v.target.clone())
-        .map(|target| {
-            let ids = table
-                .lines()
-                .filter_map(|line| {
-                    let fields: Vec<&str> = line.split(' ').collect();
-                    PathBuf::from(fields[4]).starts_with(&target).then(|| fields[0].parse().unwrap())
-                })
-                .collect();
-            let inode = std::fs::metadata(&target).unwrap().ino();
-            (target, inode, ids)
-        })
-        .collect();
-    out.sort();
-    out
-}
 
 #[test]
 fn a_frozen_agent_applies_what_changed_on_thaw_and_tears_down_nothing_wanted() {
@@ -63,9 +20,9 @@ fn a_frozen_agent_applies_what_changed_on_thaw_and_tears_down_nothing_wanted() {
     // Short deadlines, so freezing outlasts each: driver calls, resync, republish.
     node.agent_args =
         ["--csi-call-timeout-seconds", "2", "--republish-seconds", "1"].map(String::from).to_vec();
-    node.write("storage.yaml", STORAGE);
-    node.write("kept.yaml", &pod("kept"));
-    node.write("leaving.yaml", &pod("leaving"));
+    node.write("storage.yaml", &storage(DRIVER));
+    node.write("kept.yaml", &pod("kept", DRIVER));
+    node.write("leaving.yaml", &pod("leaving", DRIVER));
     node.start();
     let report = node
         .wait(LIMIT, |r| published(r, "kept") && published(r, "leaving"))
@@ -80,7 +37,7 @@ fn a_frozen_agent_applies_what_changed_on_thaw_and_tears_down_nothing_wanted() {
     node.signal(Signal::SIGSTOP);
     let frozen = Instant::now();
     node.remove("leaving.yaml");
-    node.write("arriving.yaml", &pod("arriving"));
+    node.write("arriving.yaml", &pod("arriving", DRIVER));
     std::thread::sleep(Duration::from_secs(8));
     node.signal(Signal::SIGCONT);
 

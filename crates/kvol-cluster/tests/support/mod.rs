@@ -13,6 +13,8 @@ pub struct ApiServer {
     pub dir: kvol_test_support::ScratchRoot,
     pub kubeconfig: PathBuf,
     pub port: u16,
+    /// etcd's client URL (`http://127.0.0.1:<port>`), for `etcdctl`.
+    pub etcd_url: String,
     etcd: Child,
     apiserver: Option<Child>,
     apiserver_args: Vec<String>,
@@ -32,7 +34,7 @@ pub fn binaries() -> Option<(PathBuf, PathBuf)> {
     Some((PathBuf::from(apiserver), PathBuf::from(etcd)))
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
 }
 
@@ -91,7 +93,6 @@ impl ApiServer {
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
             format!("--cert-dir={}", d.join("certs").display()),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-account-key-file={}", d.join("pki/sa.pub").display()),
@@ -112,6 +113,7 @@ impl ApiServer {
         let mut server = ApiServer {
             kubeconfig: d.join("kubeconfig"),
             port,
+            etcd_url: etcd_url.clone(),
             etcd,
             apiserver: None,
             apiserver_args: args,
@@ -132,6 +134,13 @@ impl ApiServer {
     /// Starts (or starts again) the API server and waits until its port answers and its
     /// certificate is written.
     pub fn start_apiserver(&mut self) {
+        self.start_apiserver_on(self.port);
+    }
+
+    /// Starts the API server on `port` in place of the kubeconfig's (a client of that
+    /// kubeconfig finds nothing there): the cluster changes while the API server its clients
+    /// know is away. [`ApiServer::client_on`] reaches it.
+    pub fn start_apiserver_on(&mut self, port: u16) {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -139,6 +148,7 @@ impl ApiServer {
             .expect("apiserver log");
         let child = Command::new(&self.binary)
             .args(&self.apiserver_args)
+            .arg(format!("--secure-port={port}"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -147,7 +157,7 @@ impl ApiServer {
         self.apiserver = Some(child);
         let deadline = Instant::now() + Duration::from_secs(120);
         let cert = self.dir.path().join("certs/apiserver.crt");
-        while !(cert.exists() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()) {
+        while !(cert.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()) {
             assert!(
                 Instant::now() < deadline,
                 "kube-apiserver did not start; see its log in {}",
@@ -167,7 +177,26 @@ impl ApiServer {
 
     /// A client for this API server, once it answers requests.
     pub async fn client(&self) -> kube::Client {
-        let client = kvol_cluster::client::client(Some(&self.kubeconfig)).await.expect("a client");
+        self.client_on(self.port).await
+    }
+
+    /// The kubeconfig with its server on `port` of loopback, and over `scheme` (`https`, or
+    /// `http` for a proxy in front), written beside the API server's own.
+    pub fn kubeconfig_at(&self, scheme: &str, port: u16) -> PathBuf {
+        let text = fs::read_to_string(&self.kubeconfig).expect("the kubeconfig");
+        let text = text
+            .replace(&format!("https://127.0.0.1:{}", self.port), &format!("{scheme}://127.0.0.1:{port}"));
+        let path = self.dir.path().join(format!("kubeconfig-{scheme}-{port}"));
+        fs::write(&path, text).expect("a kubeconfig");
+        path
+    }
+
+    /// A client for the API server on `port` (see [`ApiServer::start_apiserver_on`]), once it
+    /// answers requests.
+    pub async fn client_on(&self, port: u16) -> kube::Client {
+        let kubeconfig =
+            if port == self.port { self.kubeconfig.clone() } else { self.kubeconfig_at("https", port) };
+        let client = kvol_cluster::client::client(Some(&kubeconfig)).await.expect("a client");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
@@ -215,6 +244,24 @@ where
 {
     let object: K = serde_json::from_value(body).expect("a valid object");
     api.create(&kube::api::PostParams::default(), &object).await.expect("created")
+}
+
+/// The Nodes `nodes` and the CSIDriver object of `driver` as the bundled driver's: no attach,
+/// the pod's info on mount, persistent and ephemeral volumes.
+pub async fn nodes_and_csi_driver(client: &kube::Client, nodes: &[&str], driver: &str) {
+    for node in nodes {
+        create(
+            &kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
+            serde_json::json!({"metadata": {"name": node}}),
+        )
+        .await;
+    }
+    create(
+        &kube::Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(client.clone()),
+        serde_json::json!({"metadata": {"name": driver}, "spec": {"attachRequired": false, "podInfoOnMount": true,
+            "volumeLifecycleModes": ["Persistent", "Ephemeral"]}}),
+    )
+    .await;
 }
 
 /// Waits (at most 60 s) until `check` holds for the source's set.

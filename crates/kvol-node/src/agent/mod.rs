@@ -123,8 +123,13 @@ async fn run(
     let config = start::prepare_dirs(config)?;
     let mut node = NodeParts::open(&config).await?;
     let csi = CsiParts::start(&config, &node)?;
+    let supervision = kvol_components_runtime::supervisor::SupervisorSettings {
+        backoff: kvol_api::Backoff { max: config.component_restart_backoff_max, ..Default::default() },
+        ..Default::default()
+    };
     let mut components =
-        ComponentRuntime::start(config.components.clone(), config.config_file.as_deref()).await?;
+        ComponentRuntime::start(config.components.clone(), config.config_file.as_deref(), supervision)
+            .await?;
     let source = source_of(&config, source, &node)?;
     if let Some(tap) = config.objects_tap.clone() {
         crate::sources::forward(source.subscribe(), tap);

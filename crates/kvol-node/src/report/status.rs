@@ -324,13 +324,23 @@ fn claim_line(claim: &ClaimSizeStatus) -> String {
 /// it is (its version, then each entry of its manifest as `key: value`), last exit.
 fn component_line(component: &kvol_components_runtime::components::ComponentStatus) -> String {
     let state = &component.state;
-    let running = state.pid.map_or_else(|| "not running".to_string(), |pid| format!("pid {pid}"));
+    let running = match (state.pid, state.restart_backoff_ms) {
+        (Some(pid), _) => format!("pid {pid}"),
+        (None, Some(ms)) => format!(
+            "not running, restarting after a back-off of {:?} ({} crash(es) in a row)",
+            std::time::Duration::from_millis(ms),
+            state.crashes_in_a_row
+        ),
+        (None, None) => "not running".to_string(),
+    };
     let health = match (state.healthy, &state.probe_error) {
         (Some(true), _) => "healthy".to_string(),
         (Some(false), Some(e)) => format!("unhealthy: {}", one_line(e)),
         (Some(false), None) => "unhealthy".to_string(),
-        (None, _) => "not probed yet".to_string(),
+        (None, _) if state.pid.is_some() => "not probed yet".to_string(),
+        (None, _) => String::new(),
     };
+    let health = if health.is_empty() { health } else { format!(", {health}") };
     let mut version = state.version.as_deref().map(|v| format!(", {}", one_line(v))).unwrap_or_default();
     for (key, value) in &state.manifest {
         version.push_str(&format!(", {}: {}", one_line(key), one_line(value)));
@@ -338,7 +348,7 @@ fn component_line(component: &kvol_components_runtime::components::ComponentStat
     let last =
         state.last_exit.as_deref().map(|e| format!("; last ended: {}", one_line(e))).unwrap_or_default();
     format!(
-        "component {}: {running}, started {} time(s), {health}{version}{last}\n",
+        "component {}: {running}, started {} time(s){health}{version}{last}\n",
         component.name, state.starts
     )
 }
@@ -791,6 +801,17 @@ vol-2   acme/disk  failed                                          -            
                     ..ProcessState::default()
                 },
                 "component hostpath: not running, started 5 time(s), unhealthy: connection refused at csi.sock; last ended: the process exit status: 3\n",
+            ),
+            (
+                ProcessState {
+                    pid: None,
+                    starts: 6,
+                    last_exit: Some("the process signal: 9 (SIGKILL)".into()),
+                    crashes_in_a_row: 4,
+                    restart_backoff_ms: Some(4_000),
+                    ..ProcessState::default()
+                },
+                "component hostpath: not running, restarting after a back-off of 4s (4 crash(es) in a row), started 6 time(s); last ended: the process signal: 9 (SIGKILL)\n",
             ),
         ];
         for (state, want) in rows {

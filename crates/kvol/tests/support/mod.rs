@@ -1,6 +1,7 @@
 //! Shared support of the churn tests: a node (the real `kvol agent` under a temporary root, killed and restarted at will), driver processes, the misbehaving CSI proxy, and the churn itself with its figures.
 
 pub mod churn;
+pub mod claim_pods;
 pub mod cluster_node;
 pub mod containerd;
 pub mod grow;
@@ -290,6 +291,36 @@ impl Drop for Node {
         // The scratch root, dropped next, stops what the agent left running (the components
         // that outlive a killed agent), unmounts what is below the root and removes it.
     }
+}
+
+/// Upstream's hostpathplugin `binary` as driver `name` of node `node-a`, serving CSI on
+/// `socket` (its directory made) with its state in `state_dir`; its log in `log`.
+pub fn start_hostpathplugin(
+    binary: &Path,
+    name: &str,
+    socket: &Path,
+    state_dir: &Path,
+    log: &Path,
+) -> Daemon {
+    let mut command = Command::new(binary);
+    command
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .args(["--nodeid=node-a", &format!("--drivername={name}")])
+        .arg(format!("--statedir={}", state_dir.display()));
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    Daemon::spawn("hostpathplugin", command, log)
+}
+
+/// Upstream's node-driver-registrar `binary` with kubelet's flags: the driver at `csi_address`,
+/// registered for `node`'s agent to reach at `kubelet_path`; its log beside the agent's.
+pub fn start_registrar(binary: &Path, csi_address: &Path, kubelet_path: &Path, node: &Node) -> Daemon {
+    let mut command = Command::new(binary);
+    command
+        .arg(format!("--csi-address={}", csi_address.display()))
+        .arg(format!("--kubelet-registration-path={}", kubelet_path.display()))
+        .arg(format!("--plugin-registration-path={}", node.registration_dir().display()));
+    std::fs::create_dir_all(node.registration_dir()).unwrap();
+    Daemon::spawn("node-driver-registrar", command, &node.root.join("registrar.log"))
 }
 
 /// The upstream peers `KVOL_UPSTREAM_HOSTPATH` (hostpathplugin) and `KVOL_NODE_DRIVER_REGISTRAR`
