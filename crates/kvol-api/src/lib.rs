@@ -1,5 +1,6 @@
 //! kvol's shared vocabulary: migratable plugins, feature gates, well-known keys and object validation; no I/O.
 
+pub mod allocatable;
 pub mod backoff;
 pub mod config;
 pub mod downward;

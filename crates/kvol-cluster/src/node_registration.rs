@@ -1,6 +1,7 @@
 //! The Node as kubelet keeps it, for a kvol node that runs its own pods: its registration (labels, addresses, capacity, `nodeInfo`, conditions), its Lease in `kube-node-lease` renewed every 10 s, its status posted when it changes (and every 5 minutes) — and the refusal to act for a node another agent keeps.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -9,6 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
+use kvol_api::allocatable::pressure;
+pub use kvol_api::allocatable::{Available, Eviction, Pressure};
+use kvol_api::projection::NodeResources;
 use serde_json::{Value, json};
 
 /// The field manager of kvol's node registration, lease and node status (not [`crate::node_objects::FIELD_MANAGER`]:
@@ -21,8 +25,12 @@ pub const LEASE_SECONDS: i32 = 40;
 /// A status unchanged is posted again this often (kubelet's `nodeStatusReportFrequency`).
 pub const STATUS_REPORT_EVERY: Duration = Duration::from_secs(300);
 
+/// How often the node's conditions are looked at (kubelet's `nodeStatusUpdateFrequency`); a
+/// change is posted at once.
+pub const CONDITIONS_CHECKED_EVERY: Duration = Duration::from_secs(10);
+
 /// What the node knows of itself, gathered by the binary (the host, the runtime).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeFacts {
     pub name: String,
     pub hostname: String,
@@ -46,6 +54,71 @@ pub struct NodeFacts {
     pub extra_labels: BTreeMap<String, String>,
     /// The port kubelet's API is served on (`daemonEndpoints`); 0: not served.
     pub kubelet_port: u16,
+    /// What the node's pods may have (capacity less reservations and eviction thresholds);
+    /// none: the capacity.
+    pub allocatable: Option<NodeResources>,
+    /// How the node's pressure is measured.
+    pub pressure: PressureWatch,
+}
+
+/// How the node's pressure is measured: what is available now, against the hard eviction
+/// thresholds; without a measure there is never pressure.
+#[derive(Clone, Default)]
+pub struct PressureWatch {
+    pub eviction: Eviction,
+    pub measure: Option<Arc<dyn Fn() -> Available + Send + Sync>>,
+}
+
+impl std::fmt::Debug for PressureWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PressureWatch")
+            .field("eviction", &self.eviction)
+            .field("measured", &self.measure.is_some())
+            .finish()
+    }
+}
+
+impl PartialEq for PressureWatch {
+    fn eq(&self, other: &PressureWatch) -> bool {
+        self.eviction == other.eviction && self.measure.is_some() == other.measure.is_some()
+    }
+}
+
+impl PressureWatch {
+    /// The pressure now.
+    pub fn now(&self) -> Pressure {
+        self.measure.as_ref().map_or(Pressure::default(), |measure| pressure(&measure(), &self.eviction))
+    }
+}
+
+/// The node's conditions and when each last changed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeConditions {
+    pub pressure: Pressure,
+    pub memory_since: Timestamp,
+    pub disk_since: Timestamp,
+    pub ready_since: Timestamp,
+}
+
+impl NodeConditions {
+    /// Conditions first heard at `now`.
+    pub fn new(pressure: Pressure, now: Timestamp) -> NodeConditions {
+        NodeConditions { pressure, memory_since: now, disk_since: now, ready_since: now }
+    }
+
+    /// Takes the pressure measured at `now`; whether a condition changed (its transition time
+    /// is then `now`).
+    pub fn update(&mut self, pressure: Pressure, now: Timestamp) -> bool {
+        if pressure.memory != self.pressure.memory {
+            self.memory_since = now;
+        }
+        if pressure.disk != self.pressure.disk {
+            self.disk_since = now;
+        }
+        let changed = pressure != self.pressure;
+        self.pressure = pressure;
+        changed
+    }
 }
 
 /// kubelet's well-known labels of a node (and their `beta.` forms).
@@ -70,21 +143,38 @@ pub fn node_body(facts: &NodeFacts) -> Value {
 }
 
 /// kvol's fields of the Node's status: addresses, capacity and allocatable, `nodeInfo`, and
-/// the four conditions as a healthy kubelet posts them, each heard from `now`.
-pub fn node_status_body(facts: &NodeFacts, now: Timestamp) -> Value {
-    let resources = json!({
-        "cpu": format!("{}m", facts.cpu_millis),
-        "memory": format!("{}", facts.memory_bytes),
-        "pods": format!("{}", facts.max_pods),
-        "ephemeral-storage": format!("{}", facts.ephemeral_storage_bytes),
-    });
-    let condition = |kind: &str, status: &str, reason: &str, message: &str| {
+/// the four conditions with kubelet's reasons, heard at `now`.
+pub fn node_status_body(facts: &NodeFacts, conditions: &NodeConditions, now: Timestamp) -> Value {
+    let resources = |r: NodeResources| {
+        json!({
+            "cpu": format!("{}m", r.cpu_millis),
+            "memory": format!("{}", r.memory_bytes),
+            "pods": format!("{}", facts.max_pods),
+            "ephemeral-storage": format!("{}", r.ephemeral_storage_bytes),
+        })
+    };
+    let capacity = NodeResources {
+        cpu_millis: facts.cpu_millis,
+        memory_bytes: facts.memory_bytes,
+        ephemeral_storage_bytes: facts.ephemeral_storage_bytes,
+    };
+    let condition = |kind: &str, (status, reason, message): (&str, &str, &str), since: Timestamp| {
         json!({"type": kind, "status": status, "reason": reason, "message": message,
-            "lastHeartbeatTime": now.to_string(), "lastTransitionTime": now.to_string()})
+            "lastHeartbeatTime": now.to_string(), "lastTransitionTime": since.to_string()})
+    };
+    let memory = if conditions.pressure.memory {
+        ("True", "KubeletHasInsufficientMemory", "kubelet has insufficient memory available")
+    } else {
+        ("False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available")
+    };
+    let disk = if conditions.pressure.disk {
+        ("True", "KubeletHasDiskPressure", "kubelet has disk pressure")
+    } else {
+        ("False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure")
     };
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": facts.name}, "status": {
         "addresses": [{"type": "InternalIP", "address": facts.internal_ip}, {"type": "Hostname", "address": facts.hostname}],
-        "capacity": resources, "allocatable": resources,
+        "capacity": resources(capacity), "allocatable": resources(facts.allocatable.unwrap_or(capacity)),
         "nodeInfo": {
             "machineID": facts.machine_id, "systemUUID": facts.system_uuid, "bootID": facts.boot_id,
             "kernelVersion": facts.kernel_version, "osImage": facts.os_image,
@@ -94,10 +184,10 @@ pub fn node_status_body(facts: &NodeFacts, now: Timestamp) -> Value {
         },
         "daemonEndpoints": {"kubeletEndpoint": {"Port": facts.kubelet_port}},
         "conditions": [
-            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            condition("MemoryPressure", memory, conditions.memory_since),
+            condition("DiskPressure", disk, conditions.disk_since),
+            condition("PIDPressure", ("False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"), conditions.ready_since),
+            condition("Ready", ("True", "KubeletReady", "kubelet is posting ready status"), conditions.ready_since),
         ],
     }})
 }
@@ -189,13 +279,18 @@ impl NodeKeeper {
         let uid = registered.metadata.uid.unwrap_or_default();
         // The Lease first: a node says Ready only with its heartbeat in place.
         renew(&leases, &name, &uid).await?;
+        let conditions = NodeConditions::new(facts.pressure.now(), Timestamp::now());
         nodes
-            .patch_status(&name, &apply(), &Patch::Apply(node_status_body(&facts, Timestamp::now())))
+            .patch_status(
+                &name,
+                &apply(),
+                &Patch::Apply(node_status_body(&facts, &conditions, Timestamp::now())),
+            )
             .await
             .map_err(|e| format!("cannot post the status of node {name}: {e}"))?;
         tracing::info!(node = %name, "node registered; its lease is renewed every {}s", LEASE_SECONDS / 4);
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(keep(nodes, leases, facts, uid, stopped));
+        let task = tokio::spawn(keep(nodes, leases, facts, conditions, uid, stopped));
         Ok(NodeKeeper { stop, task })
     }
 
@@ -214,25 +309,35 @@ async fn renew(leases: &Api<Lease>, node: &str, uid: &str) -> Result<(), String>
         .map_err(|e| format!("cannot renew the lease of node {node}: {e}"))
 }
 
-/// The loop: the Lease every quarter of its duration (the node's heartbeat), the status every
-/// [`STATUS_REPORT_EVERY`] (kubelet posts an unchanged status that often; kvol's facts are
-/// gathered once, so its status changes only by its heartbeat times).
+/// The loop: the Lease every quarter of its duration (the node's heartbeat), the conditions
+/// looked at every [`CONDITIONS_CHECKED_EVERY`] and the status posted when they change, and
+/// every [`STATUS_REPORT_EVERY`] anyway (kubelet posts an unchanged status that often).
 async fn keep(
     nodes: Api<Node>,
     leases: Api<Lease>,
     facts: NodeFacts,
+    mut conditions: NodeConditions,
     uid: String,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     let renew_every = Duration::from_secs((LEASE_SECONDS / 4) as u64);
     let start = tokio::time::Instant::now();
     let (mut next_renew, mut next_report) = (start + renew_every, start + STATUS_REPORT_EVERY);
+    let mut next_check = start + CONDITIONS_CHECKED_EVERY;
     loop {
         tokio::select! {
             _ = stopped.changed() => return,
-            _ = tokio::time::sleep_until(next_renew.min(next_report)) => {}
+            _ = tokio::time::sleep_until(next_renew.min(next_report).min(next_check)) => {}
         }
         let now = tokio::time::Instant::now();
+        if now >= next_check {
+            next_check = now + CONDITIONS_CHECKED_EVERY;
+            let pressure = facts.pressure.now();
+            if conditions.update(pressure, Timestamp::now()) {
+                tracing::warn!(node = %facts.name, memory_pressure = pressure.memory, disk_pressure = pressure.disk, "node conditions changed");
+                next_report = now;
+            }
+        }
         if now >= next_renew {
             next_renew = match renew(&leases, &facts.name, &uid).await {
                 Ok(()) => now + renew_every,
@@ -243,7 +348,7 @@ async fn keep(
             };
         }
         if now >= next_report {
-            let body = node_status_body(&facts, Timestamp::now());
+            let body = node_status_body(&facts, &conditions, Timestamp::now());
             if let Err(e) = nodes.patch_status(&facts.name, &apply(), &Patch::Apply(body)).await {
                 tracing::warn!(node = %facts.name, error = %e, "node status not posted");
             }
@@ -299,6 +404,37 @@ mod tests {
     }
 
     #[test]
+    fn a_condition_keeps_its_transition_time_until_it_changes() {
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let mut conditions = NodeConditions::new(Pressure::default(), at(10));
+        assert!(!conditions.update(Pressure::default(), at(20)), "unchanged");
+        assert_eq!((conditions.memory_since, conditions.disk_since), (at(10), at(10)));
+        assert!(conditions.update(Pressure { memory: true, disk: false }, at(30)));
+        assert_eq!((conditions.memory_since, conditions.disk_since), (at(30), at(10)));
+        let facts = NodeFacts {
+            name: "n1".into(),
+            cpu_millis: 2000,
+            memory_bytes: 4 << 30,
+            ephemeral_storage_bytes: 100 << 30,
+            allocatable: Some(NodeResources {
+                cpu_millis: 1700,
+                memory_bytes: 3 << 30,
+                ephemeral_storage_bytes: 90 << 30,
+            }),
+            ..Default::default()
+        };
+        let body = node_status_body(&facts, &conditions, at(40));
+        let status = serde_json::from_value::<Node>(body).unwrap().status.unwrap();
+        assert_eq!(status.allocatable.as_ref().unwrap()["cpu"].0, "1700m");
+        assert_eq!(status.capacity.as_ref().unwrap()["cpu"].0, "2000m");
+        let memory = status.conditions.unwrap().into_iter().find(|c| c.type_ == "MemoryPressure").unwrap();
+        assert_eq!(
+            (memory.status.as_str(), memory.reason.as_deref(), memory.last_transition_time.map(|t| t.0)),
+            ("True", Some("KubeletHasInsufficientMemory"), Some(at(30)))
+        );
+    }
+
+    #[test]
     fn the_node_as_kubelet_registers_it() {
         let facts = NodeFacts {
             name: "n1".into(),
@@ -316,7 +452,8 @@ mod tests {
         let node = node_body(&facts);
         assert_eq!(node["metadata"]["labels"]["kubernetes.io/hostname"], "host-1");
         assert_eq!(node["metadata"]["labels"]["beta.kubernetes.io/arch"], "amd64");
-        let status = node_status_body(&facts, Timestamp::from_second(1_000_000).unwrap());
+        let heard = Timestamp::from_second(1_000_000).unwrap();
+        let status = node_status_body(&facts, &NodeConditions::new(Pressure::default(), heard), heard);
         let parsed: Node = serde_json::from_value(status.clone()).expect("a Node the API accepts");
         let st = parsed.status.unwrap();
         assert_eq!(st.capacity.as_ref().unwrap()["cpu"].0, "2000m");

@@ -124,3 +124,69 @@ async fn a_kvol_node_registers_keeps_its_lease_and_refuses_a_kubelets_node() {
         .expect("a stale lease is taken");
     taken.unwrap().stop().await;
 }
+
+/// The Node's condition of `kind`: its status, reason and transition time.
+fn condition(node: &Node, kind: &str) -> (String, Option<String>, Option<Timestamp>) {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let found = conditions.into_iter().find(|c| c.type_ == kind).expect("the condition");
+    (found.status, found.reason, found.last_transition_time.map(|t| t.0))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allocatable_held_back_and_memory_pressure_posted_when_it_comes() {
+    use kvol_api::allocatable::{Available, parse_eviction};
+    use kvol_api::projection::NodeResources;
+    use kvol_cluster::node_registration::PressureWatch;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some((apiserver, etcd)) = support::binaries() else { return };
+    let server = ApiServer::start(&apiserver, &etcd);
+    let client = server.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let free = Arc::new(AtomicU64::new(2 << 30));
+    let measured = Arc::clone(&free);
+    let facts = NodeFacts {
+        allocatable: Some(NodeResources {
+            cpu_millis: 1700,
+            memory_bytes: 3 << 30,
+            ephemeral_storage_bytes: 18 << 30,
+        }),
+        pressure: PressureWatch {
+            eviction: parse_eviction("memory.available<100Mi").unwrap(),
+            measure: Some(Arc::new(move || Available {
+                memory_bytes: measured.load(Ordering::SeqCst),
+                memory_capacity: 4 << 30,
+                nodefs_bytes: 10 << 30,
+                nodefs_capacity: 20 << 30,
+            })),
+        },
+        ..facts("kvol-p")
+    };
+    let keeper = take_node(client.clone(), "kvol-p", Some(facts)).await.expect("registered").unwrap();
+    let node = nodes.get("kvol-p").await.unwrap();
+    let status = node.status.clone().unwrap();
+    // As the API server returns them (canonical quantities).
+    assert_eq!(status.capacity.as_ref().unwrap()["cpu"].0, "2");
+    assert_eq!(status.allocatable.as_ref().unwrap()["cpu"].0, "1700m");
+    assert_eq!(status.allocatable.as_ref().unwrap()["memory"].0, (3u64 << 30).to_string());
+    let (memory, reason, before) = condition(&node, "MemoryPressure");
+    assert_eq!((memory.as_str(), reason.as_deref()), ("False", Some("KubeletHasSufficientMemory")));
+    let ready_since = condition(&node, "Ready").2;
+
+    free.store(50 << 20, Ordering::SeqCst);
+    let changed = Instant::now();
+    let node = loop {
+        let node = nodes.get("kvol-p").await.unwrap();
+        if condition(&node, "MemoryPressure").0 == "True" {
+            break node;
+        }
+        assert!(changed.elapsed() < Duration::from_secs(30), "no memory pressure posted: {:?}", node.status);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("memory pressure posted {} ms after it came", changed.elapsed().as_millis());
+    let (_, reason, since) = condition(&node, "MemoryPressure");
+    assert_eq!(reason.as_deref(), Some("KubeletHasInsufficientMemory"));
+    assert!(since > before, "its transition time moved: {before:?} → {since:?}");
+    assert_eq!(condition(&node, "Ready").2, ready_since, "Ready's transition time kept");
+    keeper.stop().await;
+}

@@ -41,6 +41,9 @@ pub struct AgentConfig {
     pub example_flex_drivers: bool,
     /// Serve Prometheus metrics here (`None`: no endpoint).
     pub metrics_address: Option<SocketAddr>,
+    /// The node's allocatable (a container's unset limit in the downward API reads as it);
+    /// `None`: its capacity, measured ([`crate::agent::measured_capacity`]).
+    pub allocatable: Option<kvol_api::projection::NodeResources>,
     /// How often published volumes are checked against the mount table.
     pub resync: Duration,
     /// How often a volume whose CSI driver `requiresRepublish` is published again (kubelet
@@ -99,6 +102,7 @@ impl AgentConfig {
             config_file: None,
             example_flex_drivers: true,
             metrics_address: None,
+            allocatable: None,
             resync: Duration::from_secs(10),
             republish: Duration::from_secs(60),
             volume_stats_period: Duration::from_secs(60),

@@ -110,6 +110,16 @@ pub struct AgentArgs {
     /// when a pod is admitted.
     #[arg(long, default_value = "110")]
     pub max_pods: u32,
+    /// Resources held back for the system and for kvol itself (kubelet's flags:
+    /// `cpu=100m,memory=256Mi,ephemeral-storage=1Gi`), taken from the node's allocatable.
+    #[arg(long, default_value = "", value_name = "RESOURCES")]
+    pub system_reserved: String,
+    #[arg(long, default_value = "", value_name = "RESOURCES")]
+    pub kube_reserved: String,
+    /// Hard eviction thresholds (kubelet's flag and default): taken from the allocatable, and
+    /// the node under memory or disk pressure while what is available is under them.
+    #[arg(long, default_value = kvol_api::allocatable::DEFAULT_EVICTION_HARD, value_name = "THRESHOLDS")]
+    pub eviction_hard: String,
     /// kubelet's API (containerLogs, healthz) for the API server, in cluster mode with a
     /// container runtime: its port (0: not served) and address.
     #[arg(long, default_value = "10250")]
@@ -206,6 +216,8 @@ pub fn run(
     if args.no_runtime_api {
         config.runtime_socket = None;
     }
+    let budget =
+        crate::node_facts::Budget::of_flags(&args.system_reserved, &args.kube_reserved, &args.eviction_hard)?;
     let embedded = args.container_runtime_endpoint.as_deref() == Some(embedded_runtime::EMBEDDED);
     let endpoint = match args.container_runtime_endpoint.as_deref() {
         Some(embedded_runtime::EMBEDDED) => match embedded_runtime::unavailable() {
@@ -219,9 +231,12 @@ pub fn run(
         other => other.map(str::to_string),
     };
     let runner = match &endpoint {
-        Some(endpoint) => {
-            Some(crate::runner_cmd::prepare(endpoint, args.root.is_some(), args.max_pods, &mut config)?)
-        }
+        Some(endpoint) => Some(crate::runner_cmd::prepare(
+            endpoint,
+            args.root.is_some(),
+            (args.max_pods, budget.allocatable(&config.state_dir)),
+            &mut config,
+        )?),
         None => None,
     };
     let private_runtime = embedded && endpoint.is_some();
@@ -248,7 +263,7 @@ pub fn run(
         .context("cannot start the async runtime")?;
     let root = config.state_dir.clone();
     let register = match (&endpoint, args.register_node) {
-        (Some(endpoint), true) => Some((endpoint.clone(), args.max_pods)),
+        (Some(endpoint), true) => Some((endpoint.clone(), args.max_pods, budget.clone())),
         _ => None,
     };
     let kubelet_api = match (&runner, args.port) {
@@ -361,8 +376,9 @@ struct ClusterMode {
     kubeconfig: Option<PathBuf>,
     /// A manifests directory beside the API, for static pods.
     static_pods: Option<PathBuf>,
-    /// Register the Node (the runtime's endpoint, `--max-pods`): kvol runs the node's pods.
-    register: Option<(String, u32)>,
+    /// Register the Node (the runtime's endpoint, `--max-pods`, what the node holds back):
+    /// kvol runs the node's pods.
+    register: Option<(String, u32, crate::node_facts::Budget)>,
     /// kubelet's API, served once the Node is kept.
     kubelet_api: Option<kvol_kubelet_api::KubeletApiConfig>,
 }
@@ -445,8 +461,8 @@ impl ClusterMode {
         node: &str,
         state_dir: &Path,
     ) -> Option<kvol_cluster::node_registration::NodeFacts> {
-        let (endpoint, max_pods) = self.register.as_ref()?;
-        let mut facts = crate::node_facts::gather(node, endpoint, *max_pods, state_dir).await;
+        let (endpoint, max_pods, budget) = self.register.as_ref()?;
+        let mut facts = crate::node_facts::gather(node, endpoint, *max_pods, budget, state_dir).await;
         facts.kubelet_port = self.kubelet_api.as_ref().map_or(0, |api| api.address.port());
         Some(facts)
     }

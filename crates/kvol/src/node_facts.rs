@@ -1,8 +1,74 @@
 //! What a kvol node registers of itself: the host's facts (CPUs, memory, disk, kernel, OS, ids, address) and the runtime's name and version, read once at start.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use kvol_cluster::node_registration::NodeFacts;
+use kvol_api::allocatable::{self, Available, Eviction};
+use kvol_api::projection::NodeResources;
+use kvol_cluster::node_registration::{NodeFacts, PressureWatch};
+
+/// What the node holds back from its pods (kubelet's `--system-reserved`, `--kube-reserved`
+/// and `--eviction-hard`), read from the agent's flags.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Budget {
+    pub reserved: Vec<NodeResources>,
+    pub eviction: Eviction,
+}
+
+impl Budget {
+    /// The flags' budget, or what is wrong with one of them.
+    pub fn of_flags(
+        system_reserved: &str,
+        kube_reserved: &str,
+        eviction_hard: &str,
+    ) -> anyhow::Result<Budget> {
+        let reserved = |flag: &str, text: &str| {
+            allocatable::parse_reserved(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+        };
+        Ok(Budget {
+            reserved: vec![
+                reserved("system-reserved", system_reserved)?,
+                reserved("kube-reserved", kube_reserved)?,
+            ],
+            eviction: allocatable::parse_eviction(eviction_hard)
+                .map_err(|e| anyhow::anyhow!("--eviction-hard: {e}"))?,
+        })
+    }
+
+    /// The node's allocatable, its capacity measured with the filesystem of `state_dir`.
+    pub fn allocatable(&self, state_dir: &Path) -> NodeResources {
+        allocatable::allocatable(capacity(state_dir), &self.reserved, &self.eviction)
+    }
+}
+
+/// The node's capacity: its CPUs, its memory, the filesystem holding `state_dir`.
+pub fn capacity(state_dir: &Path) -> NodeResources {
+    kvol_node::agent::measured_capacity(state_dir)
+}
+
+/// What is available now: memory by `/proc/meminfo`'s MemAvailable (kubelet reads its root
+/// cgroup's working set; MemAvailable is the kernel's own estimate), and the filesystem holding
+/// `state_dir`.
+pub fn available(state_dir: &Path) -> Available {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let (free, total) = rustix::fs::statvfs(state_dir)
+        .map(|s| (s.f_bavail * s.f_frsize, s.f_blocks * s.f_frsize))
+        .unwrap_or((0, 0));
+    Available {
+        memory_bytes: kib("MemAvailable:"),
+        memory_capacity: kib("MemTotal:"),
+        nodefs_bytes: free,
+        nodefs_capacity: total,
+    }
+}
 
 /// What kvol says in `nodeInfo.kubeletVersion`: the kubelet it stands in for, then its own.
 pub fn agent_version() -> String {
@@ -10,15 +76,22 @@ pub fn agent_version() -> String {
 }
 
 /// The node's facts; the runtime's version from CRI's Version at `endpoint`.
-pub async fn gather(name: &str, endpoint: &str, max_pods: u32, state_dir: &Path) -> NodeFacts {
-    let resources = crate::runner_cmd::node_resources();
+pub async fn gather(
+    name: &str,
+    endpoint: &str,
+    max_pods: u32,
+    budget: &Budget,
+    state_dir: &Path,
+) -> NodeFacts {
+    let resources = capacity(state_dir);
+    let measured: PathBuf = state_dir.to_path_buf();
     NodeFacts {
         name: name.to_string(),
         hostname: name.to_string(),
         internal_ip: crate::runner_cmd::host_ip(),
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
-        ephemeral_storage_bytes: disk_bytes(state_dir),
+        ephemeral_storage_bytes: resources.ephemeral_storage_bytes,
         max_pods,
         architecture: go_arch(std::env::consts::ARCH).to_string(),
         kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
@@ -30,6 +103,11 @@ pub async fn gather(name: &str, endpoint: &str, max_pods: u32, state_dir: &Path)
         agent_version: agent_version(),
         extra_labels: Default::default(),
         kubelet_port: 0,
+        allocatable: Some(budget.allocatable(state_dir)),
+        pressure: PressureWatch {
+            eviction: budget.eviction,
+            measure: Some(Arc::new(move || available(&measured))),
+        },
     }
 }
 
@@ -47,12 +125,6 @@ async fn runtime_version(endpoint: &str) -> String {
             "unknown://".into()
         }
     }
-}
-
-/// The bytes of the filesystem holding `dir` (kubelet's ephemeral-storage capacity is its root
-/// directory's filesystem).
-fn disk_bytes(dir: &Path) -> u64 {
-    rustix::fs::statvfs(dir).map(|s| s.f_blocks * s.f_frsize).unwrap_or(0)
 }
 
 /// Go's name of an architecture, as `kubernetes.io/arch` carries it.

@@ -23,7 +23,7 @@ pub struct RunnerSetup {
 pub fn prepare(
     endpoint: &str,
     embedded: bool,
-    max_pods: u32,
+    (max_pods, allocatable): (u32, NodeResources),
     config: &mut AgentConfig,
 ) -> anyhow::Result<RunnerSetup> {
     let Some(socket) = config.runtime_socket.clone() else {
@@ -41,7 +41,7 @@ pub fn prepare(
         node_name: config.node_name.clone(),
         host_ip: host_ip(),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
-        node: node_resources(),
+        node: allocatable,
         node_labels: kvol_cluster::node_registration::well_known_labels(
             &config.node_name,
             crate::node_facts::go_arch(std::env::consts::ARCH),
@@ -98,16 +98,4 @@ pub(crate) fn host_ip() -> String {
     let socket = std::net::UdpSocket::bind("0.0.0.0:0");
     let local = socket.and_then(|s| s.connect("192.0.2.1:9").and_then(|()| s.local_addr()));
     local.map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into())
-}
-
-/// The node's CPUs and memory (a container's unset limits, as the downward API shows them).
-pub(crate) fn node_resources() -> NodeResources {
-    let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0);
-    NodeResources { cpu_millis: cpus * 1000, memory_bytes: kib * 1024, ephemeral_storage_bytes: 0 }
 }

@@ -18,6 +18,7 @@ mod pass;
 mod report;
 pub mod rooms;
 mod start;
+pub use start::measured_capacity;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -89,7 +89,7 @@ impl NodeParts {
         let mounter: Arc<dyn Mounter> = Arc::new(SystemMounter);
         let secrets = Arc::new(ObjectSecrets::default());
         let node = NodeInfo {
-            allocatable: measured_allocatable(&config.root_dir),
+            allocatable: config.allocatable.unwrap_or_else(|| measured_capacity(&config.root_dir)),
             ..NodeInfo::named(&config.node_name)
         };
         let host = PluginHost::new(NodePaths::new(&config.root_dir), node, Arc::clone(&mounter))
@@ -242,9 +242,9 @@ pub(super) fn secrets_from(secrets: &ObjectSecrets, objects: &ObjectSet) {
     }
 }
 
-/// The node's own resources, as kubelet's allocatable is without reservations: its CPUs, its
-/// memory (`MemTotal`), and the filesystem of the kubelet root; zero where they cannot be read.
-fn measured_allocatable(root_dir: &std::path::Path) -> kvol_api::projection::NodeResources {
+/// The node's capacity: its CPUs, its memory (`MemTotal`), and the filesystem of `root_dir`;
+/// zero where they cannot be read.
+pub fn measured_capacity(root_dir: &std::path::Path) -> kvol_api::projection::NodeResources {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get() as u64);
     let memory_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
         let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
