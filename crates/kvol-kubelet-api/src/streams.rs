@@ -6,7 +6,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
 use kvol_cri::{self as cri, CriClient};
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Body;
@@ -106,20 +105,25 @@ fn runner_status(runner_dir: &Path) -> Option<kvol_runner::runner::StatusFile> {
     serde_json::from_slice(&std::fs::read(runner_dir.join(kvol_runner::runner::STATUS_FILE)).ok()?).ok()
 }
 
-fn container_id(
-    status: &kvol_runner::runner::StatusFile,
+/// The running container `container` of the pod `namespace/pod`, as the runtime has it now
+/// (by kubelet's labels; the runner's status file may lag a moment behind a start).
+async fn running_container(
+    cri: &CriClient,
     namespace: &str,
     pod: &str,
     container: &str,
-) -> Option<String> {
-    let key = format!("{namespace}/{pod}");
-    let found = status.pods.iter().find(|p| p["pod"] == key.as_str())?;
-    let containers = ["initContainers", "containers"]
-        .iter()
-        .flat_map(|k| found[*k].as_array().cloned().unwrap_or_default());
-    containers
-        .filter(|c: &Value| c["name"] == container && c["state"] == "running")
-        .find_map(|c| c["containerId"].as_str().map(str::to_string))
+) -> Result<Option<String>, cri::CriError> {
+    use kvol_runner::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE};
+    let filter = cri::ContainerFilter {
+        state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
+        label_selector: [(POD_NAMESPACE, namespace), (POD_NAME, pod), (CONTAINER_NAME, container)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let listed = cri.list_containers(cri::ListContainersRequest { filter: Some(filter) }).await?;
+    Ok(listed.containers.into_iter().max_by_key(|c| c.created_at).map(|c| c.id))
 }
 
 async fn session_url(
@@ -132,8 +136,8 @@ async fn session_url(
     let cri = CriClient::new(&status.endpoint, Default::default())
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let failed = |e: cri::CriError| (StatusCode::INTERNAL_SERVER_ERROR, e.runtime_message());
-    let running = |namespace: &str, pod: &str, container: &str| {
-        container_id(&status, namespace, pod, container).ok_or_else(|| {
+    let running = async |namespace: &str, pod: &str, container: &str| {
+        running_container(&cri, namespace, pod, container).await.map_err(failed)?.ok_or_else(|| {
             not_found(format!("container {container} of pod {namespace}/{pod} is not running on this node"))
         })
     };
@@ -142,13 +146,13 @@ async fn session_url(
         (flag(query, "input"), flag(query, "output"), flag(query, "error"), flag(query, "tty"));
     match session {
         Session::Exec { namespace, pod, container } => {
-            let container_id = running(namespace, pod, container)?;
+            let container_id = running(namespace, pod, container).await?;
             let cmd = query_values(query, "command");
             let request = cri::ExecRequest { container_id, cmd, tty, stdin, stdout, stderr };
             cri.exec(request).await.map(|r| r.url).map_err(failed)
         }
         Session::Attach { namespace, pod, container } => {
-            let container_id = running(namespace, pod, container)?;
+            let container_id = running(namespace, pod, container).await?;
             let request = cri::AttachRequest { container_id, stdin, tty, stdout, stderr };
             cri.attach(request).await.map(|r| r.url).map_err(failed)
         }

@@ -4,6 +4,9 @@
 //! `KVOL_CSI_ATTACHER`, `KVOL_UPSTREAM_HOSTPATH` and `KVOL_NODE_DRIVER_REGISTRAR`; skipped with
 //! the reason when one is unset. `KVOL_CHURN_SEED` and `KVOL_CHURN_ROUNDS` as the churn tests.
 
+#[allow(dead_code)]
+#[path = "support/mod.rs"]
+mod node_support;
 #[path = "../../kvol-cluster/tests/support/mod.rs"]
 mod support;
 
@@ -23,7 +26,7 @@ use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 use serde_json::json;
 
-const DRIVER: &str = "hostpath.csi.k8s.io";
+use node_support::csi_peers::DRIVER;
 const NODE: &str = "n1";
 
 /// The peers, or `None` with the reason printed.
@@ -289,32 +292,16 @@ fn the_controllers_attach_for_a_node_only_kvol_manages_and_no_mounted_volume_lea
     let scratch = kvol_test_support::ScratchRoot::new();
     let top = scratch.path().to_path_buf();
     let root = top.join("node");
-    let socket_dir = root.join("kubelet/plugins").join(DRIVER);
-    std::fs::create_dir_all(&socket_dir).unwrap();
-    std::fs::create_dir_all(root.join("kubelet/plugins_registry")).unwrap();
-    let socket = socket_dir.join("csi.sock");
+    std::fs::create_dir_all(&root).unwrap();
     let log = |name: &str| top.join(format!("{name}.log"));
-
-    let mut driver = Command::new(&hostpath);
-    driver
-        .arg(format!("--endpoint=unix://{}", socket.display()))
-        .args(["--nodeid", NODE, "--drivername", DRIVER, "--enable-attach", "--statedir"])
-        .arg(top.join("hostpath-state"));
-    let _driver = Process::start("hostpathplugin", driver, log("hostpath"));
-    support_wait_for(&socket, "the driver's socket");
-    let mut reg = Command::new(&registrar);
-    reg.arg(format!("--csi-address={}", socket.display()))
-        .arg(format!("--kubelet-registration-path={}", socket.display()))
-        .arg(format!("--plugin-registration-path={}", root.join("kubelet/plugins_registry").display()));
-    let _registrar = Process::start("node-driver-registrar", reg, log("registrar"));
-    let csi_address = format!("--csi-address={}", socket.display());
+    let mut csi = node_support::csi_peers::CsiPeers::start(
+        &[provisioner, attacher, hostpath, registrar],
+        &root.join("kubelet"),
+        NODE,
+        &kubeconfig,
+        &top,
+    );
     let kc = format!("--kubeconfig={}", kubeconfig.display());
-    let mut prov = Command::new(&provisioner);
-    prov.args([&csi_address, &kc, "--leader-election=false", "--timeout=30s"]);
-    let _provisioner = Process::start("csi-provisioner", prov, log("provisioner"));
-    let mut att = Command::new(&attacher);
-    att.args([&csi_address, &kc, "--leader-election=false", "--timeout=30s"]);
-    let _attacher = Process::start("csi-attacher", att, log("attacher"));
     let mut controllers = Command::new(&kcm);
     controllers.args([
         &kc,
@@ -437,6 +424,7 @@ fn the_controllers_attach_for_a_node_only_kvol_manages_and_no_mounted_volume_lea
             claims.delete(&claim, &DeleteParams::default()).await.expect("claim deleted")
         });
         kcm_process.assert_running();
+        csi.assert_running();
     }
     stop.store(true, Ordering::Relaxed);
     runtime.block_on(watcher).unwrap();
@@ -454,14 +442,6 @@ fn the_controllers_attach_for_a_node_only_kvol_manages_and_no_mounted_volume_lea
     assert!(w.driver_missing.is_empty(), "the CSINode lost {DRIVER}: {:?}", w.driver_missing);
     assert!(w.unmanaged.is_empty(), "the node lost its controller-managed annotation: {:?}", w.unmanaged);
     assert!(w.looks > 100, "the watch looked only {} times", w.looks);
-}
-
-fn support_wait_for(path: &Path, what: &str) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "{what}: {} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits (at most 60 s) until the claim is bound; its PV's name.

@@ -85,6 +85,96 @@ fn deployment() -> serde_json::Value {
                         {"name": "scratch", "emptyDir": {}}]}}}})
 }
 
+/// A StatefulSet of two with a volumeClaimTemplate on the upstream hostpath driver: each
+/// claim provisioned, attached by the controllers, published by kvol and written by its pod; a
+/// pod deleted comes back on the same claim and finds what it wrote.
+async fn a_statefulset_with_claims(client: &kube::Client, log: &Path) {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttachment};
+    let driver = support::csi_peers::DRIVER;
+    create(
+        &Api::<CSIDriver>::all(client.clone()),
+        json!({"metadata": {"name": driver}, "spec": {"attachRequired": true}}),
+    )
+    .await;
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        json!({"metadata": {"name": "hp"}, "provisioner": driver, "volumeBindingMode": "Immediate"}),
+    )
+    .await;
+    cluster::wait_for_csinode_driver(client, NODE, driver).await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
+    let created = Instant::now();
+    create(
+        &sets,
+        json!({"metadata": {"name": "db"}, "spec": {"replicas": 2, "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "db", "image": IMAGE,
+                    "command": ["sh", "-c", "echo $HOSTNAME >> /data/who; exec sleep 100000"],
+                    "readinessProbe": {"exec": {"command": ["cat", "/data/who"]}, "periodSeconds": 1},
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"storageClassName": "hp",
+                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}]}}),
+    )
+    .await;
+    let ready = async |want_restarted: Option<&str>| {
+        until("the statefulset ready", Duration::from_secs(120), log, async || {
+            let status = sets.get("db").await.ok()?.status?;
+            // A new db-0, itself ready (the set's count may still be the old one's).
+            let restarted = match want_restarted {
+                Some(uid) => {
+                    Api::<Pod>::namespaced(client.clone(), "default").get("db-0").await.ok().is_some_and(
+                        |p| {
+                            let ready =
+                                p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                });
+                            p.metadata.uid.as_deref() != Some(uid) && ready
+                        },
+                    )
+                }
+                None => true,
+            };
+            (status.ready_replicas == Some(2) && restarted).then_some(())
+        })
+        .await
+    };
+    ready(None).await;
+    eprintln!("statefulset created → 2 pods ready on their claims in {} ms", created.elapsed().as_millis());
+    let attachments =
+        Api::<VolumeAttachment>::all(client.clone()).list(&ListParams::default()).await.unwrap().items;
+    let attached = attachments
+        .iter()
+        .filter(|va| va.spec.node_name == NODE && va.status.as_ref().is_some_and(|s| s.attached))
+        .count();
+    assert_eq!(attached, 2, "each claim attached to the node: {attachments:?}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let said = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let params = kube::api::AttachParams::default().stderr(false);
+            let mut attached =
+                pods.exec(name, ["cat", "/data/who"], &params).await.expect("exec through the api server");
+            let mut said = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut attached.stdout().expect("its stdout"), &mut said)
+                .await
+                .unwrap();
+            attached.join().await.unwrap();
+            said
+        }
+    };
+    assert_eq!(said("db-0").await, "db-0\n");
+    assert_eq!(said("db-1").await, "db-1\n");
+    let old = pods.get("db-0").await.unwrap().metadata.uid.unwrap();
+    let deleted = Instant::now();
+    pods.delete("db-0", &DeleteParams::default()).await.unwrap();
+    ready(Some(&old)).await;
+    assert_eq!(said("db-0").await, "db-0\ndb-0\n", "the same claim, with what it wrote before");
+    eprintln!("db-0 deleted → back on its claim, its data there, in {} ms", deleted.elapsed().as_millis());
+    sets.delete("db", &DeleteParams::background()).await.unwrap();
+}
+
 /// The names of the Deployment's pods that are not being deleted, once `replicas` of them
 /// are available.
 async fn available(client: &kube::Client, log: &Path, limit: Duration) -> BTreeSet<String> {
@@ -227,6 +317,21 @@ fn deployments_jobs_and_evictions_on_a_kvol_node_beside_the_whole_control_plane(
         eprintln!("node Ready and untainted {} ms after the agent started", started.elapsed().as_millis());
         a_deployment_and_a_job(&client, &log).await;
     });
+    // A StatefulSet's claims, provisioned and attached by the upstream driver's controllers
+    // (kept to the end: the claims' volumes go only through the driver).
+    let mut csi = support::csi_peers::binaries().map(|binaries| {
+        support::csi_peers::CsiPeers::start(
+            &binaries,
+            &root.join("kubelet"),
+            NODE,
+            &server.kubeconfig,
+            scratch.path(),
+        )
+    });
+    if let Some(csi) = csi.as_mut() {
+        runtime.block_on(a_statefulset_with_claims(&client, &log));
+        csi.assert_running();
+    }
 
     // kvol killed -9 and started again: it adopts the running pods, restarts nothing, and
     // keeps probing them on their own addresses.
@@ -294,6 +399,7 @@ fn deployments_jobs_and_evictions_on_a_kvol_node_beside_the_whole_control_plane(
         everything_deleted(&client, &log).await;
     });
     drop(kvol);
+    drop(csi);
     assert_eq!(containerd.containers(), Vec::<String>::new(), "containers left in containerd");
 }
 

@@ -84,6 +84,9 @@ pub fn agent(node: &str, kubeconfig: &Path, root: &Path, endpoint: &str, log: &P
         .arg(root)
         .args(["--container-runtime-endpoint", endpoint])
         .args(["--port", &super::kubelet_host::free_port().to_string()])
+        // These machines' disks run close to kubelet's default nodefs threshold (10% free):
+        // a node under disk pressure is tainted and gets no new pods.
+        .args(["--eviction-hard", "memory.available<1Mi,nodefs.available<1%"])
         .arg("--client-ca-file")
         .arg(root.with_file_name("pki").join("ca.crt"))
         .env("KVOL_LOG", "info")

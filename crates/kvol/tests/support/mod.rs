@@ -4,6 +4,7 @@ pub mod churn;
 pub mod claim_pods;
 pub mod cluster_node;
 pub mod containerd;
+pub mod csi_peers;
 pub mod grow;
 pub mod kubelet_host;
 pub mod proxy;
