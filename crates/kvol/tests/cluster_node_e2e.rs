@@ -93,13 +93,7 @@ async fn run_and_delete_a_pod(client: &kube::Client, log: &Path) {
         "volumes": [{"name": "cfg", "configMap": {"name": "app"}}, {"name": "scratch", "emptyDir": {}},
                     {"name": "info", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}});
     let created = Instant::now();
-    let uid = pods
-        .create(&Default::default(), &serde_json::from_value(pod).unwrap())
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
+    let uid = cluster::create(&pods, pod).await.metadata.uid.unwrap();
     let running = until("the pod Running and Ready in the api", Duration::from_secs(60), log, async || {
         let pod = pods.get("web").await.ok()?;
         let status = pod.status.clone()?;
@@ -302,13 +296,7 @@ async fn a_crash_loop(client: &kube::Client, log: &Path) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let pod = json!({"metadata": {"name": "crashy"}, "spec": {"nodeName": NODE, "hostNetwork": true,
         "containers": [{"name": "main", "image": IMAGE, "command": ["sh", "-c", "exit 3"]}]}});
-    let uid = pods
-        .create(&Default::default(), &serde_json::from_value(pod).unwrap())
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
+    let uid = cluster::create(&pods, pod).await.metadata.uid.unwrap();
     let waiting = until("crashy in CrashLoopBackOff", Duration::from_secs(30), log, async || {
         let status = pods.get("crashy").await.ok()?.status?;
         let container = status.container_statuses?.into_iter().next()?;

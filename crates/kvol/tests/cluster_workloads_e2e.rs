@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cluster::create;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
 use support::cluster_node::{Process, agent, kubelet_client_pki, ready_condition, until};
 use support::containerd::{Containerd, IMAGE, tools};
@@ -48,15 +49,6 @@ fn start(binary: &Path, args: &[String], log: &Path) -> Process {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
     Process(child)
-}
-
-async fn create<K>(api: &Api<K>, body: serde_json::Value) -> K
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), &serde_json::from_value(body).expect("a valid object"))
-        .await
-        .expect("created")
 }
 
 /// The Deployment's pods: each mounts a configMap, a secret, the downward API and an emptyDir
