@@ -92,6 +92,9 @@ pub struct PodActions {
     pub start_init: Option<String>,
     /// The regular containers to start, in the spec's order.
     pub start: Vec<String>,
+    /// Containers made but never started (an agent died between create and start) of the
+    /// spec's current definition, in the ready sandbox: started as they are, not made again.
+    pub start_created: Vec<String>,
     /// Containers to stop (id, why), the pod's others left alone.
     pub kill: Vec<(String, String)>,
     /// Exited containers no longer needed (older attempts; the newest exited one of each name
@@ -276,6 +279,13 @@ fn decide_containers(
                 } else {
                     keep += 1;
                 }
+            }
+            Some(State::Created)
+                if status.and_then(|s| s.hash) == Some(labels::container_hash(container))
+                    && actions.create_sandbox.is_none() =>
+            {
+                actions.start_created.push(status.map(|s| s.id.clone()).unwrap_or_default());
+                keep += 1;
             }
             Some(State::Created | State::Unknown) => {
                 let id = status.map(|s| s.id.clone()).unwrap_or_default();

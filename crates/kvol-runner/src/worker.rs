@@ -425,6 +425,18 @@ impl Worker {
             }
             (None, None) => return Ok(()),
         };
+        for id in &decided.start_created {
+            tracing::info!(pod = %PodIds::of(pod).key(), container = %id, "starting a container made but never started");
+            if let Err(e) =
+                self.cri.start_container(cri::StartContainerRequest { container_id: id.clone() }).await
+            {
+                // Removed: the next pass makes it again.
+                tracing::warn!(pod = %PodIds::of(pod).key(), container = %id, error = %e, "cannot start a container made before; removing it");
+                let _ =
+                    self.cri.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await;
+            }
+            self.acted = true;
+        }
         let names: Vec<String> = decided.start_init.iter().chain(decided.start.iter()).cloned().collect();
         for name in names {
             match self.start(pod, input, &sandbox_id, attempt, &name).await {
