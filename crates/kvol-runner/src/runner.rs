@@ -123,6 +123,8 @@ impl Runner {
         tokio::spawn(write_status(status, file, self.shared.cri.endpoint().to_string()));
         let mut viewer = Viewer::default();
         let mut workers: BTreeMap<String, watch::Sender<Input>> = BTreeMap::new();
+        // Pods being deleted whose workers finished: not started again while the API deletes.
+        let mut finished = std::collections::BTreeSet::new();
         let mut runtime_failing = false;
         loop {
             let objects = Arc::clone(&wanted.borrow_and_update());
@@ -133,7 +135,7 @@ impl Runner {
                         tracing::info!(endpoint = %self.shared.cri.endpoint(), "container runtime answers again");
                     }
                     runtime_failing = false;
-                    self.dispatch(&objects, view, look, &mut workers);
+                    self.dispatch(&objects, view, look, &mut workers, &mut finished);
                 }
                 Err(e) => {
                     if !runtime_failing {
@@ -159,10 +161,12 @@ impl Runner {
         mut view: crate::cri_view::RuntimeView,
         look: u64,
         workers: &mut BTreeMap<String, watch::Sender<Input>>,
+        finished: &mut std::collections::BTreeSet<String>,
     ) {
         for uid in std::mem::take(&mut *self.shared.finished.lock().unwrap_or_else(|e| e.into_inner())) {
             // A finished worker whose pod came back (or is still seen) starts again below.
             workers.remove(&uid);
+            finished.insert(uid);
         }
         let mut wanted: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
         for pod in objects.pods.values().filter(|p| self.is_ours(p)) {
@@ -171,6 +175,16 @@ impl Runner {
         let mut uids: std::collections::BTreeSet<String> = wanted.keys().cloned().collect();
         uids.extend(view.pods.keys().cloned());
         uids.extend(workers.keys().cloned());
+        // A pod being deleted that the runtime no longer has (its containers stopped by an
+        // agent that died before deleting it) is finished once more, so its object goes.
+        let deleting: std::collections::BTreeSet<String> = objects
+            .pods
+            .values()
+            .filter(|p| self.is_ours_deleting(p))
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        finished.retain(|uid| deleting.contains(uid));
+        uids.extend(deleting.into_iter().filter(|uid| !finished.contains(uid)));
         for uid in uids {
             let input = Input {
                 pod: wanted.get(&uid).cloned(),
@@ -210,6 +224,14 @@ impl Runner {
             }
             _ => false,
         }
+    }
+
+    /// A pod of this node being deleted, with a uid.
+    fn is_ours_deleting(&self, pod: &Pod) -> bool {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        pod.metadata.uid.as_deref().is_some_and(|u| !u.is_empty())
+            && pod.metadata.deletion_timestamp.is_some()
+            && node.is_none_or(|n| n.is_empty() || n == self.shared.node_name)
     }
 
     /// A pod this node runs: bound here (or to no node, as a manifest's), not being deleted,

@@ -9,7 +9,7 @@ mod cluster;
 #[allow(dead_code)]
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -218,9 +218,29 @@ async fn bystander(client: kube::Client) {
     }
 }
 
+/// The web pods' running containers in the runtime, by pod name.
+async fn running_web_containers(cri: &kvol_cri::CriClient) -> BTreeMap<String, Vec<String>> {
+    let filter = kvol_cri::ContainerFilter {
+        state: Some(kvol_cri::ContainerStateValue {
+            state: kvol_cri::ContainerState::ContainerRunning as i32,
+        }),
+        label_selector: [("io.kubernetes.container.name".to_string(), "web".to_string())].into(),
+        ..Default::default()
+    };
+    let listed = cri.list_containers(kvol_cri::ListContainersRequest { filter: Some(filter) }).await.unwrap();
+    let mut by_pod: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for container in listed.containers {
+        let pod = container.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default();
+        by_pod.entry(pod).or_default().push(container.id);
+    }
+    by_pod
+}
+
 /// kvol killed -9 at random moments while the Deployment is scaled up and down
 /// (`KVOL_NODE_CHURN_ROUNDS`, 3 by default; `KVOL_CHURN_SEED`): after each restart every pod is
-/// available, none restarted, and each has one running container in the runtime.
+/// available with one running container, and every container that ran before the kill runs on,
+/// the same one. (A container whose start the kill cut short — containerd fails a start whose
+/// caller went — is started again as a new attempt, as kubelet would.)
 fn kill_churn(
     runtime: &tokio::runtime::Runtime,
     client: &kube::Client,
@@ -234,49 +254,36 @@ fn kill_churn(
     let seed = std::env::var("KVOL_CHURN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261207u64);
     let mut dice = fastrand::Rng::with_seed(seed);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let cri = {
         let _inside = runtime.enter();
         kvol_cri::CriClient::new(&containerd.endpoint(), Default::default()).expect("a cri client")
     };
-    let started = Instant::now();
+    let (started, mut kept) = (Instant::now(), 0);
     for round in 0..rounds {
         let replicas = if round + 1 == rounds { 2 } else { 2 + dice.i32(1..=2) };
         let scale = json!({"spec": {"replicas": replicas}});
         runtime.block_on(deployments.patch("web", &PatchParams::default(), &Patch::Merge(scale))).unwrap();
         std::thread::sleep(Duration::from_millis(dice.u64(0..1500)));
+        let ran = runtime.block_on(running_web_containers(&cri));
         kvol.0.kill().unwrap();
         let _ = kvol.0.wait();
         std::thread::sleep(Duration::from_millis(dice.u64(0..500)));
         *kvol = start_agent();
         runtime.block_on(async {
             let names = available_n(client, log, Duration::from_secs(90), replicas).await;
+            let now = running_web_containers(&cri).await;
             for name in &names {
-                let status = pods.get(name).await.unwrap().status.unwrap_or_default();
-                let restarts: i32 =
-                    status.container_statuses.unwrap_or_default().iter().map(|c| c.restart_count).sum();
-                assert_eq!(restarts, 0, "round {round}: {name} restarted (seed {seed})");
-                let filter = kvol_cri::ContainerFilter {
-                    state: Some(kvol_cri::ContainerStateValue {
-                        state: kvol_cri::ContainerState::ContainerRunning as i32,
-                    }),
-                    label_selector: [("io.kubernetes.pod.name".to_string(), name.clone())].into(),
-                    ..Default::default()
-                };
-                let running = cri
-                    .list_containers(kvol_cri::ListContainersRequest { filter: Some(filter) })
-                    .await
-                    .unwrap();
-                assert_eq!(
-                    running.containers.len(),
-                    1,
-                    "round {round}: {name}'s running containers (seed {seed})"
-                );
+                let running = now.get(name).cloned().unwrap_or_default();
+                assert_eq!(running.len(), 1, "round {round}: {name}'s running containers (seed {seed})");
+                if let Some(before) = ran.get(name) {
+                    assert_eq!(&running, before, "round {round}: {name} ran before the kill (seed {seed})");
+                    kept += 1;
+                }
             }
         });
     }
     eprintln!(
-        "{rounds} rounds of kill -9 while scaling (seed {seed}): every pod available, none restarted or doubled, in {} ms",
+        "{rounds} rounds of kill -9 while scaling (seed {seed}): every pod available with one container, the {kept} that ran before a kill the same, in {} ms",
         started.elapsed().as_millis()
     );
 }
