@@ -4,6 +4,8 @@ pub mod churn;
 pub mod claim_pods;
 pub mod cluster_node;
 pub mod containerd;
+pub mod crashing;
+pub mod faults;
 pub mod grow;
 pub mod kubelet_host;
 pub mod proxy;
