@@ -21,6 +21,8 @@ const LIMIT: Duration = Duration::from_secs(90);
 const FREEZE: Duration = Duration::from_secs(3);
 /// How long the state directory stays full.
 const FULL: Duration = Duration::from_secs(2);
+/// The books are checked every this many rounds, and after the last.
+const CHECKPOINT_EVERY: usize = 10;
 /// The file a pod writes into each of its claims.
 const WRITTEN: &str = "written-by-the-pod";
 /// What the agent says of a target a driver said it unpublished but left mounted.
@@ -82,13 +84,45 @@ fn loop_devices_not_wanted(root: &std::path::Path, report: &StatusReport) -> Vec
     problems
 }
 
+/// node-driver-registrar, started again when it has exited as a DaemonSet's kubelet restarts
+/// its container: it exits when the agent answers a registration failed (the driver it asked
+/// about was down), as it does beside kubelet.
+struct Registrar {
+    binary: PathBuf,
+    process: Daemon,
+    restarts: usize,
+}
+
+impl Registrar {
+    fn tend(&mut self, driver: &Upstream, node: &Node) {
+        if self.process.exited() {
+            self.process = support::start_registrar(&self.binary, &driver.socket, &driver.socket, node);
+            self.restarts += 1;
+        }
+    }
+}
+
+/// Each file below `dir` with its size in KiB (what fills a state directory).
+fn files_with_sizes(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => out.extend(files_with_sizes(&path)),
+            Ok(meta) => out.push(format!("{} {} KiB", path.display(), meta.len() / 1024)),
+            Err(_) => {}
+        }
+    }
+    out
+}
+
 /// The node, its drivers, the pods wanted, the files written, and what struck.
 struct Chaos {
     node: Node,
     /// The state directory, on a small filesystem of its own.
     state: PathBuf,
     bundled: Supervised,
-    upstream: Option<(Upstream, Daemon)>,
+    upstream: Option<(Upstream, Registrar)>,
     drivers: usize,
     rng: fastrand::Rng,
     live: Vec<String>,
@@ -98,6 +132,11 @@ struct Chaos {
     counts: BTreeMap<String, usize>,
     /// When the last fault was over.
     calm_since: Instant,
+    /// Times the agent exited on its own and was started again.
+    agent_exits: usize,
+    /// Files written into claims over the run.
+    files_written: usize,
+    checkpoints: usize,
 }
 
 impl Chaos {
@@ -173,6 +212,23 @@ impl Chaos {
         format!("{which} driver killed")
     }
 
+    /// Starts the agent again when it has exited (as its service manager would: the agent
+    /// exits when it cannot open its journal for an I/O error such as `ENOSPC`, and is started
+    /// again), and the registrar when it has.
+    fn tend(&mut self) {
+        if self.node.start_again_if_exited() {
+            self.agent_exits += 1;
+        }
+        self.tend_registrar();
+    }
+
+    /// Starts the registrar again when it has exited.
+    fn tend_registrar(&mut self) {
+        if let Some((driver, registrar)) = self.upstream.as_mut() {
+            registrar.tend(driver, &self.node);
+        }
+    }
+
     /// Each pod writes a file into each claim it has (published, and mounted in the table)
     /// and has not written into yet.
     fn write_into_claims(&mut self) {
@@ -188,6 +244,7 @@ impl Chaos {
             let file = seen.join(WRITTEN);
             if std::fs::write(&file, format!("{pod}/{}", v.volume)).is_ok() {
                 self.written.insert(key, file);
+                self.files_written += 1;
             }
         }
     }
@@ -268,9 +325,10 @@ impl Chaos {
     }
 
     /// Waits until the books balance, or returns the last problems.
-    fn settle(&self) -> Result<(), Vec<String>> {
+    fn settle(&mut self) -> Result<(), Vec<String>> {
         let start = Instant::now();
         loop {
+            self.tend();
             let problems = match self.node.status() {
                 Some(report) => self.books(&report),
                 None => vec!["no status from the current agent".to_string()],
@@ -285,13 +343,25 @@ impl Chaos {
         }
     }
 
+    /// The books checked in the middle of the run: each claim's file written so far checked
+    /// while its pod is still there.
+    fn checkpoint(&mut self, seed: u64, round: usize) {
+        if let Err(problems) = self.settle() {
+            self.fail(seed, &format!("at the checkpoint after round {round}"), &problems);
+        }
+        self.checkpoints += 1;
+        self.write_into_claims();
+    }
+
     fn fail(&self, seed: u64, when: &str, problems: &[String]) -> ! {
         let log = self.node.agent_log();
         let tail: Vec<&str> = log.lines().rev().take(80).collect();
         panic!(
-            "seed {seed} (KVOL_CHAOS_SEED={seed} repeats the schedule): the books do not balance {when}:\n{}\nfaults: {:#?}\nlast lines of the agent log:\n{}",
+            "seed {seed} (KVOL_CHAOS_SEED={seed} repeats the schedule): the books do not balance {when}:\n{}\nfaults: {:#?}\nthe agent exited on its own {} time(s)\nthe state directory holds: {}\nlast lines of the agent log:\n{}",
             problems.join("\n"),
             self.counts,
+            self.agent_exits,
+            files_with_sizes(&self.state).join(", "),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
@@ -316,8 +386,10 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
     ]
     .map(String::from)
     .to_vec();
-    let upstream = support::upstream_hostpath_and_registrar()
-        .map(|(hostpath, registrar)| Upstream::behind_registrar(&node, hostpath, &registrar, seed));
+    let upstream = support::upstream_hostpath_and_registrar().map(|(hostpath, binary)| {
+        let (driver, process) = Upstream::behind_registrar(&node, hostpath, &binary, seed);
+        (driver, Registrar { binary, process, restarts: 0 })
+    });
     let mut drivers = vec![BUNDLED.to_string()];
     drivers.extend(upstream.as_ref().map(|_| UPSTREAM.to_string()));
     node.write("00-storage.yaml", &format!("{}---\n{CONFIG_MAP}", storage(&drivers)));
@@ -335,6 +407,9 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
         written: BTreeMap::new(),
         counts: BTreeMap::new(),
         calm_since: Instant::now(),
+        agent_exits: 0,
+        files_written: 0,
+        checkpoints: 0,
     };
     let started = Instant::now();
     let mut by_fault: BTreeMap<Fault, usize> = BTreeMap::new();
@@ -346,7 +421,11 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
         chaos.calm_since = Instant::now();
         *by_fault.entry(fault).or_default() += 1;
         *chaos.counts.entry(what).or_default() += 1;
+        chaos.tend();
         chaos.write_into_claims();
+        if (round + 1) % CHECKPOINT_EVERY == 0 && round + 1 < rounds {
+            chaos.checkpoint(seed, round);
+        }
     }
     if let Err(problems) = chaos.settle() {
         chaos.fail(seed, "after the last fault", &problems);
@@ -356,10 +435,12 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
     chaos.write_into_claims();
     let claims = chaos.live.len() * chaos.drivers;
     eprintln!(
-        "chaos (seed {seed}): {rounds} rounds in {:?}, {} pods wanted at the end ({claims} claims, {} files written checked); faults: {by_fault:?}; by kind: {:#?}; the books balanced {settled_after_last_fault:?} after the last fault",
+        "chaos (seed {seed}): {rounds} rounds in {:?}, the books balanced at {} checkpoints; {} files written into claims, {} of them (in the {claims} claims of the {} pods wanted at the end) checked at the end; faults: {by_fault:?}; by kind: {:#?}; the books balanced {settled_after_last_fault:?} after the last fault",
         started.elapsed(),
-        chaos.live.len(),
+        chaos.checkpoints,
+        chaos.files_written,
         chaos.written.len(),
+        chaos.live.len(),
         chaos.counts,
     );
     if let Err(problems) = chaos.settle() {
@@ -376,7 +457,8 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
     }
     let left = chaos.node.status().map(|r| r.volumes.len()).unwrap_or_default();
     eprintln!("every pod removed: nothing left mounted but {left} target(s) the upstream driver lost track of");
-    if let Some((_, registrar)) = chaos.upstream.as_mut() {
-        registrar.assert_running();
+    eprintln!("the agent exited on its own {} time(s) and was started again", chaos.agent_exits);
+    if let Some((_, registrar)) = &chaos.upstream {
+        eprintln!("node-driver-registrar started again {} time(s) after it exited", registrar.restarts);
     }
 }

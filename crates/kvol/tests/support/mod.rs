@@ -46,6 +46,11 @@ impl Daemon {
         Daemon { what: what.to_string(), child }
     }
 
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
     /// Panics naming the process when it has exited.
     pub fn assert_running(&mut self) {
         if let Some(status) = self.child.try_wait().unwrap() {
@@ -177,6 +182,17 @@ impl Node {
     /// The agent's exit status, when it has exited on its own.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().unwrap())
+    }
+
+    /// Starts the agent again when it has exited on its own, as its service manager would;
+    /// whether it had.
+    pub fn start_again_if_exited(&mut self) -> bool {
+        if self.exited().is_none() {
+            return false;
+        }
+        self.child = None;
+        self.start();
+        true
     }
 
     pub fn running(&self) -> bool {
