@@ -28,8 +28,7 @@ const WRITTEN: &str = "written-by-the-pod";
 /// What the agent says of a target a driver said it unpublished but left mounted.
 const LEFT_BY_DRIVER: &str = "is still mounted after NodeUnpublishVolume";
 
-const CONFIG_MAP: &str =
-    "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: chaos, namespace: default}\ndata: {app.conf: \"colour=blue\"}\n";
+const CONFIG_MAP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: chaos, namespace: default}\ndata: {app.conf: \"colour=blue\"}\n";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -40,7 +39,8 @@ enum Fault {
     StateFull,
 }
 
-const FAULTS: [Fault; 5] = [Fault::Kill9, Fault::Freeze, Fault::DamagedJournal, Fault::DriverKilled, Fault::StateFull];
+const FAULTS: [Fault; 5] =
+    [Fault::Kill9, Fault::Freeze, Fault::DamagedJournal, Fault::DriverKilled, Fault::StateFull];
 
 /// Pod `name`: a claim `d<i>` of each driver's class `sc<i>` (in the same file), an emptyDir
 /// `cache` and the configMap `conf`.
@@ -78,7 +78,10 @@ fn loop_devices_not_wanted(root: &std::path::Path, report: &StatusReport) -> Vec
         let handle = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let wanted = report.node_volumes.iter().any(|nv| nv.unique_name.ends_with(&format!("^{handle}")));
         if !wanted || !seen.insert(handle) {
-            problems.push(format!("loop device {device} on {} is not a wanted volume's one device", file.display()));
+            problems.push(format!(
+                "loop device {device} on {} is not a wanted volume's one device",
+                file.display()
+            ));
         }
     }
     problems
@@ -132,8 +135,8 @@ struct Chaos {
     counts: BTreeMap<String, usize>,
     /// When the last fault was over.
     calm_since: Instant,
-    /// Times the agent exited on its own and was started again.
-    agent_exits: usize,
+    /// The agent's last words each time it exited on its own (and was started again).
+    agent_exits: Vec<String>,
     /// Files written into claims over the run.
     files_written: usize,
     checkpoints: usize,
@@ -192,6 +195,7 @@ impl Chaos {
         self.node.signal(Signal::SIGSTOP);
         let changed = self.rng.bool();
         if changed {
+            // A name no round gives.
             self.change(round + 100_000);
         }
         std::thread::sleep(FREEZE);
@@ -216,8 +220,10 @@ impl Chaos {
     /// exits when it cannot open its journal for an I/O error such as `ENOSPC`, and is started
     /// again), and the registrar when it has.
     fn tend(&mut self) {
-        if self.node.start_again_if_exited() {
-            self.agent_exits += 1;
+        if self.node.exited().is_some() {
+            let last_words = self.node.agent_log().lines().last().unwrap_or_default().to_string();
+            self.agent_exits.push(last_words);
+            self.node.start_again_if_exited();
         }
         self.tend_registrar();
     }
@@ -252,7 +258,8 @@ impl Chaos {
     /// Whether `v`, of a pod that is gone, was left mounted by the upstream driver's own doing
     /// (see [`Upstream::lists`]): kvol says so and asks again.
     fn left_by_upstream(&self, v: &VolumeStatus) -> bool {
-        let said = v.last_error.as_deref().is_some_and(|e| e.contains(LEFT_BY_DRIVER) && e.contains(UPSTREAM));
+        let said =
+            v.last_error.as_deref().is_some_and(|e| e.contains(LEFT_BY_DRIVER) && e.contains(UPSTREAM));
         let not_listed = self.upstream.as_ref().zip(seen_at(v)).is_some_and(|((u, _), seen)| !u.lists(&seen));
         said && not_listed
     }
@@ -266,7 +273,8 @@ impl Chaos {
         for pod in &self.live {
             problems.extend(self.wanted_volumes(report, pod, &mounts, &mut accounted));
         }
-        for v in report.volumes.iter().filter(|v| !self.live.iter().any(|p| v.pod == format!("default/{p}"))) {
+        for v in report.volumes.iter().filter(|v| !self.live.iter().any(|p| v.pod == format!("default/{p}")))
+        {
             if self.left_by_upstream(v) {
                 accounted.extend(seen_at(v));
             } else {
@@ -274,7 +282,8 @@ impl Chaos {
             }
         }
         for nv in &report.node_volumes {
-            let wanted = report.volumes.iter().any(|v| v.staging_path.is_some() && v.staging_path == nv.staging_path);
+            let wanted =
+                report.volumes.iter().any(|v| v.staging_path.is_some() && v.staging_path == nv.staging_path);
             match &nv.staging_path {
                 Some(staging) if wanted => accounted.push(staging.clone()),
                 _ => problems.push(format!("node volume {} is not wanted: {:?}", nv.unique_name, nv.phase)),
@@ -291,7 +300,13 @@ impl Chaos {
 
     /// `pod`'s volumes in `report`: each published, a claim mounted exactly once where a
     /// container sees it, anything else at most once; their paths added to `accounted`.
-    fn wanted_volumes(&self, report: &StatusReport, pod: &str, mounts: &[PathBuf], accounted: &mut Vec<PathBuf>) -> Vec<String> {
+    fn wanted_volumes(
+        &self,
+        report: &StatusReport,
+        pod: &str,
+        mounts: &[PathBuf],
+        accounted: &mut Vec<PathBuf>,
+    ) -> Vec<String> {
         let names = (0..self.drivers).map(|i| format!("d{i}")).chain(["cache".into(), "conf".into()]);
         let mut problems = Vec::new();
         for name in names {
@@ -357,7 +372,7 @@ impl Chaos {
         let log = self.node.agent_log();
         let tail: Vec<&str> = log.lines().rev().take(80).collect();
         panic!(
-            "seed {seed} (KVOL_CHAOS_SEED={seed} repeats the schedule): the books do not balance {when}:\n{}\nfaults: {:#?}\nthe agent exited on its own {} time(s)\nthe state directory holds: {}\nlast lines of the agent log:\n{}",
+            "seed {seed} (KVOL_CHAOS_SEED={seed} repeats the schedule): the books do not balance {when}:\n{}\nfaults: {:#?}\nthe agent exited on its own: {:#?}\nthe state directory holds: {}\nlast lines of the agent log:\n{}",
             problems.join("\n"),
             self.counts,
             self.agent_exits,
@@ -373,7 +388,9 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
     support::enter_private_mount_namespace();
     let seed = seed_from("KVOL_CHAOS_SEED");
     let rounds = rounds_from("KVOL_CHAOS_ROUNDS", 50);
-    eprintln!("chaos seed {seed} (KVOL_CHAOS_SEED={seed} repeats the schedule; timing varies), {rounds} rounds");
+    eprintln!(
+        "chaos seed {seed} (KVOL_CHAOS_SEED={seed} repeats the schedule; timing varies), {rounds} rounds"
+    );
     let mut node = Node::new();
     let state = small_state_filesystem(&mut node, "64m");
     node.agent_args = [
@@ -407,13 +424,14 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
         written: BTreeMap::new(),
         counts: BTreeMap::new(),
         calm_since: Instant::now(),
-        agent_exits: 0,
+        agent_exits: Vec::new(),
         files_written: 0,
         checkpoints: 0,
     };
     let started = Instant::now();
     let mut by_fault: BTreeMap<Fault, usize> = BTreeMap::new();
     for round in 0..rounds {
+        chaos.tend();
         chaos.change(round);
         let fault = FAULTS[chaos.rng.usize(0..FAULTS.len())];
         std::thread::sleep(Duration::from_millis(chaos.rng.u64(0..800)));
@@ -456,8 +474,10 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
         chaos.fail(seed, "after every pod was removed", &problems);
     }
     let left = chaos.node.status().map(|r| r.volumes.len()).unwrap_or_default();
-    eprintln!("every pod removed: nothing left mounted but {left} target(s) the upstream driver lost track of");
-    eprintln!("the agent exited on its own {} time(s) and was started again", chaos.agent_exits);
+    eprintln!(
+        "every pod removed: nothing left mounted but {left} target(s) the upstream driver lost track of"
+    );
+    eprintln!("the agent exited on its own and was started again: {:#?}", chaos.agent_exits);
     if let Some((_, registrar)) = &chaos.upstream {
         eprintln!("node-driver-registrar started again {} time(s) after it exited", registrar.restarts);
     }

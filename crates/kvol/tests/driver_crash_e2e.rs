@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvol_node::report::status::{Phase, StatusReport, render_table};
-use support::claim_pods::{identities, pod, published, storage};
 use support::Node;
+use support::claim_pods::{identities, pod, published, storage};
 use support::crashing::{Crashing, Supervised, UPSTREAM, Upstream, hostpath};
 
 const LIMIT: Duration = Duration::from_secs(60);

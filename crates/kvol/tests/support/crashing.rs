@@ -1,5 +1,7 @@
 //! Drivers that crash at a test's moment: the bundled one killed by its pid while the agent's supervisor runs it, and the upstream hostpath driver killed and started again by the test (as a DaemonSet's kubelet restarts a container).
 
+#![allow(dead_code)] // not every test that shares this module uses all of it
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -126,4 +128,3 @@ impl Crashing for Upstream {
         }
     }
 }
-

@@ -1,5 +1,7 @@
 //! Faults the fault tests share: a journal damaged in the ways a node meets, and a state directory on a small filesystem of its own that can be filled.
 
+#![allow(dead_code)] // not every test that shares this module uses all of it
+
 use std::path::{Path, PathBuf};
 
 use super::Node;
@@ -10,8 +12,14 @@ pub fn small_state_filesystem(node: &mut Node, size: &str) -> PathBuf {
     let state = node.root.join("state");
     std::fs::create_dir_all(&state).unwrap();
     let options = format!("size={size}");
-    nix::mount::mount(Some("tmpfs"), &state, Some("tmpfs"), nix::mount::MsFlags::empty(), Some(options.as_str()))
-        .unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &state,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(options.as_str()),
+    )
+    .unwrap();
     node.state_dir = state.clone();
     state
 }
@@ -87,4 +95,3 @@ pub const JOURNAL_DAMAGES: [(&str, JournalDamage, KeptAside); 7] = [
         KeptAside::Always,
     ),
 ];
-

@@ -47,6 +47,7 @@ impl Daemon {
     }
 
     /// Whether the process has exited.
+    #[allow(dead_code)] // not every test that shares this module uses it
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()
     }
@@ -186,6 +187,7 @@ impl Node {
 
     /// Starts the agent again when it has exited on its own, as its service manager would;
     /// whether it had.
+    #[allow(dead_code)] // not every test that shares this module uses it
     pub fn start_again_if_exited(&mut self) -> bool {
         if self.exited().is_none() {
             return false;
