@@ -407,6 +407,9 @@ fn chaos_of_every_fault_during_pod_churn_leaves_the_books_balanced() {
         let (driver, process) = Upstream::behind_registrar(&node, hostpath, &binary, seed);
         (driver, Registrar { binary, process, restarts: 0 })
     });
+    if upstream.is_none() {
+        eprintln!("the chaos run goes on with the bundled driver alone");
+    }
     let mut drivers = vec![BUNDLED.to_string()];
     drivers.extend(upstream.as_ref().map(|_| UPSTREAM.to_string()));
     node.write("00-storage.yaml", &format!("{}---\n{CONFIG_MAP}", storage(&drivers)));
