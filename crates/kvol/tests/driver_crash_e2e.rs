@@ -6,14 +6,13 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvol_components_runtime::components::ComponentStatus;
 use kvol_node::report::status::{Phase, StatusReport, render_table};
+use support::Node;
 use support::claim_pods::{identities, pod, published, storage};
-use support::{Daemon, Node};
+use support::crashing::{Crashing, Supervised, UPSTREAM, Upstream, hostpath};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const BUNDLED: &str = "hostpath.csi.kvol.io";
-const UPSTREAM: &str = "hostpath.csi.k8s.io";
 /// The agent's `--component-restart-backoff-max-seconds` here: ten kills stay within a minute.
 const BACKOFF_MAX_SECONDS: u64 = 4;
 
@@ -38,15 +37,6 @@ struct Figures {
     settled_after_last_kill: Duration,
     /// Targets the driver said it unpublished at the end but left mounted.
     left_by_driver: Vec<PathBuf>,
-}
-
-/// The driver of a crash loop: killed with -9 at the test's moment, and waited for until it
-/// serves again.
-trait Crashing {
-    fn kill(&mut self, node: &Node);
-    /// Waits until the driver serves again (starting it, when the test is its supervisor),
-    /// calling `look` meanwhile.
-    fn back(&mut self, node: &Node, look: &mut dyn FnMut(&StatusReport));
 }
 
 /// Every published CSI volume (`data`, `scratch`) of `report` has its mount: a volume whose
@@ -171,42 +161,6 @@ fn uncertain_failures(log: &str) -> usize {
     log.lines().filter(|l| l.contains("operation failed") && l.contains("uncertain=true")).count()
 }
 
-fn hostpath(report: &StatusReport) -> Option<&ComponentStatus> {
-    report.components.iter().find(|c| c.name == "hostpath")
-}
-
-/// The bundled driver as the agent's supervised component: the test kills it, the supervisor
-/// starts it again.
-struct Supervised {
-    killed: Vec<u32>,
-}
-
-impl Crashing for Supervised {
-    fn kill(&mut self, node: &Node) {
-        let report = node.wait(LIMIT, |r| hostpath(r).is_some_and(|c| c.state.pid.is_some())).unwrap();
-        let pid = hostpath(&report).unwrap().state.pid.unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL)
-            .unwrap();
-        self.killed.push(pid);
-    }
-
-    fn back(&mut self, node: &Node, look: &mut dyn FnMut(&StatusReport)) {
-        let killed = *self.killed.last().unwrap();
-        let start = Instant::now();
-        loop {
-            if let Some(report) = node.status() {
-                look(&report);
-                let state = hostpath(&report).map(|c| &c.state);
-                if state.is_some_and(|s| s.pid.is_some_and(|p| p != killed) && s.healthy == Some(true)) {
-                    return;
-                }
-            }
-            assert!(start.elapsed() < LIMIT, "the bundled driver never came back\n{}", node.agent_log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 #[test]
 fn a_bundled_driver_crashing_again_and_again_is_restarted_with_backoff_and_no_published_volume_is_touched() {
     support::enter_private_mount_namespace();
@@ -254,47 +208,6 @@ fn a_bundled_driver_crashing_again_and_again_is_restarted_with_backoff_and_no_pu
     assert_eq!(figures.left_by_driver, Vec::<PathBuf>::new(), "the bundled driver left mounts behind");
 }
 
-/// The upstream hostpath driver behind node-driver-registrar, killed by the test and started
-/// again after a moment, as a DaemonSet's kubelet restarts a container; the registrar runs on.
-struct Upstream {
-    binary: PathBuf,
-    socket: PathBuf,
-    state: PathBuf,
-    log: PathBuf,
-    driver: Option<Daemon>,
-    rng: fastrand::Rng,
-}
-
-impl Upstream {
-    fn start(&mut self) {
-        self.driver =
-            Some(support::start_hostpathplugin(&self.binary, UPSTREAM, &self.socket, &self.state, &self.log));
-    }
-}
-
-impl Crashing for Upstream {
-    fn kill(&mut self, _node: &Node) {
-        // Dropped: SIGKILL, then reaped.
-        self.driver.take().expect("the driver runs");
-    }
-
-    fn back(&mut self, node: &Node, look: &mut dyn FnMut(&StatusReport)) {
-        let restart_at = Instant::now() + Duration::from_millis(self.rng.u64(200..1500));
-        while Instant::now() < restart_at {
-            if let Some(report) = node.status() {
-                look(&report);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.start();
-        let start = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            assert!(start.elapsed() < LIMIT, "hostpathplugin never served again");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 #[test]
 fn an_upstream_driver_crashing_again_and_again_behind_its_registrar_touches_no_published_volume() {
     let Some((hostpath, registrar)) = support::upstream_hostpath_and_registrar() else { return };
@@ -302,19 +215,7 @@ fn an_upstream_driver_crashing_again_and_again_behind_its_registrar_touches_no_p
     let seed = support::churn::seed();
     let mut node = Node::new();
     node.agent_args = vec!["--no-components".into()];
-    let root = node.root.clone();
-    let socket = root.join("kubelet/plugins").join(UPSTREAM).join("csi.sock");
-    let mut crashing = Upstream {
-        binary: hostpath,
-        socket: socket.clone(),
-        state: root.join("upstream-state"),
-        log: root.join("hostpathplugin.log"),
-        driver: None,
-        rng: fastrand::Rng::with_seed(seed.rotate_left(7)),
-    };
-    crashing.start();
-    support::wait_for_path(&socket, "hostpathplugin", LIMIT);
-    let mut registrar = support::start_registrar(&registrar, &socket, &socket, &node);
+    let (mut crashing, mut registrar) = Upstream::behind_registrar(&node, hostpath, &registrar, seed);
     let started = Instant::now();
     let figures = crash_loop(&mut node, UPSTREAM, &mut crashing, seed);
     let log = node.agent_log();
@@ -330,16 +231,8 @@ fn an_upstream_driver_crashing_again_and_again_behind_its_registrar_touches_no_p
     );
     registrar.assert_running();
     assert!(uncertain_failures(&log) >= 1, "no call was cut short by a death:\n{log}");
-    // Upstream's v1.15 NodePublishVolume finds a target mounted by a call it died in and
-    // answers success without recording it; its NodeUnpublishVolume then answers success
-    // without unmounting. Such a target is one the driver's own state does not list.
-    let state = std::fs::read_to_string(root.join("upstream-state/state.json")).unwrap_or_default();
     for target in &figures.left_by_driver {
-        assert!(
-            !state.contains(&*target.to_string_lossy()),
-            "{} is the driver's, yet left mounted",
-            target.display()
-        );
+        assert!(!crashing.lists(target), "{} is the driver's, yet left mounted", target.display());
     }
     eprintln!(
         "{} target(s) the driver lost track of and left mounted: {:?}",

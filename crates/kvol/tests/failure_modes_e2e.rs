@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use kvol_node::report::status::{Phase, StatusReport};
 use support::Node;
+use support::faults::{JOURNAL_DAMAGES, KeptAside, fill, small_state_filesystem};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -406,63 +407,6 @@ fn identity(target: &Path) -> (Option<u64>, u64, u64, String) {
     (mount_id(&seen), meta.dev(), meta.ino(), written)
 }
 
-type JournalDamage = fn(&Path);
-
-/// Garbage (a fixed pseudo-random sequence) over `range` of the file's bytes.
-fn garbage(f: &Path, range: impl Fn(usize) -> std::ops::Range<usize>) {
-    let mut bytes = std::fs::read(f).unwrap();
-    let range = range(bytes.len());
-    for (i, b) in bytes[range].iter_mut().enumerate() {
-        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2];
-    }
-    std::fs::write(f, bytes).unwrap();
-}
-
-/// Whether a damage leaves a file kept aside: always; never (nothing left to keep); or only
-/// when it hit the pages in use (garbage over free pages is no damage: every page in use
-/// passes its checksum, and the journal is read as it was).
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum KeptAside {
-    Always,
-    Never,
-    WhenFound,
-}
-
-/// The ways a node meets a damaged journal file, after the journal lost outright (the path
-/// a damaged one takes, with nothing to keep aside).
-const JOURNAL_DAMAGES: [(&str, JournalDamage, KeptAside); 7] = [
-    ("lost", |f| std::fs::remove_file(f).unwrap(), KeptAside::Never),
-    (
-        "truncated to half",
-        |f| {
-            let len = std::fs::metadata(f).unwrap().len();
-            std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(len / 2).unwrap();
-        },
-        KeptAside::Always,
-    ),
-    (
-        "header zeroed",
-        |f| {
-            let mut bytes = std::fs::read(f).unwrap();
-            bytes[..4096].fill(0);
-            std::fs::write(f, bytes).unwrap();
-        },
-        KeptAside::Always,
-    ),
-    ("garbage over the middle", |f| garbage(f, |n| n / 4..n * 3 / 4), KeptAside::WhenFound),
-    ("garbage over every page but the header", |f| garbage(f, |n| 4096..n), KeptAside::Always),
-    ("zero length", |f| std::fs::write(f, "").unwrap(), KeptAside::Always),
-    (
-        "replaced by a directory",
-        |f| {
-            std::fs::remove_file(f).unwrap();
-            std::fs::create_dir(f).unwrap();
-            std::fs::write(f.join("stray"), "x").unwrap();
-        },
-        KeptAside::Always,
-    ),
-];
-
 #[test]
 fn a_damaged_journal_is_kept_aside_and_the_state_rebuilt_from_the_node() {
     support::enter_private_mount_namespace();
@@ -560,31 +504,11 @@ fn empty_dir_pod(name: &str) -> String {
     )
 }
 
-/// Fills the filesystem of `dir` with `dir/filler` until it is full.
-fn fill(dir: &Path) {
-    use std::io::Write;
-    let mut file = std::fs::File::create(dir.join("filler")).unwrap();
-    let chunk = vec![0x5au8; 64 * 1024];
-    loop {
-        if let Err(e) = file.write_all(&chunk).and_then(|()| file.sync_all()) {
-            assert_eq!(e.raw_os_error(), Some(nix::libc::ENOSPC), "{e}");
-            break;
-        }
-    }
-    // What a partial chunk left: the last bytes too.
-    while file.write_all(&[0]).and_then(|()| file.sync_all()).is_ok() {}
-}
-
 #[test]
 fn a_full_state_directory_runs_nothing_unjournalled_and_converges_when_space_returns() {
     support::enter_private_mount_namespace();
     let mut node = Node::new();
-    // kvol's own files on a small filesystem of their own, under the scratch root.
-    let state = node.root.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    nix::mount::mount(Some("tmpfs"), &state, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=4m"))
-        .unwrap();
-    node.state_dir = state.clone();
+    let state = small_state_filesystem(&mut node, "4m");
     node.agent_args.push("--no-components".into());
     node.write("a.yaml", &empty_dir_pod("a"));
     node.start();

@@ -110,14 +110,24 @@ impl Figures {
 
 /// The seed: `KVOL_CHURN_SEED` when set, else the clock.
 pub fn seed() -> u64 {
-    std::env::var("KVOL_CHURN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+    seed_from("KVOL_CHURN_SEED")
+}
+
+/// The seed: `var` when set, else the clock.
+pub fn seed_from(var: &str) -> u64 {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     })
 }
 
 /// `KVOL_CHURN_ROUNDS` when set, else `default`.
 pub fn rounds(default: usize) -> usize {
-    std::env::var("KVOL_CHURN_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    rounds_from("KVOL_CHURN_ROUNDS", default)
+}
+
+/// `var` when set, else `default`.
+pub fn rounds_from(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 /// A StorageClass `sc<i>` and a CSIDriver object for each driver.

@@ -4,7 +4,9 @@ pub mod churn;
 pub mod claim_pods;
 pub mod cluster_node;
 pub mod containerd;
+pub mod crashing;
 pub mod csi_peers;
+pub mod faults;
 pub mod grow;
 pub mod kubelet_host;
 pub mod proxy;
@@ -43,6 +45,12 @@ impl Daemon {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
         Daemon { what: what.to_string(), child }
+    }
+
+    /// Whether the process has exited.
+    #[allow(dead_code)] // not every test that shares this module uses it
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
     }
 
     /// Panics naming the process when it has exited.
@@ -176,6 +184,18 @@ impl Node {
     /// The agent's exit status, when it has exited on its own.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().unwrap())
+    }
+
+    /// Starts the agent again when it has exited on its own, as its service manager would;
+    /// whether it had.
+    #[allow(dead_code)] // not every test that shares this module uses it
+    pub fn start_again_if_exited(&mut self) -> bool {
+        if self.exited().is_none() {
+            return false;
+        }
+        self.child = None;
+        self.start();
+        true
     }
 
     pub fn running(&self) -> bool {
