@@ -6,84 +6,27 @@
 
 #[path = "../../kvol-cluster/tests/support/mod.rs"]
 mod cluster;
+#[path = "support/control_plane.rs"]
+mod control_plane;
 #[allow(dead_code)]
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use control_plane::{ControlPlane, create, create_app_config, web_deployment};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
-use support::cluster_node::{Process, agent, kubelet_client_pki, ready_condition, until};
+use support::cluster_node::{Process, agent, ready_condition, until};
 use support::containerd::{Containerd, IMAGE, tools};
 
 const NODE: &str = "kvol-worker";
-
-/// kube-controller-manager and kube-scheduler, or `None` with the reason printed.
-fn control_plane() -> Option<(PathBuf, PathBuf)> {
-    let found = |var: &str| std::env::var_os(var).filter(|p| !p.is_empty()).map(PathBuf::from);
-    match (found("KVOL_KUBE_CONTROLLER_MANAGER"), found("KVOL_KUBE_SCHEDULER")) {
-        (Some(kcm), Some(scheduler)) => Some((kcm, scheduler)),
-        _ => {
-            eprintln!("skipped: set KVOL_KUBE_CONTROLLER_MANAGER and KVOL_KUBE_SCHEDULER");
-            None
-        }
-    }
-}
-
-/// A control-plane process, its output in `log`.
-fn start(binary: &Path, args: &[String], log: &Path) -> Process {
-    let out = std::fs::File::create(log).unwrap();
-    let child = Command::new(binary)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-    Process(child)
-}
-
-async fn create<K>(api: &Api<K>, body: serde_json::Value) -> K
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), &serde_json::from_value(body).expect("a valid object"))
-        .await
-        .expect("created")
-}
-
-/// The Deployment's pods: each mounts a configMap, a secret, the downward API and an emptyDir
-/// (and the kube-api-access volume the API server adds), writes what it read into the
-/// emptyDir and serves it on its pod IP; evicted 2 s after its node is lost.
-fn deployment() -> serde_json::Value {
-    let script = "cat /cfg/greeting /creds/password /info/name \
-        /var/run/secrets/kubernetes.io/serviceaccount/namespace > /scratch/said; \
-        exec httpd -f -p 8080 -h /scratch";
-    let tolerate =
-        |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2});
-    json!({"metadata": {"name": "web"}, "spec": {
-        "replicas": 2,
-        "selector": {"matchLabels": {"app": "web"}},
-        "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "tolerations": [tolerate("node.kubernetes.io/unreachable"), tolerate("node.kubernetes.io/not-ready")],
-            "containers": [{"name": "web", "image": IMAGE, "command": ["sh", "-c", script],
-                "ports": [{"containerPort": 8080}],
-                "readinessProbe": {"httpGet": {"path": "/said", "port": 8080}, "periodSeconds": 1},
-                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "creds", "mountPath": "/creds"},
-                                 {"name": "info", "mountPath": "/info"}, {"name": "scratch", "mountPath": "/scratch"}]}],
-            "volumes": [{"name": "cfg", "configMap": {"name": "app"}},
-                        {"name": "creds", "secret": {"secretName": "creds"}},
-                        {"name": "info", "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
-                        {"name": "scratch", "emptyDir": {}}]}}}})
-}
 
 /// The names of the Deployment's pods that are not being deleted, once `replicas` of them
 /// are available.
@@ -165,51 +108,16 @@ fn deployments_jobs_and_evictions_on_a_kvol_node_beside_the_whole_control_plane(
         Ok(busybox) => busybox,
         Err(why) => return eprintln!("skipped: {why}"),
     };
-    let Some((apiserver, etcd)) = cluster::binaries() else { return };
-    let Some((kcm, scheduler)) = control_plane() else { return };
+    let Some(binaries) = control_plane::binaries() else { return };
     support::enter_private_mount_namespace();
     let Some(containerd) = Containerd::with_pod_network(&busybox) else { return };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let pki = kvol_test_support::ScratchRoot::new();
-    kubelet_client_pki(pki.path());
-    let server = cluster::ApiServer::start_with(
-        &apiserver,
-        &etcd,
-        vec![
-            format!("--kubelet-client-certificate={}", pki.path().join("client.crt").display()),
-            format!("--kubelet-client-key={}", pki.path().join("client.key").display()),
-            "--kubelet-preferred-address-types=InternalIP".into(),
-            // The controllers make the service accounts: every pod gets kube-api-access.
-            "--disable-admission-plugins=".into(),
-        ],
-    );
+    let control = ControlPlane::start(&binaries);
+    let server = &control.server;
     let client = runtime.block_on(server.client());
     let scratch = kvol_test_support::ScratchRoot::new();
     let (root, log) = (scratch.path().join("node"), scratch.path().join("agent.log"));
-    std::fs::create_dir_all(scratch.path().join("pki")).unwrap();
-    std::fs::copy(pki.path().join("ca.crt"), scratch.path().join("pki/ca.crt")).unwrap();
-    let kubeconfig = format!("--kubeconfig={}", server.kubeconfig.display());
-    let api_dir = server.dir.path();
-    let _controllers = start(
-        &kcm,
-        &[
-            kubeconfig.clone(),
-            "--controllers=*".into(),
-            "--leader-elect=false".into(),
-            "--secure-port=0".into(),
-            "--use-service-account-credentials=false".into(),
-            format!("--service-account-private-key-file={}", api_dir.join("pki/sa.key").display()),
-            format!("--root-ca-file={}", api_dir.join("certs/apiserver.crt").display()),
-            "--node-monitor-period=1s".into(),
-            "--node-monitor-grace-period=20s".into(),
-        ],
-        &scratch.path().join("kube-controller-manager.log"),
-    );
-    let _scheduler = start(
-        &scheduler,
-        &[kubeconfig, "--leader-elect=false".into(), "--secure-port=0".into()],
-        &scratch.path().join("kube-scheduler.log"),
-    );
+    control.give_client_ca(scratch.path());
     // A second node that stays Ready: with every node lost the controller takes the control
     // plane for cut off and evicts nothing.
     let _bystander = runtime.spawn(bystander(client.clone()));
@@ -300,13 +208,10 @@ fn deployments_jobs_and_evictions_on_a_kvol_node_beside_the_whole_control_plane(
 /// A Deployment becomes Available on the node with every volume kind, on the pod network; a
 /// Job completes; a deleted pod's replacement runs.
 async fn a_deployment_and_a_job(client: &kube::Client, log: &Path) {
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    create(&config_maps, json!({"metadata": {"name": "app"}, "data": {"greeting": "hello\n"}})).await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    create(&secrets, json!({"metadata": {"name": "creds"}, "stringData": {"password": "s3cret\n"}})).await;
+    create_app_config(client).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let created = Instant::now();
-    create(&deployments, deployment()).await;
+    create(&deployments, web_deployment("web", 2, None)).await;
     let names = available(client, log, Duration::from_secs(120)).await;
     eprintln!("deployment created → Available (2 pods) in {} ms", created.elapsed().as_millis());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

@@ -3,6 +3,7 @@
 pub mod churn;
 pub mod cluster_node;
 pub mod containerd;
+pub mod footprint;
 pub mod grow;
 pub mod kubelet_host;
 pub mod proxy;
