@@ -30,7 +30,24 @@ pub async fn gather(name: &str, endpoint: &str, max_pods: u32, state_dir: &Path)
         agent_version: agent_version(),
         extra_labels: Default::default(),
         kubelet_port: 0,
+        hugepages: hugepages(Path::new("/sys/kernel/mm/hugepages")),
     }
+}
+
+/// Each huge page size under `dir` (`hugepages-2048kB/nr_hugepages`) as kubelet names its
+/// resource (`hugepages-2Mi`), with the bytes its pages hold.
+fn hugepages(dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Default::default() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let kib: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+            let pages: u64 = std::fs::read_to_string(entry.path().join("nr_hugepages")).ok()?.trim().parse().ok()?;
+            let size = kvol_cluster::node_registration::binary_si(kib * 1024);
+            Some((format!("hugepages-{size}"), pages * kib * 1024))
+        })
+        .collect()
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -41,7 +58,7 @@ fn read_trimmed(path: &str) -> String {
 async fn runtime_version(endpoint: &str) -> String {
     let Ok(cri) = kvol_cri::CriClient::new(endpoint, Default::default()) else { return "unknown://".into() };
     match cri.version(kvol_cri::VersionRequest { version: "v1".into() }).await {
-        Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+        Ok(v) => format!("{}://{}", v.runtime_name, generic_version(&v.runtime_version)),
         Err(e) => {
             tracing::warn!(error = %e, "the runtime does not say its version");
             "unknown://".into()
@@ -49,10 +66,20 @@ async fn runtime_version(endpoint: &str) -> String {
     }
 }
 
-/// The bytes of the filesystem holding `dir` (kubelet's ephemeral-storage capacity is its root
-/// directory's filesystem).
+/// A runtime's version as kubelet writes it (`utilversion.ParseGeneric`): its leading numbers
+/// and dots, a leading `v` and any suffix (`~ds1`, `-rc.1`) dropped; as given when it has none.
+fn generic_version(version: &str) -> &str {
+    let bare = version.strip_prefix('v').unwrap_or(version);
+    let end = bare.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(bare.len());
+    let numbers = bare[..end].trim_end_matches('.');
+    if numbers.is_empty() { version } else { numbers }
+}
+
+/// The bytes of the filesystem holding `dir`, or its nearest existing parent when it is not
+/// made yet (kubelet's ephemeral-storage capacity is its root directory's filesystem).
 fn disk_bytes(dir: &Path) -> u64 {
-    rustix::fs::statvfs(dir).map(|s| s.f_blocks * s.f_frsize).unwrap_or(0)
+    let existing = dir.ancestors().find(|d| d.exists()).unwrap_or(Path::new("/"));
+    rustix::fs::statvfs(existing).map(|s| s.f_blocks * s.f_frsize).unwrap_or(0)
 }
 
 /// Go's name of an architecture, as `kubernetes.io/arch` carries it.
@@ -87,5 +114,17 @@ mod tests {
         );
         assert_eq!(os_image(""), "Linux");
         assert!(agent_version().starts_with("v1.26.0-kvol."));
+        let versions = [("1.6.20~ds1", "1.6.20"), ("v1.7.0-rc.1", "1.7.0"), ("1.6.20", "1.6.20"), ("dev", "dev")];
+        for (given, want) in versions {
+            assert_eq!(generic_version(given), want, "{given}");
+        }
+    }
+
+    #[test]
+    fn a_state_directory_not_made_yet_counts_its_parents_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = disk_bytes(&dir.path().join("not/made/yet"));
+        assert_eq!(bytes, disk_bytes(dir.path()));
+        assert!(bytes > 0);
     }
 }
