@@ -73,11 +73,14 @@ async fn write(client: Client, node: String, mut reports: mpsc::UnboundedReceive
     }
 }
 
+/// An Event's identity: pod uid, field path, type, reason, message.
+type EventKey = (String, String, &'static str, String, String);
+
 /// The Events written, by (pod uid, field path, type, reason, message): a repeat bumps the count of the
 /// one written before, as kubelet's recorder aggregates.
 #[derive(Debug, Default)]
 struct EventBook {
-    written: BTreeMap<(String, String, &'static str, String, String), (String, i32)>,
+    written: BTreeMap<EventKey, (String, i32)>,
 }
 
 impl EventBook {

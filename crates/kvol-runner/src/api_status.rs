@@ -67,7 +67,8 @@ pub fn rejected_status(pod: &Pod, view: &PodView) -> PodStatus {
 /// An init container's status as kubelet's prober manager leaves it (v1.26): ready once it
 /// has terminated with 0, and no `started` (only regular containers have one).
 fn as_init_container(status: ContainerStatus) -> ContainerStatus {
-    let succeeded = status.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(|t| t.exit_code == 0);
+    let succeeded =
+        status.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(|t| t.exit_code == 0);
     ContainerStatus { ready: succeeded, started: None, ..status }
 }
 

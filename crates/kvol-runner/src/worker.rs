@@ -403,7 +403,13 @@ impl Worker {
         for (id, why) in &decided.kill {
             tracing::info!(pod = %PodIds::of(pod).key(), container = %id, reason = %why, "stopping container");
             if let Some(seen) = input.seen.containers.iter().find(|c| &c.id == id) {
-                self.shared.container_event(pod, &seen.name, "Normal", "Killing", format!("{why}, will be restarted"));
+                self.shared.container_event(
+                    pod,
+                    &seen.name,
+                    "Normal",
+                    "Killing",
+                    format!("{why}, will be restarted"),
+                );
                 let _ = stop_one(&self.cri, Some(pod), seen, grace, &self.hook_ip(Some(pod))).await;
             }
         }
@@ -584,7 +590,13 @@ impl Worker {
             self.shared.container_event(pod, &container.name, "Normal", "BackOff", message.clone());
             return Err(Waiting { reason: "ImagePullBackOff".into(), message });
         }
-        self.shared.container_event(pod, &container.name, "Normal", "Pulling", format!("Pulling image \"{image}\""));
+        self.shared.container_event(
+            pod,
+            &container.name,
+            "Normal",
+            "Pulling",
+            format!("Pulling image \"{image}\""),
+        );
         let started = std::time::Instant::now();
         match self.pull(pod, &spec, objects).await {
             Ok(()) => {
@@ -603,7 +615,13 @@ impl Worker {
                 let message = format!("failed to pull image \"{image}\": {e}");
                 tracing::warn!(pod = %PodIds::of(pod).key(), container = %container.name, %message, "image pull failed");
                 self.shared.container_event(pod, &container.name, "Warning", "Failed", message.clone());
-                self.shared.container_event(pod, &container.name, "Warning", "Failed", "Error: ErrImagePull".to_string());
+                self.shared.container_event(
+                    pod,
+                    &container.name,
+                    "Warning",
+                    "Failed",
+                    "Error: ErrImagePull".to_string(),
+                );
                 Err(Waiting { reason: "ErrImagePull".into(), message })
             }
         }
@@ -734,7 +752,13 @@ impl Worker {
             .filter(|c| matches!(c.state, State::Running | State::Created | State::Unknown))
         {
             if let Some(pod) = pod {
-                self.shared.container_event(pod, &c.name, "Normal", "Killing", format!("Stopping container {}", c.name));
+                self.shared.container_event(
+                    pod,
+                    &c.name,
+                    "Normal",
+                    "Killing",
+                    format!("Stopping container {}", c.name),
+                );
             }
             let (cri, c, ip) = (self.cri.clone(), c.clone(), self.hook_ip(pod));
             let pod = pod.cloned();

@@ -46,7 +46,7 @@ use kvol_cri::{
     StopPodSandboxRequest,
 };
 use serde_json::Value;
-use support::containerd::{Containerd, IMAGE, PAUSE, tools};
+use support::containerd::{Containerd, IMAGE, tools};
 use support::footprint::vm_rss_kib;
 use support::kubelet_host::{Kubelet, KubeletSide, kubelet_binary};
 
@@ -355,7 +355,7 @@ fn kubelet_side(containerd: &Containerd, binary: &Path, rounds: usize, many: usi
     side.kubelet.wait_ready();
     println!("kubelet: {} ready in {:.2?}", binary.display(), started.elapsed());
     let cri = Cri::new(&containerd.endpoint());
-    let idle = side.kubelet.rss_kib();
+    let idle = vm_rss_kib(side.kubelet.pid());
     let one = kubelet_rounds(&mut side.kubelet, &cri, rounds);
     println!(
         "kubelet: one pod: manifest → container running, median {:.0?} (min {:.0?}, max {:.0?}) over {rounds} rounds",
@@ -402,7 +402,7 @@ fn kubelet_many(kubelet: &mut Kubelet, cri: &Cri, many: usize, idle: Option<u64>
     }
     kubelet.wait("all pods running", Duration::from_secs(600), || cri.running(None).len() == many);
     let all_up = written.elapsed();
-    let rss = kubelet.rss_kib();
+    let rss = vm_rss_kib(kubelet.pid());
     println!(
         "kubelet: {many} pods written at once → all running {:.2?} after the first manifest; kubelet RSS {} KiB idle, {} KiB with {many} running",
         all_up,

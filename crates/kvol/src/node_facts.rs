@@ -43,7 +43,8 @@ fn hugepages(dir: &Path) -> std::collections::BTreeMap<String, u64> {
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
             let kib: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
-            let pages: u64 = std::fs::read_to_string(entry.path().join("nr_hugepages")).ok()?.trim().parse().ok()?;
+            let pages: u64 =
+                std::fs::read_to_string(entry.path().join("nr_hugepages")).ok()?.trim().parse().ok()?;
             let size = kvol_cluster::node_registration::binary_si(kib * 1024);
             Some((format!("hugepages-{size}"), pages * kib * 1024))
         })
@@ -114,10 +115,23 @@ mod tests {
         );
         assert_eq!(os_image(""), "Linux");
         assert!(agent_version().starts_with("v1.26.0-kvol."));
-        let versions = [("1.6.20~ds1", "1.6.20"), ("v1.7.0-rc.1", "1.7.0"), ("1.6.20", "1.6.20"), ("dev", "dev")];
+        let versions =
+            [("1.6.20~ds1", "1.6.20"), ("v1.7.0-rc.1", "1.7.0"), ("1.6.20", "1.6.20"), ("dev", "dev")];
         for (given, want) in versions {
             assert_eq!(generic_version(given), want, "{given}");
         }
+    }
+
+    #[test]
+    fn huge_page_sizes_as_kubelet_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        for (size, pages) in [("2048kB", "3"), ("1048576kB", "0")] {
+            let sub = dir.path().join(format!("hugepages-{size}"));
+            std::fs::create_dir(&sub).unwrap();
+            std::fs::write(sub.join("nr_hugepages"), format!("{pages}\n")).unwrap();
+        }
+        let found: Vec<(String, u64)> = hugepages(dir.path()).into_iter().collect();
+        assert_eq!(found, [("hugepages-1Gi".to_string(), 0), ("hugepages-2Mi".to_string(), 3 << 21)]);
     }
 
     #[test]

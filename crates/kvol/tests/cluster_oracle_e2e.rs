@@ -35,7 +35,10 @@ const KNOWN: &[(&str, &str)] = &[
         "without /sys/class/dmi/id/product_uuid kvol leaves it empty; kubelet's cAdvisor finds an id elsewhere (here the machine-id)",
     ),
     ("events[*]/source.component", "kvol reports its Events as the component kvol, not kubelet"),
-    ("events[*]/reportingComponent", "kvol names itself in reportingComponent; kubelet's recorder leaves it empty"),
+    (
+        "events[*]/reportingComponent",
+        "kvol names itself in reportingComponent; kubelet's recorder leaves it empty",
+    ),
     (
         "events[Warning MissingClusterDNS *",
         "with no cluster DNS both fall back to the host's resolv.conf, but kvol writes no MissingClusterDNS Event",
@@ -199,7 +202,9 @@ async fn settled(cluster: &SideBySide, node: &str) -> Pod {
         }
         let version = pod.metadata.resource_version.clone().unwrap_or_default();
         match &stable_since {
-            Some((since, seen)) if *seen == version => (since.elapsed() > Duration::from_secs(3)).then_some(pod),
+            Some((since, seen)) if *seen == version => {
+                (since.elapsed() > Duration::from_secs(3)).then_some(pod)
+            }
             _ => {
                 stable_since = Some((std::time::Instant::now(), version));
                 None
@@ -234,7 +239,8 @@ fn node_fields(node: &Node) -> BTreeMap<String, String> {
     flatten(&value["status"], "status", &names, &mut out);
     // Capacity and allocatable by key: their values are the node's own (reservations, thresholds).
     out.retain(|path, _| !path.starts_with("status/allocatable/"));
-    for key in node.status.as_ref().and_then(|s| s.allocatable.as_ref()).into_iter().flatten().map(|(k, _)| k) {
+    for key in node.status.as_ref().and_then(|s| s.allocatable.as_ref()).into_iter().flatten().map(|(k, _)| k)
+    {
         out.insert(format!("status/allocatable/{key}"), "<set>".into());
     }
     out
@@ -250,8 +256,9 @@ async fn event_fields(cluster: &SideBySide, node: &str) -> BTreeMap<String, Stri
     for event in listed.items {
         let uid = event.involved_object.uid.clone().unwrap_or_default();
         let normal = |text: &str| {
-            let named =
-                names(node).iter().fold(text.to_string(), |t, (name, placeholder)| t.replace(name, placeholder));
+            let named = names(node)
+                .iter()
+                .fold(text.to_string(), |t, (name, placeholder)| t.replace(name, placeholder));
             if uid.is_empty() { named } else { named.replace(&uid, "<uid>") }
         };
         let key = format!(
@@ -298,7 +305,11 @@ fn a_pod_its_node_and_its_events_as_kubelet_writes_them() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let cluster = SideBySide::start(&runtime);
     let new = runtime.block_on(compare(&cluster));
-    assert!(new.is_empty(), "differences from kubelet's writes that KNOWN does not list:\n{}", new.join("\n"));
+    assert!(
+        new.is_empty(),
+        "differences from kubelet's writes that KNOWN does not list:\n{}",
+        new.join("\n")
+    );
 }
 
 #[test]
@@ -307,7 +318,10 @@ fn known_patterns_match_as_said() {
     assert!(!matches("events[*]/source.component", "events[Normal Created x \"m\"]/count"));
     assert!(matches("status/images (count)", "status/images (count)"));
     assert!(!matches("status/images (count)", "status/images (count)/more"));
-    assert!(matches("events[Warning MissingClusterDNS *", "events[Warning MissingClusterDNS  \"pod\"]/count"));
+    assert!(matches(
+        "events[Warning MissingClusterDNS *",
+        "events[Warning MissingClusterDNS  \"pod\"]/count"
+    ));
 }
 
 /// Both pods run, compared, deleted; the Node and the Events compared; the new differences.
@@ -326,8 +340,13 @@ async fn compare(cluster: &SideBySide) -> Vec<String> {
         &mut paths,
     );
     let nodes: Api<Node> = Api::all(cluster.client.clone());
-    let (kvol_node, kubelet_node) = (nodes.get(KVOL_NODE).await.unwrap(), nodes.get(KUBELET_NODE).await.unwrap());
-    new.extend(report("node", differences(&node_fields(&kvol_node), &node_fields(&kubelet_node)), &mut paths));
+    let (kvol_node, kubelet_node) =
+        (nodes.get(KVOL_NODE).await.unwrap(), nodes.get(KUBELET_NODE).await.unwrap());
+    new.extend(report(
+        "node",
+        differences(&node_fields(&kvol_node), &node_fields(&kubelet_node)),
+        &mut paths,
+    ));
     for node in [KVOL_NODE, KUBELET_NODE] {
         deleted(cluster, node).await;
     }
@@ -351,7 +370,9 @@ fn unmatched_known(paths: &[String]) {
 async fn deleted(cluster: &SideBySide, node: &str) {
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
     let name = pod_name(node);
-    pods.delete(&name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("cannot delete {name}: {e}"));
+    pods.delete(&name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot delete {name}: {e}"));
     let what = format!("pod {name} gone from {node}");
     until(&what, Duration::from_secs(120), &cluster.log_of(node), async || {
         pods.get_opt(&name).await.ok()?.is_none().then_some(())

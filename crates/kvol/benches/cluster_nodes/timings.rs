@@ -23,8 +23,11 @@ impl Timings {
 
     /// Each Ready pod's first seen → first seen Ready, sorted.
     pub fn latencies(&self) -> Vec<Duration> {
-        let mut all: Vec<Duration> =
-            self.ready.iter().filter_map(|(name, at)| Some(at.duration_since(*self.seen.get(name)?))).collect();
+        let mut all: Vec<Duration> = self
+            .ready
+            .iter()
+            .filter_map(|(name, at)| Some(at.duration_since(*self.seen.get(name)?)))
+            .collect();
         all.sort();
         all
     }

@@ -157,7 +157,7 @@ pub fn kubelet_command(binary: &Path, dir: &Path, endpoint: &str, node: &str) ->
         .args(["--fail-swap-on=false", "--make-iptables-util-chains=false"])
         .args(["--hostname-override", node, "--address", "127.0.0.1"])
         .args(["--port", &free_port().to_string(), "--read-only-port", "0", "--healthz-port", "0"])
-        .args(["--pod-infra-container-image", super::containerd::PAUSE, "--v=2"]);
+        .args(["--pod-infra-container-image", kvol::embedded_runtime::PAUSE_IMAGE, "--v=2"]);
     command
 }
 
@@ -214,11 +214,6 @@ impl Kubelet {
         if let Some(status) = self.child.try_wait().expect("wait for the kubelet") {
             panic!("kubelet: {what}: the kubelet exited ({status})\n{}", self.log_tail());
         }
-    }
-
-    /// Its resident memory, in KiB.
-    pub fn rss_kib(&self) -> Option<u64> {
-        super::footprint::vm_rss_kib(self.child.id())
     }
 
     /// SIGTERM, then SIGKILL after 10 s; how long it took to exit (zero if it had).
