@@ -57,6 +57,9 @@ pub struct PodEventReport {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// The container's field path (`spec.containers{name}`, `spec.initContainers{name}`) for
+    /// an Event about a container, empty for one about the pod.
+    pub field_path: String,
     /// `Normal` or `Warning`.
     pub kind: &'static str,
     pub reason: String,

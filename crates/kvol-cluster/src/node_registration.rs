@@ -59,6 +59,9 @@ pub struct NodeFacts {
     pub allocatable: Option<NodeResources>,
     /// How the node's pressure is measured.
     pub pressure: PressureWatch,
+    /// Each huge page size the host has, as its resource (`hugepages-2Mi`), with the bytes of
+    /// its pages (kubelet reports every size the machine supports, none reserved: `0`).
+    pub hugepages: BTreeMap<String, u64>,
 }
 
 /// How the node's pressure is measured: what is available now, against the hard eviction
@@ -121,6 +124,23 @@ impl NodeConditions {
     }
 }
 
+/// A quantity of bytes as kubelet writes it (a `BinarySI` quantity, canonical): the largest
+/// binary suffix that divides it exactly (`24683772Ki`, `1Gi`), else the plain number.
+pub fn binary_si(bytes: u64) -> String {
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if bytes == 0 {
+        return "0".into();
+    }
+    let (mut value, mut suffix) = (bytes, "");
+    for next in SUFFIXES {
+        if value % 1024 != 0 {
+            break;
+        }
+        (value, suffix) = (value / 1024, next);
+    }
+    format!("{value}{suffix}")
+}
+
 /// kubelet's well-known labels of a node (and their `beta.` forms).
 pub fn well_known_labels(hostname: &str, architecture: &str) -> BTreeMap<String, String> {
     [
@@ -146,12 +166,16 @@ pub fn node_body(facts: &NodeFacts) -> Value {
 /// the four conditions with kubelet's reasons, heard at `now`.
 pub fn node_status_body(facts: &NodeFacts, conditions: &NodeConditions, now: Timestamp) -> Value {
     let resources = |r: NodeResources| {
-        json!({
+        let mut resources = json!({
             "cpu": format!("{}m", r.cpu_millis),
-            "memory": format!("{}", r.memory_bytes),
+            "memory": binary_si(r.memory_bytes),
             "pods": format!("{}", facts.max_pods),
-            "ephemeral-storage": format!("{}", r.ephemeral_storage_bytes),
-        })
+            "ephemeral-storage": binary_si(r.ephemeral_storage_bytes),
+        });
+        for (name, bytes) in &facts.hugepages {
+            resources[name] = json!(binary_si(*bytes));
+        }
+        resources
     };
     let capacity = NodeResources {
         cpu_millis: facts.cpu_millis,
@@ -435,6 +459,14 @@ mod tests {
     }
 
     #[test]
+    fn bytes_as_kubelet_writes_them() {
+        let cases = [(0, "0"), (512, "512"), (1024, "1Ki"), (25_276_182_528, "24683772Ki"), (3 << 30, "3Gi")];
+        for (bytes, want) in cases {
+            assert_eq!(binary_si(bytes), want, "{bytes}");
+        }
+    }
+
+    #[test]
     fn the_node_as_kubelet_registers_it() {
         let facts = NodeFacts {
             name: "n1".into(),
@@ -447,6 +479,7 @@ mod tests {
             architecture: "amd64".into(),
             container_runtime_version: "containerd://1.6.20".into(),
             agent_version: "kvol/0.1.0".into(),
+            hugepages: [("hugepages-2Mi".to_string(), 0)].into(),
             ..Default::default()
         };
         let node = node_body(&facts);
@@ -458,6 +491,13 @@ mod tests {
         let st = parsed.status.unwrap();
         assert_eq!(st.capacity.as_ref().unwrap()["cpu"].0, "2000m");
         assert_eq!(st.allocatable.as_ref().unwrap()["pods"].0, "110");
+        let capacity = st.capacity.as_ref().unwrap();
+        assert_eq!(
+            (capacity["memory"].0.as_str(), capacity["ephemeral-storage"].0.as_str()),
+            ("1Gi", "10Gi"),
+            "bytes as kubelet's BinarySI quantities"
+        );
+        assert_eq!(capacity["hugepages-2Mi"].0, "0");
         let ready = st.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("KubeletReady")));
         assert_eq!(st.node_info.unwrap().container_runtime_version, "containerd://1.6.20");

@@ -97,17 +97,26 @@ async fn mirror_uid(pods: &Api<Pod>, report: &PodStatusReport) -> Option<String>
     (*hash == report.uid).then(|| pod.metadata.uid.clone()).flatten()
 }
 
-/// The Events written, by (pod uid, type, reason, message): a repeat bumps the count of the
+/// An Event's identity: pod uid, field path, type, reason, message.
+type EventKey = (String, String, &'static str, String, String);
+
+/// The Events written, by (pod uid, field path, type, reason, message): a repeat bumps the count of the
 /// one written before, as kubelet's recorder aggregates.
 #[derive(Debug, Default)]
 struct EventBook {
-    written: BTreeMap<(String, &'static str, String, String), (String, i32)>,
+    written: BTreeMap<EventKey, (String, i32)>,
 }
 
 impl EventBook {
     async fn write(&mut self, client: &Client, node: &str, report: &PodEventReport) {
         let events: Api<Event> = Api::namespaced(client.clone(), &report.namespace);
-        let key = (report.uid.clone(), report.kind, report.reason.clone(), report.message.clone());
+        let key = (
+            report.uid.clone(),
+            report.field_path.clone(),
+            report.kind,
+            report.reason.clone(),
+            report.message.clone(),
+        );
         let now = Time(Timestamp::now());
         let outcome = match self.written.get_mut(&key) {
             Some((name, count)) => {
@@ -146,6 +155,9 @@ pub fn event_object(report: &PodEventReport, node: &str, now: Time) -> Event {
         "reportingComponent": "kvol", "reportingInstance": node,
     });
     let mut event: Event = serde_json::from_value(body).unwrap_or_default();
+    if !report.field_path.is_empty() {
+        event.involved_object.field_path = Some(report.field_path.clone());
+    }
     event.first_timestamp = Some(now.clone());
     event.last_timestamp = Some(now);
     event

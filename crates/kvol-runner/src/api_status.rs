@@ -35,6 +35,8 @@ pub fn api_pod_status(pod: &Pod, view: &PodView, seen: &PodSeen, context: &Statu
             views.iter().map(|v| container_status(v, specs, seen, context.runtime)).collect()
         };
     let init_specs = spec.init_containers.clone().unwrap_or_default();
+    let init_statuses: Vec<ContainerStatus> =
+        status_of(&view.init_containers, &init_specs).into_iter().map(as_init_container).collect();
     PodStatus {
         phase: Some(view.phase.clone()),
         conditions: Some(conditions(pod, view, context.now)),
@@ -45,8 +47,7 @@ pub fn api_pod_status(pod: &Pod, view: &PodView, seen: &PodSeen, context: &Statu
         start_time: Some(start),
         qos_class: Some(qos_name(qos_class(spec)).to_string()),
         container_statuses: Some(status_of(&view.containers, &spec.containers)),
-        init_container_statuses: Some(status_of(&view.init_containers, &init_specs))
-            .filter(|v| !v.is_empty()),
+        init_container_statuses: Some(init_statuses).filter(|v| !v.is_empty()),
         ..Default::default()
     }
 }
@@ -61,6 +62,14 @@ pub fn rejected_status(pod: &Pod, view: &PodView) -> PodStatus {
         message: Some(view.message.clone()),
         ..previous
     }
+}
+
+/// An init container's status as kubelet's prober manager leaves it (v1.26): ready once it
+/// has terminated with 0, and no `started` (only regular containers have one).
+fn as_init_container(status: ContainerStatus) -> ContainerStatus {
+    let succeeded =
+        status.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(|t| t.exit_code == 0);
+    ContainerStatus { ready: succeeded, started: None, ..status }
 }
 
 fn qos_name(qos: QosClass) -> &'static str {
@@ -308,5 +317,23 @@ mod tests {
             Some("PodInitializing")
         );
         assert_eq!(app.container_id, None);
+        let setup = &status.init_container_statuses.unwrap()[0];
+        assert_eq!((setup.ready, setup.started), (false, None), "an init container has no started");
+    }
+
+    #[test]
+    fn an_init_container_that_succeeded_is_ready() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u"},
+            "spec": {"initContainers": [{"name": "setup", "image": "i"}], "containers": [{"name": "app", "image": "i"}]}}))
+        .unwrap();
+        let seen = PodSeen { sandboxes: vec![], containers: vec![seen("setup", State::Exited, 0, 0)] };
+        let view = pod_view(&pod, &seen, &Default::default(), "");
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let context =
+            StatusContext { host_ip: "192.0.2.1", pod_ips: &[], runtime: "containerd", start_time: now, now };
+        let status = api_pod_status(&pod, &view, &seen, &context);
+        let setup = &status.init_container_statuses.unwrap()[0];
+        assert_eq!((setup.ready, setup.started), (true, None));
+        assert_eq!(setup.state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 0);
     }
 }

@@ -106,6 +106,25 @@ pub fn container_annotations(
 /// The API server's default for `terminationMessagePath`.
 pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 
+/// The field path of the container `name` in `pod`, as kubelet's container reference names it
+/// (`spec.containers{name}`, `spec.initContainers{name}`, `spec.ephemeralContainers{name}`);
+/// empty for a name the pod does not have.
+pub fn container_field_path(pod: &Pod, name: &str) -> String {
+    let Some(spec) = pod.spec.as_ref() else { return String::new() };
+    let has = |list: Option<&Vec<Container>>| list.is_some_and(|l| l.iter().any(|c| c.name == name));
+    let ephemeral = spec.ephemeral_containers.iter().flatten().any(|c| c.name == name);
+    let field = if has(spec.init_containers.as_ref()) {
+        "initContainers"
+    } else if has(Some(&spec.containers)) {
+        "containers"
+    } else if ephemeral {
+        "ephemeralContainers"
+    } else {
+        return String::new();
+    };
+    format!("spec.{field}{{{name}}}")
+}
+
 /// A container spec's hash: FNV-1a (32 bits) of its JSON. Kubelet hashes its Go dump of the
 /// spec; the number differs from kubelet's, its use is the same: a changed spec is a new hash,
 /// and a running container of an older hash is restarted.
@@ -131,6 +150,16 @@ mod tests {
             "spec": {"terminationGracePeriodSeconds": 7, "containers": [{"name": "c", "image": "i"}]}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn container_field_paths_are_kubelets() {
+        let mut pod = pod();
+        pod.spec.as_mut().unwrap().init_containers = pod.spec.as_ref().map(|s| s.containers.clone());
+        pod.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].name = "setup".into();
+        assert_eq!(container_field_path(&pod, "c"), "spec.containers{c}");
+        assert_eq!(container_field_path(&pod, "setup"), "spec.initContainers{setup}");
+        assert_eq!(container_field_path(&pod, "nobody"), "");
     }
 
     #[test]

@@ -63,10 +63,34 @@ impl Shared {
         }
     }
 
-    /// Reports one of kubelet's Events about `pod` (kept in the log too).
+    /// Reports one of kubelet's Events about `pod` itself (kept in the log too).
     pub fn event(
         &self,
         pod: &k8s_openapi::api::core::v1::Pod,
+        kind: &'static str,
+        reason: &str,
+        message: String,
+    ) {
+        self.event_at(pod, String::new(), kind, reason, message);
+    }
+
+    /// Reports one of kubelet's Events about a container of `pod`: the pod with the
+    /// container's field path (`spec.containers{name}`), as kubelet's container reference.
+    pub fn container_event(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        container: &str,
+        kind: &'static str,
+        reason: &str,
+        message: String,
+    ) {
+        self.event_at(pod, crate::labels::container_field_path(pod, container), kind, reason, message);
+    }
+
+    fn event_at(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        field_path: String,
         kind: &'static str,
         reason: &str,
         message: String,
@@ -78,6 +102,7 @@ impl Shared {
                 namespace: ids.namespace.to_string(),
                 name: ids.name.to_string(),
                 uid: ids.uid.to_string(),
+                field_path,
                 kind,
                 reason: reason.to_string(),
                 message,

@@ -260,7 +260,7 @@ impl Worker {
                 "Back-off restarting failed container {name} in pod {}",
                 PodIds::of(pod).kubelet_format()
             );
-            self.shared.event(pod, "Warning", "BackOff", message);
+            self.shared.container_event(pod, name, "Warning", "BackOff", message);
         }
     }
 
@@ -353,7 +353,7 @@ impl Worker {
                 if let Err(why) = &outcome {
                     tracing::debug!(pod = %PodIds::of(pod).key(), container = %c.name, probe = kind.name(), %why, "probe failed");
                     let message = format!("{} probe failed: {why}", capitalised(kind.name()));
-                    self.shared.event(pod, "Warning", "Unhealthy", message);
+                    self.shared.container_event(pod, &c.name, "Warning", "Unhealthy", message);
                 }
                 let tracker = self.probes.get_mut(&key).expect("inserted above");
                 if tracker.record(&timing, outcome.is_ok(), now()) {
@@ -403,7 +403,13 @@ impl Worker {
         for (id, why) in &decided.kill {
             tracing::info!(pod = %PodIds::of(pod).key(), container = %id, reason = %why, "stopping container");
             if let Some(seen) = input.seen.containers.iter().find(|c| &c.id == id) {
-                self.shared.event(pod, "Normal", "Killing", format!("{why}, will be restarted"));
+                self.shared.container_event(
+                    pod,
+                    &seen.name,
+                    "Normal",
+                    "Killing",
+                    format!("{why}, will be restarted"),
+                );
                 let _ = stop_one(&self.cri, Some(pod), seen, grace, &self.hook_ip(Some(pod))).await;
             }
         }
@@ -532,16 +538,16 @@ impl Worker {
             .cri
             .create_container(request)
             .await
-            .map_err(|e| self.failed(pod, "CreateContainerError", e.runtime_message()))?
+            .map_err(|e| self.failed(pod, name, "CreateContainerError", e.runtime_message()))?
             .container_id;
         self.acted = true;
-        self.shared.event(pod, "Normal", "Created", format!("Created container {name}"));
+        self.shared.container_event(pod, name, "Normal", "Created", format!("Created container {name}"));
         self.cri
             .start_container(cri::StartContainerRequest { container_id: id.clone() })
             .await
-            .map_err(|e| self.failed(pod, "RunContainerError", e.runtime_message()))?;
+            .map_err(|e| self.failed(pod, name, "RunContainerError", e.runtime_message()))?;
         tracing::info!(pod = %ids.key(), container = %name, id = %id, restart_count, "container started");
-        self.shared.event(pod, "Normal", "Started", format!("Started container {name}"));
+        self.shared.container_event(pod, name, "Normal", "Started", format!("Started container {name}"));
         if let Some(hook) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let action = prober::Action::of_hook(hook);
             let ip = context.env.pod_ip.to_string();
@@ -549,8 +555,9 @@ impl Worker {
                 // Kubelet's FailedPostStartHook: the container is killed, and its restart
                 // policy decides what comes next.
                 tracing::warn!(pod = %ids.key(), container = %name, reason = "FailedPostStartHook", %why, "postStart hook failed; killing the container");
-                self.shared.event(
+                self.shared.container_event(
                     pod,
+                    name,
                     "Warning",
                     "FailedPostStartHook",
                     format!("PostStartHook failed: {why}"),
@@ -579,7 +586,7 @@ impl Worker {
         match (policy.as_str(), &present) {
             ("Never", Some(found)) | ("IfNotPresent", Some(found)) => {
                 let message = format!("Container image \"{image}\" already present on machine");
-                self.shared.event(pod, "Normal", "Pulled", message);
+                self.shared.container_event(pod, &container.name, "Normal", "Pulled", message);
                 return Ok(ImageUser::of(Some(found)));
             }
             ("Never", None) => {
@@ -592,16 +599,23 @@ impl Worker {
         let now = now();
         if self.image_backoff.waiting_since_update(&key, now).is_some() {
             let message = format!("Back-off pulling image \"{image}\"");
-            self.shared.event(pod, "Normal", "BackOff", message.clone());
+            self.shared.container_event(pod, &container.name, "Normal", "BackOff", message.clone());
             return Err(Waiting { reason: "ImagePullBackOff".into(), message });
         }
-        self.shared.event(pod, "Normal", "Pulling", format!("Pulling image \"{image}\""));
+        self.shared.container_event(
+            pod,
+            &container.name,
+            "Normal",
+            "Pulling",
+            format!("Pulling image \"{image}\""),
+        );
         let started = std::time::Instant::now();
         match self.pull(pod, &spec, objects).await {
             Ok(()) => {
                 let took = started.elapsed().as_secs_f64();
-                self.shared.event(
+                self.shared.container_event(
                     pod,
+                    &container.name,
                     "Normal",
                     "Pulled",
                     format!("Successfully pulled image \"{image}\" in {took:.3}s"),
@@ -612,8 +626,14 @@ impl Worker {
                 self.image_backoff.next(&key, now, now);
                 let message = format!("failed to pull image \"{image}\": {e}");
                 tracing::warn!(pod = %PodIds::of(pod).key(), container = %container.name, %message, "image pull failed");
-                self.shared.event(pod, "Warning", "Failed", message.clone());
-                self.shared.event(pod, "Warning", "Failed", "Error: ErrImagePull".to_string());
+                self.shared.container_event(pod, &container.name, "Warning", "Failed", message.clone());
+                self.shared.container_event(
+                    pod,
+                    &container.name,
+                    "Warning",
+                    "Failed",
+                    "Error: ErrImagePull".to_string(),
+                );
                 Err(Waiting { reason: "ErrImagePull".into(), message })
             }
         }
@@ -646,8 +666,8 @@ impl Worker {
     }
 
     /// A step's failure as the container's waiting reason, with kubelet's `Failed` Event.
-    fn failed(&self, pod: &Pod, reason: &str, message: String) -> Waiting {
-        self.shared.event(pod, "Warning", "Failed", format!("Error: {message}"));
+    fn failed(&self, pod: &Pod, container: &str, reason: &str, message: String) -> Waiting {
+        self.shared.container_event(pod, container, "Warning", "Failed", format!("Error: {message}"));
         Waiting { reason: reason.into(), message }
     }
 
@@ -744,7 +764,13 @@ impl Worker {
             .filter(|c| matches!(c.state, State::Running | State::Created | State::Unknown))
         {
             if let Some(pod) = pod {
-                self.shared.event(pod, "Normal", "Killing", format!("Stopping container {}", c.name));
+                self.shared.container_event(
+                    pod,
+                    &c.name,
+                    "Normal",
+                    "Killing",
+                    format!("Stopping container {}", c.name),
+                );
             }
             let (cri, c, ip) = (self.cri.clone(), c.clone(), self.hook_ip(pod));
             let pod = pod.cloned();

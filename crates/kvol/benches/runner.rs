@@ -36,8 +36,8 @@ mod support;
 mod floor;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvol_cri::{
@@ -45,10 +45,10 @@ use kvol_cri::{
     ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStateValue, RemovePodSandboxRequest,
     StopPodSandboxRequest,
 };
-use nix::mount::MntFlags;
 use serde_json::Value;
-use support::containerd::{Containerd, IMAGE, PAUSE, tools};
-use support::kubelet_host::{HostDirs, Sysctls, free_port};
+use support::containerd::{Containerd, IMAGE, tools};
+use support::footprint::vm_rss_kib;
+use support::kubelet_host::{Kubelet, KubeletSide, kubelet_binary};
 
 /// A pod of busybox sleeping on the host network, mounting the volume `cfg` (of `source`) and an
 /// emptyDir.
@@ -107,20 +107,13 @@ fn wait(node: &support::Node, what: &str, limit: Duration, ok: impl Fn((usize, u
     start.elapsed()
 }
 
-/// `VmRSS` of the process of `/proc/<pid>`, in KiB.
-fn vm_rss_kib(proc_dir: &Path) -> Option<u64> {
-    let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The resident memory of the agent of `root` (the `kvol agent` whose command names it).
 fn agent_rss_kib(root: &Path) -> Option<u64> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let command = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if command.contains(" agent ") && command.contains(&*root.to_string_lossy()) {
-            return vm_rss_kib(&entry.path());
+            return vm_rss_kib(entry.file_name().to_str()?.parse().ok()?);
         }
     }
     None
@@ -236,111 +229,21 @@ fn is_kubelets(pod_name: &str) -> bool {
     pod_name.strip_suffix(KUBELET_NODE).is_some_and(|rest| rest.ends_with('-'))
 }
 
-/// The kubelet binary `KVOL_KUBELET` names, or why there is none.
-fn kubelet_binary() -> Result<PathBuf, String> {
-    let Some(binary) = std::env::var_os("KVOL_KUBELET").filter(|v| !v.is_empty()) else {
-        return Err("set KVOL_KUBELET to a kubelet v1.26 binary".into());
-    };
-    let binary = PathBuf::from(binary);
-    if !binary.is_file() {
-        return Err(format!("KVOL_KUBELET={} is not a file", binary.display()));
-    }
-    Ok(binary)
-}
-
-/// Waits up to `limit` until no other kubelet runs (its sysctls would be saved as the host's
-/// and put back after it); the pid of one still running then.
-fn other_kubelet(limit: Duration) -> Option<i32> {
-    let start = Instant::now();
-    loop {
-        let pid = std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-            (comm.trim() == "kubelet").then(|| entry.file_name().to_str()?.parse::<i32>().ok()).flatten()
-        });
-        match pid {
-            None => return None,
-            Some(pid) if start.elapsed() >= limit => return Some(pid),
-            Some(pid) => {
-                if start.elapsed() < Duration::from_secs(1) {
-                    println!("kubelet: waiting for another kubelet (pid {pid}) to end first");
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
 /// The kubelet's command: standalone (no `--kubeconfig`), static pods from
-/// `<dir>/kubelet-manifests`, all it keeps under `dir`, no ports but its (unused) API port.
+/// `<dir>/kubelet-manifests`, all it keeps under `dir`.
 fn kubelet_command(binary: &Path, dir: &Path, endpoint: &str, many: usize) -> Command {
-    let path = |name: &str| dir.join(name).into_os_string();
-    let mut command = Command::new(binary);
+    std::fs::create_dir_all(dir.join("kubelet-manifests")).expect("the manifest directory");
+    let mut command = support::kubelet_host::kubelet_command(binary, dir, endpoint, KUBELET_NODE);
     command
         .arg("--pod-manifest-path")
-        .arg(path("kubelet-manifests"))
-        .args(["--container-runtime-endpoint", endpoint, "--image-service-endpoint", endpoint])
-        .arg("--root-dir")
-        .arg(path("kubelet-root"))
-        .arg("--cert-dir")
-        .arg(path("kubelet-pki"))
-        .arg("--volume-plugin-dir")
-        .arg(path("kubelet-flexvolume"))
-        .args(["--cgroup-driver", "cgroupfs", "--cgroups-per-qos=false", "--enforce-node-allocatable="])
-        .args(["--fail-swap-on=false", "--register-node=false", "--make-iptables-util-chains=false"])
-        .args(["--hostname-override", KUBELET_NODE, "--address", "127.0.0.1"])
-        .args(["--port", &free_port().to_string(), "--read-only-port", "0", "--healthz-port", "0"])
-        .args(["--file-check-frequency", "1s", "--pod-infra-container-image", PAUSE])
-        .args(["--max-pods", &(many + 10).max(110).to_string(), "--v=2"]);
+        .arg(dir.join("kubelet-manifests"))
+        .args(["--register-node=false", "--file-check-frequency", "1s"])
+        .args(["--max-pods", &(many + 10).max(110).to_string()]);
     command
 }
 
-/// The real kubelet under a scratch directory; stopped (SIGTERM, then SIGKILL) when dropped,
-/// and its root directory's mounts (its bind mount on itself) undone.
-struct Kubelet {
-    child: Child,
-    dir: PathBuf,
-}
-
+/// The standalone kubelet's own steps: its readiness and its manifests.
 impl Kubelet {
-    /// Starts the kubelet on `endpoint`, its output in `<dir>/kubelet.log`.
-    fn spawn(binary: &Path, dir: &Path, endpoint: &str, many: usize) -> Kubelet {
-        std::fs::create_dir_all(dir.join("kubelet-manifests")).expect("the manifest directory");
-        let log = std::fs::File::create(dir.join("kubelet.log")).expect("the kubelet's log");
-        let child = kubelet_command(binary, dir, endpoint, many)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("the kubelet's log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        Kubelet { child, dir: dir.to_path_buf() }
-    }
-
-    /// The last 40 lines of its log.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.join("kubelet.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// Its `--root-dir`.
-    fn root(&self) -> PathBuf {
-        self.dir.join("kubelet-root")
-    }
-
-    /// Polls `ok` every 10 ms until it holds; how long that took. Panics, with the log's end,
-    /// when the kubelet exited or after `limit`.
-    fn wait(&mut self, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-        let start = Instant::now();
-        while !ok() {
-            if let Some(status) = self.child.try_wait().expect("wait for the kubelet") {
-                panic!("kubelet: {what}: the kubelet exited ({status})\n{}", self.log_tail());
-            }
-            assert!(start.elapsed() < limit, "kubelet: {what}: not within {limit:?}\n{}", self.log_tail());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        start.elapsed()
-    }
-
     /// Waits until its sync loop has run (the runtime found ready) and its volume reconciler
     /// has started: then a pod written is a pod it takes at once.
     fn wait_ready(&mut self) {
@@ -365,52 +268,6 @@ impl Kubelet {
     fn remove(&self, i: usize) {
         std::fs::remove_file(self.dir.join(format!("kubelet-manifests/k{i}.yaml"))).unwrap();
     }
-
-    /// Its resident memory, in KiB.
-    fn rss_kib(&self) -> Option<u64> {
-        vm_rss_kib(&Path::new("/proc").join(self.child.id().to_string()))
-    }
-
-    /// SIGTERM, then SIGKILL after 10 s; how long it took to exit (zero if it had).
-    fn stop(&mut self) -> Duration {
-        let start = Instant::now();
-        if self.child.try_wait().ok().flatten().is_some() {
-            return Duration::ZERO;
-        }
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        while start.elapsed() < Duration::from_secs(10) {
-            if self.child.try_wait().ok().flatten().is_some() {
-                return start.elapsed();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        eprintln!("kubelet: did not exit within 10 s of SIGTERM: killed");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        start.elapsed()
-    }
-}
-
-impl Drop for Kubelet {
-    /// Stops it, then unmounts what is mounted at or below its root, deepest first.
-    fn drop(&mut self) {
-        self.stop();
-        for mount in kvol_test_support::mounts_below(&self.root()).iter().rev() {
-            if let Err(e) = nix::mount::umount2(mount, MntFlags::MNT_DETACH) {
-                eprintln!("kubelet: cannot unmount {}: {e}", mount.display());
-            }
-        }
-    }
-}
-
-/// The kubelet and what it takes from the host, dropped in this order: the kubelet stopped, the
-/// host's directories given back, the sysctls put back, the scratch directory removed.
-struct KubeletSide {
-    kubelet: Kubelet,
-    _host_dirs: HostDirs,
-    _sysctls: Sysctls,
-    _dir: kvol_test_support::ScratchRoot,
 }
 
 /// A CRI client of the private containerd, on a tokio runtime of its own (the bench is not
@@ -486,20 +343,19 @@ impl Cri {
 /// The kubelet's rounds (after kvol's, on the same containerd): one pod, then `many` at once;
 /// `None`, said, when another kubelet runs all along.
 fn kubelet_side(containerd: &Containerd, binary: &Path, rounds: usize, many: usize) -> Option<Figures> {
-    if let Some(pid) = other_kubelet(Duration::from_secs(600)) {
-        println!("kubelet: skipped (another kubelet, pid {pid}, still runs after 10 min)");
-        return None;
-    }
-    let dir = kvol_test_support::ScratchRoot::new();
-    let sysctls = Sysctls::save();
-    let host_dirs = HostDirs::bind(dir.path());
-    let kubelet = Kubelet::spawn(binary, dir.path(), &containerd.endpoint(), many);
-    let mut side = KubeletSide { kubelet, _host_dirs: host_dirs, _sysctls: sysctls, _dir: dir };
+    let side = KubeletSide::start(|dir| kubelet_command(binary, dir, &containerd.endpoint(), many));
+    let mut side = match side {
+        Ok(side) => side,
+        Err(why) => {
+            println!("kubelet: skipped ({why})");
+            return None;
+        }
+    };
     let started = Instant::now();
     side.kubelet.wait_ready();
     println!("kubelet: {} ready in {:.2?}", binary.display(), started.elapsed());
     let cri = Cri::new(&containerd.endpoint());
-    let idle = side.kubelet.rss_kib();
+    let idle = vm_rss_kib(side.kubelet.pid());
     let one = kubelet_rounds(&mut side.kubelet, &cri, rounds);
     println!(
         "kubelet: one pod: manifest → container running, median {:.0?} (min {:.0?}, max {:.0?}) over {rounds} rounds",
@@ -546,7 +402,7 @@ fn kubelet_many(kubelet: &mut Kubelet, cri: &Cri, many: usize, idle: Option<u64>
     }
     kubelet.wait("all pods running", Duration::from_secs(600), || cri.running(None).len() == many);
     let all_up = written.elapsed();
-    let rss = kubelet.rss_kib();
+    let rss = vm_rss_kib(kubelet.pid());
     println!(
         "kubelet: {many} pods written at once → all running {:.2?} after the first manifest; kubelet RSS {} KiB idle, {} KiB with {many} running",
         all_up,

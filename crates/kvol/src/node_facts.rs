@@ -43,7 +43,7 @@ impl Budget {
 
 /// The node's capacity: its CPUs, its memory, the filesystem holding `state_dir`.
 pub fn capacity(state_dir: &Path) -> NodeResources {
-    kvol_node::agent::measured_capacity(state_dir)
+    kvol_node::agent::measured_capacity(existing(state_dir))
 }
 
 /// What is available now: memory by `/proc/meminfo`'s MemAvailable (kubelet reads its root
@@ -59,7 +59,7 @@ pub fn available(state_dir: &Path) -> Available {
             .unwrap_or(0)
             * 1024
     };
-    let (free, total) = rustix::fs::statvfs(state_dir)
+    let (free, total) = rustix::fs::statvfs(existing(state_dir))
         .map(|s| (s.f_bavail * s.f_frsize, s.f_blocks * s.f_frsize))
         .unwrap_or((0, 0));
     Available {
@@ -108,7 +108,25 @@ pub async fn gather(
             eviction: budget.eviction,
             measure: Some(Arc::new(move || available(&measured))),
         },
+        hugepages: hugepages(Path::new("/sys/kernel/mm/hugepages")),
     }
+}
+
+/// Each huge page size under `dir` (`hugepages-2048kB/nr_hugepages`) as kubelet names its
+/// resource (`hugepages-2Mi`), with the bytes its pages hold.
+fn hugepages(dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Default::default() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let kib: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+            let pages: u64 =
+                std::fs::read_to_string(entry.path().join("nr_hugepages")).ok()?.trim().parse().ok()?;
+            let size = kvol_cluster::node_registration::binary_si(kib * 1024);
+            Some((format!("hugepages-{size}"), pages * kib * 1024))
+        })
+        .collect()
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -119,12 +137,27 @@ fn read_trimmed(path: &str) -> String {
 async fn runtime_version(endpoint: &str) -> String {
     let Ok(cri) = kvol_cri::CriClient::new(endpoint, Default::default()) else { return "unknown://".into() };
     match cri.version(kvol_cri::VersionRequest { version: "v1".into() }).await {
-        Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+        Ok(v) => format!("{}://{}", v.runtime_name, generic_version(&v.runtime_version)),
         Err(e) => {
             tracing::warn!(error = %e, "the runtime does not say its version");
             "unknown://".into()
         }
     }
+}
+
+/// A runtime's version as kubelet writes it (`utilversion.ParseGeneric`): its leading numbers
+/// and dots, a leading `v` and any suffix (`~ds1`, `-rc.1`) dropped; as given when it has none.
+fn generic_version(version: &str) -> &str {
+    let bare = version.strip_prefix('v').unwrap_or(version);
+    let end = bare.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(bare.len());
+    let numbers = bare[..end].trim_end_matches('.');
+    if numbers.is_empty() { version } else { numbers }
+}
+
+/// `dir`, or its nearest existing parent when it is not made yet: its filesystem is the one
+/// measured (kubelet's ephemeral-storage capacity is its root directory's filesystem).
+fn existing(dir: &Path) -> &Path {
+    dir.ancestors().find(|d| d.exists()).unwrap_or(Path::new("/"))
 }
 
 /// Go's name of an architecture, as `kubernetes.io/arch` carries it.
@@ -159,5 +192,30 @@ mod tests {
         );
         assert_eq!(os_image(""), "Linux");
         assert!(agent_version().starts_with("v1.26.0-kvol."));
+        let versions =
+            [("1.6.20~ds1", "1.6.20"), ("v1.7.0-rc.1", "1.7.0"), ("1.6.20", "1.6.20"), ("dev", "dev")];
+        for (given, want) in versions {
+            assert_eq!(generic_version(given), want, "{given}");
+        }
+    }
+
+    #[test]
+    fn huge_page_sizes_as_kubelet_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        for (size, pages) in [("2048kB", "3"), ("1048576kB", "0")] {
+            let sub = dir.path().join(format!("hugepages-{size}"));
+            std::fs::create_dir(&sub).unwrap();
+            std::fs::write(sub.join("nr_hugepages"), format!("{pages}\n")).unwrap();
+        }
+        let found: Vec<(String, u64)> = hugepages(dir.path()).into_iter().collect();
+        assert_eq!(found, [("hugepages-1Gi".to_string(), 0), ("hugepages-2Mi".to_string(), 3 << 21)]);
+    }
+
+    #[test]
+    fn a_state_directory_not_made_yet_counts_its_parents_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = capacity(&dir.path().join("not/made/yet")).ephemeral_storage_bytes;
+        assert_eq!(bytes, capacity(dir.path()).ephemeral_storage_bytes);
+        assert!(bytes > 0);
     }
 }

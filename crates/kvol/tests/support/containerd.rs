@@ -68,7 +68,10 @@ const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 impl PodNetwork {
     /// The network's config and plugins under `root/cni`, where containerd's config looks.
     fn set_up(root: &Path, plugins: &Path) -> PodNetwork {
-        let n = std::process::id() % 10_000 + fastrand::u32(0..1000) * 10_000;
+        // The process's networks count up, so that two of one test never share a subnet.
+        static NETWORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = NETWORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = std::process::id() % 10_000 + fastrand::u32(0..1000) * 10_000 + k;
         let bridge = format!("kvol{:x}", n);
         let subnet = format!("10.{}.0.0/16", 100 + n % 150);
         std::fs::create_dir_all(root.join("cni/conf")).unwrap();

@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod crashing;
 pub mod csi_peers;
 pub mod faults;
+pub mod footprint;
 pub mod grow;
 pub mod kubelet_host;
 pub mod proxy;
