@@ -88,7 +88,7 @@ pub async fn gather(
     NodeFacts {
         name: name.to_string(),
         hostname: name.to_string(),
-        internal_ip: crate::runner_cmd::host_ip(),
+        internal_ip: host_ip(),
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
         ephemeral_storage_bytes: resources.ephemeral_storage_bytes,
@@ -158,6 +158,14 @@ fn generic_version(version: &str) -> &str {
 /// measured (kubelet's ephemeral-storage capacity is its root directory's filesystem).
 fn existing(dir: &Path) -> &Path {
     dir.ancestors().find(|d| d.exists()).unwrap_or(Path::new("/"))
+}
+
+/// The node's address as a host-network pod sees it: the source address of the default route
+/// (nothing is sent), else loopback.
+pub(crate) fn host_ip() -> String {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0");
+    let local = socket.and_then(|s| s.connect("192.0.2.1:9").and_then(|()| s.local_addr()));
+    local.map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into())
 }
 
 /// Go's name of an architecture, as `kubernetes.io/arch` carries it.

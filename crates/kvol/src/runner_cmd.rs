@@ -39,7 +39,7 @@ pub fn prepare(
         state_dir: config.state_dir.join("runner"),
         log_root,
         node_name: config.node_name.clone(),
-        host_ip: host_ip(),
+        host_ip: crate::node_facts::host_ip(),
         resolv_conf: PathBuf::from("/etc/resolv.conf"),
         node: allocatable,
         node_labels: kvol_cluster::node_registration::well_known_labels(
@@ -90,12 +90,4 @@ impl RunnerSetup {
         tokio::spawn(runner.run(self.objects, stop_rx));
         Ok(StartedRunner { stop: stop_tx, reports: Some(reports) })
     }
-}
-
-/// The node's address as a host-network pod sees it: the source address of the default route
-/// (nothing is sent), else loopback.
-pub(crate) fn host_ip() -> String {
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0");
-    let local = socket.and_then(|s| s.connect("192.0.2.1:9").and_then(|()| s.local_addr()));
-    local.map(|a| a.ip().to_string()).unwrap_or_else(|_| "127.0.0.1".into())
 }
