@@ -168,7 +168,7 @@ async fn allocatable_held_back_and_memory_pressure_posted_when_it_comes() {
     // As the API server returns them (canonical quantities).
     assert_eq!(status.capacity.as_ref().unwrap()["cpu"].0, "2");
     assert_eq!(status.allocatable.as_ref().unwrap()["cpu"].0, "1700m");
-    assert_eq!(status.allocatable.as_ref().unwrap()["memory"].0, (3u64 << 30).to_string());
+    assert_eq!(status.allocatable.as_ref().unwrap()["memory"].0, "3Gi");
     let (memory, reason, before) = condition(&node, "MemoryPressure");
     assert_eq!((memory.as_str(), reason.as_deref()), ("False", Some("KubeletHasSufficientMemory")));
     let ready_since = condition(&node, "Ready").2;
