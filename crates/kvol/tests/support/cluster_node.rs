@@ -75,9 +75,23 @@ pub fn kubelet_client_pki(dir: &Path) {
 }
 
 pub fn agent(node: &str, kubeconfig: &Path, root: &Path, endpoint: &str, log: &Path) -> Command {
+    agent_resyncing(node, kubeconfig, root, endpoint, log, 1)
+}
+
+/// [`agent`] checking its published volumes every `resync_seconds` (the tests' 1, or the
+/// default 10 as a node ships).
+pub fn agent_resyncing(
+    node: &str,
+    kubeconfig: &Path,
+    root: &Path,
+    endpoint: &str,
+    log: &Path,
+    resync_seconds: u64,
+) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kvol"));
     command
-        .args(["agent", "--no-metrics", "--no-components", "--resync-seconds", "1", "--node-name", node])
+        .args(["agent", "--no-metrics", "--no-components", "--node-name", node])
+        .args(["--resync-seconds", &resync_seconds.to_string()])
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .arg("--root")

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use crate::control_plane::{self, ControlPlane};
-use crate::support::cluster_node::{Process, agent, ready_condition, until};
+use crate::support::cluster_node::{Process, agent_resyncing, ready_condition, until};
 use crate::support::containerd::{Containerd, tools};
 use crate::support::kubelet_host::{KubeletSide, kubelet_binary, kubelet_command};
 
@@ -70,7 +70,9 @@ impl SideBySide {
         let root = scratch.path().join("node");
         let endpoint = kvol_containerd.endpoint();
         let started = Instant::now();
-        let command = agent(KVOL_NODE, &control.server.kubeconfig, &root, &endpoint, &kvol_log).spawn();
+        // As a node ships: its volumes checked every 10 s (the tests' agent checks every second).
+        let kubeconfig = &control.server.kubeconfig;
+        let command = agent_resyncing(KVOL_NODE, kubeconfig, &root, &endpoint, &kvol_log, 10).spawn();
         let kvol = Process(command.unwrap_or_else(|e| panic!("cannot start the agent of {KVOL_NODE}: {e}")));
         let kubelet = KubeletSide::start(|dir| {
             let mut command = kubelet_command(
