@@ -6,11 +6,13 @@
 
 #[path = "../../kvol-cluster/tests/support/mod.rs"]
 mod cluster;
+#[path = "support/control_plane.rs"]
+mod control_plane;
 #[allow(dead_code)]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,35 +23,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
-use support::cluster_node::{Process, agent, kubelet_client_pki, ready_condition, until};
+use support::cluster_node::{Process, agent, ready_condition, until};
 use support::containerd::{Containerd, IMAGE, tools};
 
 const NODE: &str = "kvol-worker";
-
-/// kube-controller-manager and kube-scheduler, or `None` with the reason printed.
-fn control_plane() -> Option<(PathBuf, PathBuf)> {
-    let found = |var: &str| std::env::var_os(var).filter(|p| !p.is_empty()).map(PathBuf::from);
-    match (found("KVOL_KUBE_CONTROLLER_MANAGER"), found("KVOL_KUBE_SCHEDULER")) {
-        (Some(kcm), Some(scheduler)) => Some((kcm, scheduler)),
-        _ => {
-            eprintln!("skipped: set KVOL_KUBE_CONTROLLER_MANAGER and KVOL_KUBE_SCHEDULER");
-            None
-        }
-    }
-}
-
-/// A control-plane process, its output in `log`.
-fn start(binary: &Path, args: &[String], log: &Path) -> Process {
-    let out = std::fs::File::create(log).unwrap();
-    let child = Command::new(binary)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-    Process(child)
-}
 
 /// The Deployment's pods: each mounts a configMap, a secret, the downward API and an emptyDir
 /// (and the kube-api-access volume the API server adds), writes what it read into the
@@ -323,51 +300,16 @@ fn deployments_jobs_and_evictions_on_a_kvol_node_beside_the_whole_control_plane(
         Ok(busybox) => busybox,
         Err(why) => return eprintln!("skipped: {why}"),
     };
-    let Some((apiserver, etcd)) = cluster::binaries() else { return };
-    let Some((kcm, scheduler)) = control_plane() else { return };
+    let Some(binaries) = control_plane::binaries() else { return };
     support::enter_private_mount_namespace();
     let Some(containerd) = Containerd::with_pod_network(&busybox) else { return };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let pki = kvol_test_support::ScratchRoot::new();
-    kubelet_client_pki(pki.path());
-    let server = cluster::ApiServer::start_with(
-        &apiserver,
-        &etcd,
-        vec![
-            format!("--kubelet-client-certificate={}", pki.path().join("client.crt").display()),
-            format!("--kubelet-client-key={}", pki.path().join("client.key").display()),
-            "--kubelet-preferred-address-types=InternalIP".into(),
-            // The controllers make the service accounts: every pod gets kube-api-access.
-            "--disable-admission-plugins=".into(),
-        ],
-    );
+    let plane = control_plane::ControlPlane::start(&binaries);
+    let server = &plane.server;
     let client = runtime.block_on(server.client());
     let scratch = kvol_test_support::ScratchRoot::new();
     let (root, log) = (scratch.path().join("node"), scratch.path().join("agent.log"));
-    std::fs::create_dir_all(scratch.path().join("pki")).unwrap();
-    std::fs::copy(pki.path().join("ca.crt"), scratch.path().join("pki/ca.crt")).unwrap();
-    let kubeconfig = format!("--kubeconfig={}", server.kubeconfig.display());
-    let api_dir = server.dir.path();
-    let _controllers = start(
-        &kcm,
-        &[
-            kubeconfig.clone(),
-            "--controllers=*".into(),
-            "--leader-elect=false".into(),
-            "--secure-port=0".into(),
-            "--use-service-account-credentials=false".into(),
-            format!("--service-account-private-key-file={}", api_dir.join("pki/sa.key").display()),
-            format!("--root-ca-file={}", api_dir.join("certs/apiserver.crt").display()),
-            "--node-monitor-period=1s".into(),
-            "--node-monitor-grace-period=20s".into(),
-        ],
-        &scratch.path().join("kube-controller-manager.log"),
-    );
-    let _scheduler = start(
-        &scheduler,
-        &[kubeconfig, "--leader-elect=false".into(), "--secure-port=0".into()],
-        &scratch.path().join("kube-scheduler.log"),
-    );
+    plane.give_client_ca(scratch.path());
     // A second node that stays Ready: with every node lost the controller takes the control
     // plane for cut off and evicts nothing.
     let _bystander = runtime.spawn(bystander(client.clone()));
