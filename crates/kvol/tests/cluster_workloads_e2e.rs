@@ -28,32 +28,6 @@ use support::containerd::{Containerd, IMAGE, tools};
 
 const NODE: &str = "kvol-worker";
 
-/// The Deployment's pods: each mounts a configMap, a secret, the downward API and an emptyDir
-/// (and the kube-api-access volume the API server adds), writes what it read into the
-/// emptyDir and serves it on its pod IP; evicted 2 s after its node is lost.
-fn deployment() -> serde_json::Value {
-    let script = "cat /cfg/greeting /creds/password /info/name \
-        /var/run/secrets/kubernetes.io/serviceaccount/namespace > /scratch/said; \
-        exec httpd -f -p 8080 -h /scratch";
-    let tolerate =
-        |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2});
-    json!({"metadata": {"name": "web"}, "spec": {
-        "replicas": 2,
-        "selector": {"matchLabels": {"app": "web"}},
-        "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "tolerations": [tolerate("node.kubernetes.io/unreachable"), tolerate("node.kubernetes.io/not-ready")],
-            "containers": [{"name": "web", "image": IMAGE, "command": ["sh", "-c", script],
-                "ports": [{"containerPort": 8080}],
-                "readinessProbe": {"httpGet": {"path": "/said", "port": 8080}, "periodSeconds": 1},
-                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}, {"name": "creds", "mountPath": "/creds"},
-                                 {"name": "info", "mountPath": "/info"}, {"name": "scratch", "mountPath": "/scratch"}]}],
-            "volumes": [{"name": "cfg", "configMap": {"name": "app"}},
-                        {"name": "creds", "secret": {"secretName": "creds"}},
-                        {"name": "info", "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
-                        {"name": "scratch", "emptyDir": {}}]}}}})
-}
-
 /// A StatefulSet of two with a volumeClaimTemplate on the upstream hostpath driver: each
 /// claim provisioned, attached by the controllers, published by kvol and written by its pod; a
 /// pod deleted comes back on the same claim and finds what it wrote.
@@ -432,7 +406,7 @@ async fn a_deployment_and_a_job(client: &kube::Client, log: &Path) {
     create(&secrets, json!({"metadata": {"name": "creds"}, "stringData": {"password": "s3cret\n"}})).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let created = Instant::now();
-    create(&deployments, deployment()).await;
+    create(&deployments, control_plane::web_deployment("web", 2, None)).await;
     let names = available(client, log, Duration::from_secs(120)).await;
     eprintln!("deployment created → Available (2 pods) in {} ms", created.elapsed().as_millis());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
