@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 use crate::actual::store::{ActualChange, GroupCommit, Store};
 use crate::model::{
-    ActualState, AttachedVolume, Claim, Operation, PodVolumeKey, PublishedVolume, StagedVolume,
+    ActualState, AttachedVolume, Claim, HeldClaims, Operation, PodVolumeKey, PublishedVolume, StagedVolume,
     plugin_volume_name,
 };
 use crate::report::metrics::Metrics;
@@ -72,6 +72,9 @@ struct State {
     actual: Arc<ActualState>,
     published_at: Arc<BTreeMap<PodVolumeKey, Instant>>,
     running: BTreeMap<String, Running>,
+    /// What the running operations hold, indexed (a submit at node scale would otherwise ask
+    /// thousands of them).
+    held: HeldClaims,
     failures: BTreeMap<String, Failure>,
     /// Once set, nothing new starts (shutdown).
     closed: bool,
@@ -152,11 +155,12 @@ impl Executor {
             let mut state = self.lock();
             let now = Instant::now();
             if state.closed
-                || state.running.values().any(|r| r.claim.conflicts(&claim))
+                || state.held.conflicts(&claim)
                 || state.failures.get(&key).is_some_and(|f| f.retry_at > now)
             {
                 return false;
             }
+            state.held.insert(&claim);
             state.running.insert(key.clone(), Running { operation: op.name(), started: now, claim });
             state.version += 1;
         }
@@ -221,7 +225,9 @@ impl Executor {
         self.metrics.observe_operation(op.name(), &label, ok, migrated, started.elapsed());
         {
             let mut state = self.lock();
-            state.running.remove(&key);
+            if let Some(ended) = state.running.remove(&key) {
+                state.held.remove(&ended.claim);
+            }
             state.version += 1;
             match outcome {
                 Ok(change) => {
@@ -472,10 +478,7 @@ impl Executor {
         let volume = PublishedVolume { uncertain: true, ..volume };
         let op = Operation::Publish { volume: volume.clone(), mount_options: Vec::new() };
         let mut state = self.lock();
-        if state.closed
-            || state.actual.published.contains_key(&volume.key)
-            || state.running.values().any(|r| r.claim.conflicts(&claim))
-        {
+        if state.closed || state.actual.published.contains_key(&volume.key) || state.held.conflicts(&claim) {
             return Ok(false);
         }
         self.record_locked(&mut state, &op, ActualChange::SetPublished(volume))?;

@@ -1,6 +1,6 @@
 //! The agent's vocabulary: the objects a source provides, the volumes pods want, the volumes the node has, and the operations between them; plain data, no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -268,6 +268,63 @@ impl Claim {
     }
 }
 
+/// Claims held at once, indexed so that telling whether one more conflicts with any of them
+/// ([`Claim::conflicts`]) is two lookups, not a pass over all: the planner and the executor
+/// each hold thousands of claims at node scale.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldClaims {
+    /// How many held claims name each pod volume.
+    pod_volumes: HashMap<PodVolumeKey, usize>,
+    /// Per unique name: how many held claims name it, and how many of those are not pod-level.
+    volumes: HashMap<String, (usize, usize)>,
+}
+
+impl HeldClaims {
+    pub fn new<'a>(claims: impl IntoIterator<Item = &'a Claim>) -> HeldClaims {
+        let mut held = HeldClaims::default();
+        claims.into_iter().for_each(|c| held.insert(c));
+        held
+    }
+
+    /// Whether `claim` conflicts with one held: the same result as asking each.
+    pub fn conflicts(&self, claim: &Claim) -> bool {
+        let same_pod_volume = claim.pod.as_ref().is_some_and(|key| self.pod_volumes.contains_key(key));
+        let same_volume = self
+            .volumes
+            .get(&claim.unique_name)
+            .is_some_and(|&(all, node_level)| if claim.pod.is_none() { all > 0 } else { node_level > 0 });
+        same_pod_volume || same_volume
+    }
+
+    pub fn insert(&mut self, claim: &Claim) {
+        if let Some(key) = &claim.pod {
+            *self.pod_volumes.entry(key.clone()).or_default() += 1;
+        }
+        let counts = self.volumes.entry(claim.unique_name.clone()).or_default();
+        counts.0 += 1;
+        counts.1 += usize::from(claim.pod.is_none());
+    }
+
+    /// Lets go of one claim equal to `claim` (one that was inserted).
+    pub fn remove(&mut self, claim: &Claim) {
+        if let Some(key) = &claim.pod
+            && let Some(count) = self.pod_volumes.get_mut(key)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.pod_volumes.remove(key);
+            }
+        }
+        if let Some(counts) = self.volumes.get_mut(&claim.unique_name) {
+            counts.0 -= 1;
+            counts.1 -= usize::from(claim.pod.is_none());
+            if counts.0 == 0 {
+                self.volumes.remove(&claim.unique_name);
+            }
+        }
+    }
+}
+
 /// A volume's unique name, as upstream forms it: `<plugin>/<volume name>` for a volume that is
 /// attached or staged (one per node, whichever pods use it), `<plugin>/<pod uid>-<spec name>`
 /// for one that is only published (each pod has its own). `plugin` is the name pod volume
@@ -309,6 +366,41 @@ mod tests {
         for (a, b, conflict) in rows {
             assert_eq!(a.conflicts(&b), conflict, "{a:?} vs {b:?}");
             assert_eq!(b.conflicts(&a), conflict, "{b:?} vs {a:?} (symmetric)");
+        }
+    }
+
+    #[test]
+    fn held_claims_answer_as_asking_each_claim() {
+        let held = [
+            claim("v", None),
+            claim("w", Some(("p1", "d"))),
+            claim("w", Some(("p2", "d"))),
+            claim("x", Some(("p3", "e"))),
+        ];
+        let asked = [
+            claim("v", None),
+            claim("v", Some(("p9", "d"))),
+            claim("w", None),
+            claim("w", Some(("p4", "d"))),
+            claim("y", Some(("p1", "d"))),
+            claim("x", Some(("p3", "f"))),
+            claim("z", None),
+        ];
+        // Every subset of the held claims, built up and taken apart again.
+        for mask in 0..(1u32 << held.len()) {
+            let chosen: Vec<&Claim> =
+                held.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, c)| c).collect();
+            let mut set = HeldClaims::new(held.iter());
+            for (i, c) in held.iter().enumerate() {
+                if mask & (1 << i) == 0 {
+                    set.remove(c);
+                }
+            }
+            assert_eq!(set, HeldClaims::new(chosen.iter().copied()), "removal undoes insertion ({mask:b})");
+            for a in &asked {
+                let each = chosen.iter().any(|c| c.conflicts(a));
+                assert_eq!(set.conflicts(a), each, "{a:?} against {chosen:?}");
+            }
         }
     }
 

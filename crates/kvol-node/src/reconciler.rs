@@ -1,12 +1,12 @@
 //! The reconciler's decision: from what pods want and what the node has, the next operations — teardown first, then bring-up; pure, no I/O.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kvol_plugin::VolumeSpec;
 
-use crate::model::{ActualState, Claim, DesiredState, Operation, PodVolumeKey, PublishedVolume};
+use crate::model::{ActualState, Claim, DesiredState, HeldClaims, Operation, PodVolumeKey, PublishedVolume};
 
 /// How a wanted volume is served, as the plugin registry resolved it (migration decided and
 /// the spec translated if needed).
@@ -111,6 +111,10 @@ pub fn plan(
     let published_uses: BTreeSet<&str> = actual.published.values().map(|p| p.unique_name.as_str()).collect();
     let wanted_all: Vec<&Resolution> =
         desired.volumes.keys().filter_map(|k| resolutions.get(k).and_then(|r| r.as_ref().ok())).collect();
+    let staging_wanted: HashSet<&str> =
+        wanted_all.iter().filter(|r| r.staging_path.is_some()).map(|r| r.unique_name.as_str()).collect();
+    let attach_wanted: HashSet<&str> =
+        wanted_all.iter().filter(|r| r.attach).map(|r| r.unique_name.as_str()).collect();
     let unresolved_specs: Vec<&VolumeSpec> = desired
         .volumes
         .iter()
@@ -120,7 +124,7 @@ pub fn plan(
     let maybe_unresolved = |spec: &VolumeSpec| unresolved_specs.iter().any(|wanted| may_be(spec, wanted));
     for (unique, staged) in &actual.staged {
         let needed = published_uses.contains(unique.as_str())
-            || wanted_all.iter().any(|r| &r.unique_name == unique && r.staging_path.is_some())
+            || staging_wanted.contains(unique.as_str())
             || maybe_unresolved(&staged.spec);
         if !needed {
             teardown.push(Operation::Unstage { volume: staged.clone() });
@@ -129,7 +133,7 @@ pub fn plan(
     for (unique, attached) in &actual.attached {
         let needed = actual.staged.contains_key(unique)
             || published_uses.contains(unique.as_str())
-            || wanted_all.iter().any(|r| &r.unique_name == unique && r.attach)
+            || attach_wanted.contains(unique.as_str())
             || maybe_unresolved(&attached.spec);
         if !needed {
             teardown.push(Operation::Detach { volume: attached.clone() });
@@ -149,14 +153,14 @@ pub fn plan(
         }
         bring_up.push(next_step(key, volume, r, actual));
     }
-    let mut held: Vec<Claim> = busy.to_vec();
+    let mut held = HeldClaims::new(busy);
     let mut ops = Vec::new();
     for op in teardown.into_iter().chain(bring_up) {
         let claim = op.claim();
-        if held.iter().any(|h| h.conflicts(&claim)) {
+        if held.conflicts(&claim) {
             continue;
         }
-        held.push(claim);
+        held.insert(&claim);
         ops.push(op);
     }
     ops
