@@ -1,0 +1,231 @@
+//! volumes, volumeIO, multiVolume and the volume's stats: data written in one pod read in the next, files of some MiB checksummed, several volumes in a pod, one volume in two pods (read-write and read-only), NodeGetVolumeStats against what was written.
+
+use super::{CaseOutcome, Ctx, End};
+use crate::data;
+use crate::node::Want;
+use crate::report::{CallNote, Failure};
+
+const MIB: usize = 1 << 20;
+
+/// Upstream's "should store data": a pod writes, is deleted (the volume unpublished and
+/// unstaged), and a new pod on the node reads it.
+pub async fn store_data(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let content = data::pattern("volumes-store-data", 1024);
+    let injector =
+        ctx.node.start_pod("injector", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    data::write(&injector.volumes[0].path, "index.html", &content)?;
+    ctx.node.stop_pod(&injector).await?;
+    let client =
+        ctx.node.start_pod("client", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    data::expect(
+        &client.volumes[0].path,
+        "index.html",
+        &content,
+        "a new pod, after the first was deleted (NodeUnpublishVolume, NodeUnstageVolume) and the volume set up again",
+    )?;
+    ctx.node.stop_pod(&client).await?;
+    Ok(End::Passed)
+}
+
+/// Upstream's volumeIO: files of several sizes written, then read back in another pod with
+/// their size and checksum.
+pub async fn volume_io(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let largest = (ctx.size as usize / 4).clamp(MIB, 32 * MIB);
+    let sizes = [MIB, largest];
+    let writer =
+        ctx.node.start_pod("io-writer", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    for (i, size) in sizes.iter().enumerate() {
+        data::write(&writer.volumes[0].path, &format!("io-{i}"), &data::pattern(&format!("io-{i}"), *size))?;
+    }
+    ctx.node.stop_pod(&writer).await?;
+    let reader =
+        ctx.node.start_pod("io-reader", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    for (i, size) in sizes.iter().enumerate() {
+        let what = format!("a {} MiB file read in a second pod", size / MIB);
+        data::expect(
+            &reader.volumes[0].path,
+            &format!("io-{i}"),
+            &data::pattern(&format!("io-{i}"), *size),
+            &what,
+        )?;
+    }
+    ctx.node.stop_pod(&reader).await?;
+    Ok(End::Passed)
+}
+
+/// Two volumes in one pod, each with its own data, still there (and not swapped) in the pod
+/// made again on the node.
+pub async fn two_volumes(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let a = ctx.node.provision(ctx.size, None).await?;
+    let b = ctx.node.provision(ctx.size, None).await?;
+    let wanted = [
+        Want::Persistent { volume: &a, read_only: false },
+        Want::Persistent { volume: &b, read_only: false },
+    ];
+    let pod = ctx.node.start_pod("two-volumes", &wanted).await?;
+    for (i, published) in pod.volumes.iter().enumerate() {
+        data::write(&published.path, "data", &data::pattern(&format!("volume-{i}"), 4096))?;
+    }
+    ctx.node.stop_pod(&pod).await?;
+    let again = ctx.node.start_pod("two-volumes-again", &wanted).await?;
+    for (i, published) in again.volumes.iter().enumerate() {
+        let what = format!("volume {} of the pod made again on the node", published.spec.name());
+        data::expect(&published.path, "data", &data::pattern(&format!("volume-{i}"), 4096), &what)?;
+    }
+    ctx.node.stop_pod(&again).await?;
+    Ok(End::Passed)
+}
+
+/// One volume in two pods on the node at once (staged once, published twice): each sees
+/// what the other writes.
+pub async fn same_volume_two_pods(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let want = [Want::Persistent { volume: &volume, read_only: false }];
+    let first = ctx.node.start_pod("first", &want).await?;
+    let second = ctx.node.start_pod("second", &want).await?;
+    data::write(&first.volumes[0].path, "from-first", b"first")?;
+    data::write(&second.volumes[0].path, "from-second", b"second")?;
+    data::expect(
+        &second.volumes[0].path,
+        "from-first",
+        b"first",
+        "the second pod, reading what the first wrote",
+    )?;
+    data::expect(
+        &first.volumes[0].path,
+        "from-second",
+        b"second",
+        "the first pod, reading what the second wrote",
+    )?;
+    ctx.node.stop_pod(&second).await?;
+    // The first pod keeps its volume while the second goes.
+    data::expect(
+        &first.volumes[0].path,
+        "from-second",
+        b"second",
+        "the first pod, after the second pod was deleted",
+    )?;
+    ctx.node.stop_pod(&first).await?;
+    Ok(End::Passed)
+}
+
+/// The volume in a read-write pod and in a read-only pod at once: the read-only pod reads
+/// the data and cannot write (NodePublishVolume's `readonly` honoured); the other still can.
+pub async fn read_only(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let writer =
+        ctx.node.start_pod("writer", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    data::write(&writer.volumes[0].path, "data", b"shared")?;
+    let reader =
+        ctx.node.start_pod("read-only", &[Want::Persistent { volume: &volume, read_only: true }]).await?;
+    let published = &reader.volumes[0];
+    data::expect(&published.path, "data", b"shared", "the read-only pod")?;
+    data::expect_read_only(&published.path, "the pod that has the volume read-only").map_err(|f| {
+        Failure::new(format!("{}: the driver ignored NodePublishVolume's readonly", f.message)).with_call(
+            CallNote {
+                rpc: "NodePublishVolume".to_string(),
+                request: format!("target_path={} readonly=true", published.path.display()),
+                answer: "OK, and a writable mount".to_string(),
+                kubelet:
+                    "kubelet trusts the driver: the container could write to a volume its pod has read-only"
+                        .to_string(),
+            },
+        )
+    })?;
+    data::write(&writer.volumes[0].path, "still-writable", b"yes")?;
+    ctx.node.stop_pod(&reader).await?;
+    ctx.node.stop_pod(&writer).await?;
+    Ok(End::Passed)
+}
+
+/// NodeGetVolumeStats after 8 MiB were written: the usage covers them, and capacity,
+/// available and used agree with each other.
+pub async fn stats(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let pod = ctx.node.start_pod("stats", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    let published = &pod.volumes[0];
+    let written = (8 * MIB).min(ctx.size as usize / 2) as u64;
+    data::write(&published.path, "filler", &data::pattern("stats", written as usize))?;
+    let stats = ctx.node.stats(&pod, published).await?;
+    let note = |answer: String| {
+        CallNote {
+        rpc: "NodeGetVolumeStats".to_string(),
+        request: format!("volume_id={} volume_path={}", volume.handle, published.path.display()),
+        answer,
+        kubelet: "kubelet publishes these figures as kubelet_volume_stats_* and uses them for ephemeral-storage eviction".to_string(),
+    }
+    };
+    let answer = format!("{stats:?}");
+    let problem = stats_problem(&stats, written);
+    if let Some(problem) = problem {
+        return Err(Failure::new(format!("NodeGetVolumeStats lies: {problem}")).with_call(note(answer)));
+    }
+    ctx.node.stop_pod(&pod).await?;
+    Ok(End::Passed)
+}
+
+/// What is wrong with stats taken after `written` bytes went into the volume. Pure.
+pub fn stats_problem(stats: &kvol_plugin::plugin::VolumeStats, written: u64) -> Option<String> {
+    let (Some(capacity), Some(used)) = (stats.capacity_bytes, stats.used_bytes) else {
+        return Some("it reports no capacity or no used bytes".to_string());
+    };
+    // 90 %: a filesystem may keep some of a fresh file's blocks in its journal for a moment.
+    if used < written / 10 * 9 {
+        return Some(format!("used_bytes is {used} after {written} bytes were written and synced"));
+    }
+    if used > capacity {
+        return Some(format!("used_bytes {used} is more than the capacity {capacity}"));
+    }
+    if let Some(available) = stats.available_bytes
+        && available > capacity
+    {
+        return Some(format!("available_bytes {available} is more than the capacity {capacity}"));
+    }
+    if let (Some(inodes), Some(used_inodes)) = (stats.inodes, stats.inodes_used)
+        && (used_inodes == 0 || used_inodes > inodes)
+    {
+        return Some(format!("{used_inodes} inodes used of {inodes}, with a file in the volume"));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use kvol_plugin::plugin::VolumeStats;
+
+    use super::stats_problem;
+
+    #[test]
+    fn stats_that_cannot_be_true_are_told() {
+        let stats = |capacity, available, used, inodes, inodes_used| VolumeStats {
+            capacity_bytes: capacity,
+            available_bytes: available,
+            used_bytes: used,
+            inodes,
+            inodes_used,
+            ..VolumeStats::default()
+        };
+        const M: u64 = 1 << 20;
+        // (stats, written, problem starts with)
+        let table = [
+            (stats(Some(100 * M), Some(90 * M), Some(10 * M), Some(100), Some(2)), 8 * M, None),
+            (stats(Some(100 * M), None, Some(8 * M), None, None), 8 * M, None),
+            (stats(Some(100 * M), Some(100 * M), Some(0), None, None), 8 * M, Some("used_bytes is 0")),
+            (stats(None, None, Some(8 * M), None, None), 8 * M, Some("it reports no capacity")),
+            (stats(Some(M), None, Some(8 * M), None, None), 8 * M, Some("used_bytes 8388608 is more than")),
+            (stats(Some(100 * M), Some(200 * M), Some(8 * M), None, None), 8 * M, Some("available_bytes")),
+            (stats(Some(100 * M), None, Some(8 * M), Some(10), Some(0)), 8 * M, Some("0 inodes used of 10")),
+        ];
+        for (s, written, problem) in table {
+            let found = stats_problem(&s, written);
+            match problem {
+                None => assert_eq!(found, None, "{s:?}"),
+                Some(start) => {
+                    assert!(found.as_deref().is_some_and(|f| f.starts_with(start)), "{s:?}: {found:?}")
+                }
+            }
+        }
+    }
+}
