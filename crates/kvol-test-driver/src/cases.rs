@@ -325,20 +325,18 @@ pub fn verdict(case: &Case, definition: &DriverDefinition, facts: Facts) -> Verd
     }
 }
 
-/// Every case and its verdict; a case whose name does not contain `focus` (when given) is
-/// skipped as not asked for.
-pub fn select(definition: &DriverDefinition, facts: Facts, focus: Option<&str>) -> Vec<(Case, Verdict)> {
+/// The cases asked for and their verdicts: with `focus` given, only those whose name (or
+/// upstream name) contains one of its words.
+pub fn select(definition: &DriverDefinition, facts: Facts, focus: &[String]) -> Vec<(Case, Verdict)> {
     CASES
         .iter()
-        .map(|case| {
-            let asked = focus.is_none_or(|f| case.name.contains(f) || case.upstream_name().contains(f));
-            let verdict = if asked {
-                verdict(case, definition, facts)
-            } else {
-                Verdict::Skip("not in --focus".to_string())
-            };
-            (*case, verdict)
+        .filter(|case| {
+            focus.is_empty()
+                || focus
+                    .iter()
+                    .any(|f| case.name.contains(f.as_str()) || case.upstream_name().contains(f.as_str()))
         })
+        .map(|case| (*case, verdict(case, definition, facts)))
         .collect()
 }
 
@@ -349,7 +347,7 @@ mod tests {
 
     fn skipped(definition: &str, facts: Facts) -> Vec<(&'static str, String)> {
         let d = parse(definition, "t.yaml").unwrap();
-        select(&d, facts, None)
+        select(&d, facts, &[])
             .into_iter()
             .filter_map(|(case, v)| match v {
                 Verdict::Skip(reason) => Some((case.name, reason)),
@@ -360,7 +358,7 @@ mod tests {
 
     fn runs(definition: &str, facts: Facts) -> Vec<&'static str> {
         let d = parse(definition, "t.yaml").unwrap();
-        select(&d, facts, None).into_iter().filter(|(_, v)| *v == Verdict::Run).map(|(c, _)| c.name).collect()
+        select(&d, facts, &[]).into_iter().filter(|(_, v)| *v == Verdict::Run).map(|(c, _)| c.name).collect()
     }
 
     #[test]
@@ -452,10 +450,10 @@ mod tests {
     #[test]
     fn focus_keeps_the_matching_cases_only() {
         let d = parse("DriverInfo: {Name: d}\nStorageClass: {FromName: true}", "t.yaml").unwrap();
-        let chosen = select(&d, Facts::default(), Some("subpath"));
-        let run: Vec<_> = chosen.iter().filter(|(_, v)| *v == Verdict::Run).map(|(c, _)| c.name).collect();
+        let chosen = select(&d, Facts::default(), &["subpath".to_string()]);
+        let names: Vec<_> = chosen.iter().map(|(c, _)| c.name).collect();
         assert_eq!(
-            run,
+            names,
             [
                 "subpath-non-existent",
                 "subpath-existing-directory",
@@ -464,11 +462,10 @@ mod tests {
                 "subpath-backstepping"
             ]
         );
-        assert!(
-            chosen
-                .iter()
-                .any(|(c, v)| c.name == "provision-defaults" && *v == Verdict::Skip("not in --focus".into()))
-        );
+        assert!(chosen.iter().all(|(_, v)| *v == Verdict::Run));
+        let focus = ["subpath-file".to_string(), "should provision storage with defaults".to_string()];
+        let names: Vec<_> = select(&d, Facts::default(), &focus).iter().map(|(c, _)| c.name).collect();
+        assert_eq!(names, ["provision-defaults", "subpath-file"]);
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct Published {
     pub path: PathBuf,
     pub staging: Option<PathBuf>,
     pub read_only: bool,
+    /// The NodePublishVolume request, summed up for a report.
+    pub request: String,
 }
 
 /// A pod: its identity and its published volumes, in the order asked.
@@ -380,8 +382,10 @@ impl Node {
         self.made().pods.insert(pod.info.uid.clone(), pod.clone());
         for want in wanted {
             let published = self.publish(&pod.info, want).await?;
-            pod.volumes.push(published);
+            // Booked before it is checked, so that a bad publish is still taken down.
+            pod.volumes.push(published.clone());
             self.made().pods.insert(pod.info.uid.clone(), pod.clone());
+            expect_mounted(&published)?;
         }
         Ok(pod)
     }
@@ -431,20 +435,7 @@ impl Node {
             .publish(&request)
             .await
             .map_err(|e| call_failure("NodePublishVolume", summary.clone(), &e))?;
-        let published = Published { spec, target, path: path.clone(), staging, read_only };
-        if !SystemMounter.is_mount_point(&path).unwrap_or(false) {
-            return Err(Failure::new(format!(
-                "NodePublishVolume answered OK but nothing is mounted at its target_path {}: the driver mounted the volume somewhere else, or not at all",
-                path.display()
-            ))
-            .with_call(CallNote {
-                rpc: "NodePublishVolume".to_string(),
-                request: summary,
-                answer: "OK".to_string(),
-                kubelet: "kubelet would start the containers on an empty directory of the node's root filesystem".to_string(),
-            }));
-        }
-        Ok(published)
+        Ok(Published { spec, target, path, staging, read_only, request: summary })
     }
 
     /// Stops a pod: each volume unpublished, and unstaged when no other pod uses it.
@@ -472,8 +463,7 @@ impl Node {
             }
         }
         self.made().pods.remove(&pod.info.uid);
-        let _ = std::fs::remove_dir_all(&pod_dir);
-        Ok(())
+        remove_pod_dir(&pod_dir)
     }
 
     /// NodeGetVolumeStats of a published volume, through the plugin (as kubelet's volume
@@ -567,6 +557,40 @@ impl Node {
     /// Forgets a volume staged for the pods (after the driver lost it: a restart test).
     pub fn staged_path(&self, handle: &str) -> Option<PathBuf> {
         self.made().staged.get(handle).map(|e| e.0.clone())
+    }
+}
+
+/// Checks that NodePublishVolume left a mount at the target path, as every filesystem volume
+/// a container is given must be.
+fn expect_mounted(published: &Published) -> Result<(), Failure> {
+    if SystemMounter.is_mount_point(&published.path).unwrap_or(false) {
+        return Ok(());
+    }
+    Err(Failure::new(format!(
+        "NodePublishVolume answered OK but nothing is mounted at its target_path {}: the driver mounted the volume somewhere else, or not at all",
+        published.path.display()
+    ))
+    .with_call(CallNote {
+        rpc: "NodePublishVolume".to_string(),
+        request: published.request.clone(),
+        answer: "OK".to_string(),
+        kubelet: "kubelet would start the containers on an empty directory of the node's root filesystem".to_string(),
+    }))
+}
+
+/// Removes a stopped pod's directory, never through a mount: with one left below it, the
+/// directory stays and that is the failure.
+fn remove_pod_dir(pod_dir: &Path) -> Result<(), Failure> {
+    match SystemMounter.mounts_under(pod_dir) {
+        Ok(mounts) if mounts.is_empty() => {
+            let _ = std::fs::remove_dir_all(pod_dir);
+            Ok(())
+        }
+        Ok(mounts) => Err(Failure::new(format!(
+            "after every volume of the pod was unpublished, {} is still mounted: the driver's NodeUnpublishVolume left it",
+            mounts[0].target.display()
+        ))),
+        Err(e) => Err(Failure::new(format!("cannot read the mount table under {}: {e}", pod_dir.display()))),
     }
 }
 

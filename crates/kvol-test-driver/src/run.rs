@@ -43,8 +43,8 @@ pub struct Config {
     /// Where kubelet's directories, the driver's socket (when kvol starts it) and its log go;
     /// made if missing, and what kvol made in it removed at the end.
     pub work_dir: PathBuf,
-    /// Only cases whose name contains this.
-    pub focus: Option<String>,
+    /// Only cases whose name (or upstream name) contains one of these; all when empty.
+    pub focus: Vec<String>,
     /// Each CSI call's deadline.
     pub call_timeout: Duration,
 }
@@ -195,7 +195,7 @@ async fn run_with_driver(
     .map_err(|f| setup(f.message))?;
     let mut ctx = Ctx { node: &node, driver, definition, size: claim_size(definition) };
     let mut results = Vec::new();
-    for (case, verdict) in cases::select(definition, facts, config.focus.as_deref()) {
+    for (case, verdict) in cases::select(definition, facts, &config.focus) {
         let case_started = Instant::now();
         let outcome = match verdict {
             Verdict::Skip(reason) => Outcome::Skipped(reason),

@@ -24,9 +24,10 @@ pub struct TestDriverArgs {
     /// Write the report as JUnit XML to this file.
     #[arg(long)]
     pub junit: Option<PathBuf>,
-    /// Run only the cases whose name (or upstream name) contains this.
-    #[arg(long)]
-    pub focus: Option<String>,
+    /// Run only the cases whose name (or upstream name) contains one of these
+    /// (comma-separated, or the flag repeated).
+    #[arg(long, value_delimiter = ',')]
+    pub focus: Vec<String>,
     /// Where kubelet's directories, the driver's socket and log go (a run directory is made
     /// in it and removed at the end).
     #[arg(long, default_value = "/var/lib/kvol-test-driver")]

@@ -33,9 +33,7 @@ pub async fn read_only(ctx: &mut Ctx<'_>) -> CaseOutcome {
     let inline = volume(ctx, 0);
     let want = [Want::Inline { name: "my-volume", attributes: &inline.attributes, read_only: true }];
     let pod = ctx.node.start_pod("inline-ro", &want).await?;
-    data::expect_read_only(&pod.volumes[0].path, "the pod's read-only inline volume").map_err(|f| {
-        crate::report::Failure::new(format!("{}: the driver ignored NodePublishVolume's readonly", f.message))
-    })?;
+    super::volumes::expect_read_only_publish(&pod.volumes[0], "the pod's read-only inline volume")?;
     ctx.node.stop_pod(&pod).await?;
     Ok(End::Passed)
 }

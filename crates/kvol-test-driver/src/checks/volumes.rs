@@ -2,7 +2,7 @@
 
 use super::{CaseOutcome, Ctx, End};
 use crate::data;
-use crate::node::Want;
+use crate::node::{Published, Want};
 use crate::report::{CallNote, Failure};
 
 const MIB: usize = 1 << 20;
@@ -22,7 +22,7 @@ pub async fn store_data(ctx: &mut Ctx<'_>) -> CaseOutcome {
         &client.volumes[0].path,
         "index.html",
         &content,
-        "a new pod, after the first was deleted (NodeUnpublishVolume, NodeUnstageVolume) and the volume set up again",
+        "the data did not survive the volume's NodeUnstageVolume and NodeStageVolume: a new pod, after the first was deleted",
     )?;
     ctx.node.stop_pod(&client).await?;
     Ok(End::Passed)
@@ -71,7 +71,10 @@ pub async fn two_volumes(ctx: &mut Ctx<'_>) -> CaseOutcome {
     ctx.node.stop_pod(&pod).await?;
     let again = ctx.node.start_pod("two-volumes-again", &wanted).await?;
     for (i, published) in again.volumes.iter().enumerate() {
-        let what = format!("volume {} of the pod made again on the node", published.spec.name());
+        let what = format!(
+            "volume {} of the pod made again on the node (unstaged and staged again in between)",
+            published.spec.name()
+        );
         data::expect(&published.path, "data", &data::pattern(&format!("volume-{i}"), 4096), &what)?;
     }
     ctx.node.stop_pod(&again).await?;
@@ -122,22 +125,28 @@ pub async fn read_only(ctx: &mut Ctx<'_>) -> CaseOutcome {
         ctx.node.start_pod("read-only", &[Want::Persistent { volume: &volume, read_only: true }]).await?;
     let published = &reader.volumes[0];
     data::expect(&published.path, "data", b"shared", "the read-only pod")?;
-    data::expect_read_only(&published.path, "the pod that has the volume read-only").map_err(|f| {
+    expect_read_only_publish(published, "the pod that has the volume read-only")?;
+    data::write(&writer.volumes[0].path, "still-writable", b"yes")?;
+    ctx.node.stop_pod(&reader).await?;
+    ctx.node.stop_pod(&writer).await?;
+    Ok(End::Passed)
+}
+
+/// Checks that a volume published read-only refuses writes; a write that gets through is the
+/// driver ignoring NodePublishVolume's `readonly`.
+pub fn expect_read_only_publish(published: &Published, what: &str) -> Result<(), Failure> {
+    data::expect_read_only(&published.path, what).map_err(|f| {
         Failure::new(format!("{}: the driver ignored NodePublishVolume's readonly", f.message)).with_call(
             CallNote {
                 rpc: "NodePublishVolume".to_string(),
-                request: format!("target_path={} readonly=true", published.path.display()),
+                request: published.request.clone(),
                 answer: "OK, and a writable mount".to_string(),
                 kubelet:
                     "kubelet trusts the driver: the container could write to a volume its pod has read-only"
                         .to_string(),
             },
         )
-    })?;
-    data::write(&writer.volumes[0].path, "still-writable", b"yes")?;
-    ctx.node.stop_pod(&reader).await?;
-    ctx.node.stop_pod(&writer).await?;
-    Ok(End::Passed)
+    })
 }
 
 /// NodeGetVolumeStats after 8 MiB were written: the usage covers them, and capacity,
