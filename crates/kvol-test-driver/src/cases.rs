@@ -36,8 +36,11 @@ pub enum CaseId {
     ProvisionMountOptions,
     ProvisionFromSnapshot,
     ProvisionFromClaim,
+    Snapshottable,
     VolumesStoreData,
+    VolumesExec,
     VolumeIo,
+    BlockStoreData,
     SubPathNonExistent,
     SubPathExistingDirectory,
     SubPathFile,
@@ -46,6 +49,7 @@ pub enum CaseId {
     MultiVolumeTwoVolumes,
     MultiVolumeSameVolumeTwoPods,
     MultiVolumeReadOnly,
+    FsGroupAlways,
     ExpandOffline,
     ExpandOnline,
     EphemeralReadWrite,
@@ -90,6 +94,8 @@ impl Case {
 const DYN: &str = "Dynamic PV (default fs)";
 const DYN_EXPAND: &str = "Dynamic PV (default fs)(allowExpansion)";
 const INLINE: &str = "CSI Ephemeral-volume (default fs)";
+const BLOCK: &str = "Dynamic PV (block volmode)";
+const SNAPSHOT: &str = "Dynamic Snapshot (delete policy)";
 const PERSIST: &[Need] = &[Need::StorageClass, Need::Capability("persistence")];
 const CLASS: &[Need] = &[Need::StorageClass];
 
@@ -105,7 +111,7 @@ const fn case(
 }
 
 /// The table.
-pub const CASES: [Case; 22] = [
+pub const CASES: [Case; 26] = [
     case(
         CaseId::ProvisionDefaults,
         "provision-defaults",
@@ -138,7 +144,23 @@ pub const CASES: [Case; 22] = [
         "should provision storage with pvc data source",
         &[Need::StorageClass, Need::Capability("pvcDataSource")],
     ),
+    case(
+        CaseId::Snapshottable,
+        "snapshottable",
+        "snapshottable",
+        SNAPSHOT,
+        "volume snapshot controller should check snapshot fields, check restore correctly works after modifying source data, check deletion (persistent)",
+        &[Need::StorageClass, Need::SnapshotClass, Need::Capability("snapshotDataSource")],
+    ),
     case(CaseId::VolumesStoreData, "volumes-store-data", "volumes", DYN, "should store data", PERSIST),
+    case(
+        CaseId::VolumesExec,
+        "volumes-exec",
+        "volumes",
+        DYN,
+        "should allow exec of files on the volume",
+        &[Need::StorageClass, Need::Capability("exec")],
+    ),
     case(
         CaseId::VolumeIo,
         "volume-io",
@@ -146,6 +168,14 @@ pub const CASES: [Case; 22] = [
         DYN,
         "should write files of various sizes, verify size, validate content",
         PERSIST,
+    ),
+    case(
+        CaseId::BlockStoreData,
+        "block-store-data",
+        "volumes",
+        BLOCK,
+        "should store data",
+        &[Need::StorageClass, Need::Capability("persistence"), Need::Capability("block")],
     ),
     case(
         CaseId::SubPathNonExistent,
@@ -203,6 +233,14 @@ pub const CASES: [Case; 22] = [
         DYN,
         "should concurrently access the single read-only volume from pods on the same node",
         &[Need::StorageClass, Need::Capability("multipods")],
+    ),
+    case(
+        CaseId::FsGroupAlways,
+        "fsgroup-always",
+        "fsgroupchangepolicy",
+        DYN,
+        "(Always)[LinuxOnly], pod created with an initial fsgroup, new pod fsgroup applied to volume contents",
+        &[Need::StorageClass, Need::Capability("fsGroup")],
     ),
     case(
         CaseId::ExpandOffline,

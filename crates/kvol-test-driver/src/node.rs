@@ -194,14 +194,14 @@ impl Node {
     }
 
     /// A claim of `size` bytes in the test's class, as a user would write it.
-    fn claim(&self, name: &str, size: u64) -> Result<PersistentVolumeClaim, Failure> {
+    fn claim(&self, name: &str, size: u64, mode: &str) -> Result<PersistentVolumeClaim, Failure> {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("{}-{name}", self.run_id())},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
                 "resources": {"requests": {"storage": size.to_string()}},
                 "storageClassName": self.class.metadata.name,
-                "volumeMode": "Filesystem",
+                "volumeMode": mode,
             }
         }))
         .map_err(|e| Failure::new(format!("cannot build claim {name}: {e}")))
@@ -227,6 +227,11 @@ impl Node {
         self.provision_in(&self.class, size, source).await
     }
 
+    /// [`Node::provision`] of a raw block volume (a claim with `volumeMode: Block`).
+    pub async fn provision_block(&self, size: u64) -> Result<Volume, Failure> {
+        self.provision_as(&self.class, size, None, "Block").await
+    }
+
     /// [`Node::provision`] through another class.
     pub async fn provision_in(
         &self,
@@ -234,8 +239,18 @@ impl Node {
         size: u64,
         source: Option<csi::volume_content_source::Type>,
     ) -> Result<Volume, Failure> {
+        self.provision_as(class, size, source, "Filesystem").await
+    }
+
+    async fn provision_as(
+        &self,
+        class: &StorageClass,
+        size: u64,
+        source: Option<csi::volume_content_source::Type>,
+        mode: &str,
+    ) -> Result<Volume, Failure> {
         let name = self.unique("claim");
-        let claim = self.claim(&name, size)?;
+        let claim = self.claim(&name, size, mode)?;
         let request = ProvisionRequest {
             claim_key: format!("{NAMESPACE}/{name}"),
             claim,
@@ -267,8 +282,23 @@ impl Node {
         Ok(volume)
     }
 
-    /// Takes a snapshot of `volume`, waiting until the driver says it is ready to use.
+    /// Takes a snapshot of `volume`, waiting until the driver says it is ready to use; its id.
     pub async fn snapshot(&self, volume: &Volume) -> Result<String, Failure> {
+        Ok(self.take_snapshot(volume).await?.snapshot_id)
+    }
+
+    /// DeleteSnapshot.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), Failure> {
+        self.client
+            .delete_snapshot(id)
+            .await
+            .map_err(|e| call_failure("DeleteSnapshot", format!("snapshot_id={id}"), &e))?;
+        self.made().snapshots.retain(|s| s != id);
+        Ok(())
+    }
+
+    /// [`Node::snapshot`], the driver's whole answer.
+    pub async fn take_snapshot(&self, volume: &Volume) -> Result<csi::Snapshot, Failure> {
         let name = format!("snapshot-{}-{}", self.run_id(), self.unique("s"));
         let request = csi::CreateSnapshotRequest {
             source_volume_id: volume.handle.clone(),
@@ -287,7 +317,7 @@ impl Node {
                 self.made().snapshots.push(snapshot.snapshot_id.clone());
             }
             if snapshot.ready_to_use {
-                return Ok(snapshot.snapshot_id);
+                return Ok(snapshot);
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
@@ -361,7 +391,7 @@ impl Node {
         Ok(())
     }
 
-    /// A pod named `name` with a fresh uid.
+    /// A pod named `name` with a fresh uid and no fsGroup.
     pub fn pod_info(&self, name: &str) -> PodInfo {
         let name = self.unique(name);
         PodInfo {
@@ -378,7 +408,24 @@ impl Node {
     /// Starts a pod: every wanted volume staged (once per node) and published into it, in
     /// order, as kubelet sets a pod's volumes up before its containers start.
     pub async fn start_pod(&self, name: &str, wanted: &[Want<'_>]) -> Result<Pod, Failure> {
-        let mut pod = Pod { info: self.pod_info(name), volumes: Vec::new() };
+        self.start(self.pod_info(name), wanted).await
+    }
+
+    /// [`Node::start_pod`] of a pod whose security context has `fsGroup: group` and the
+    /// change policy `policy`.
+    pub async fn start_pod_with_fs_group(
+        &self,
+        name: &str,
+        wanted: &[Want<'_>],
+        group: i64,
+        policy: FsGroupChangePolicy,
+    ) -> Result<Pod, Failure> {
+        let info = PodInfo { fs_group: Some(group), fs_group_change_policy: policy, ..self.pod_info(name) };
+        self.start(info, wanted).await
+    }
+
+    async fn start(&self, info: PodInfo, wanted: &[Want<'_>]) -> Result<Pod, Failure> {
+        let mut pod = Pod { info, volumes: Vec::new() };
         self.made().pods.insert(pod.info.uid.clone(), pod.clone());
         for want in wanted {
             let published = self.publish(&pod.info, want).await?;
@@ -415,8 +462,10 @@ impl Node {
                 )
             }
         };
+        // A block volume's target is the pod's device link, else the pod's volume directory.
         let target =
-            self.plugin.pod_volume_dir(&pod.uid, spec.name()).map_err(|e| Failure::new(e.to_string()))?;
+            kvol_plugin::block::publish_target(&self.plugin.host().paths, &self.plugin, &spec, &pod.uid)
+                .map_err(|e| Failure::new(e.to_string()))?;
         let mounter = self.plugin.mounter().ok_or_else(|| Failure::new("the csi plugin cannot publish"))?;
         let request = PublishRequest {
             spec: &spec,
@@ -429,7 +478,7 @@ impl Node {
             mount_options: &[],
             projection: None,
         };
-        let path = target.join("mount");
+        let path = if spec.is_block() { target.clone() } else { target.join("mount") };
         let summary = format!("volume_id={handle} target_path={} readonly={read_only}", path.display());
         mounter
             .publish(&request)
@@ -563,6 +612,20 @@ impl Node {
 /// Checks that NodePublishVolume left a mount at the target path, as every filesystem volume
 /// a container is given must be.
 fn expect_mounted(published: &Published) -> Result<(), Failure> {
+    if published.spec.is_block() {
+        use std::os::unix::fs::FileTypeExt;
+        return match std::fs::metadata(&published.path) {
+            Ok(m) if m.file_type().is_block_device() => Ok(()),
+            Ok(_) => Err(Failure::new(format!(
+                "NodePublishVolume answered OK but the pod's device {} is not a block device: the driver did not publish the device at its target_path",
+                published.path.display()
+            ))),
+            Err(e) => Err(Failure::new(format!(
+                "the pod's device {} cannot be opened: {e}",
+                published.path.display()
+            ))),
+        };
+    }
     if SystemMounter.is_mount_point(&published.path).unwrap_or(false) {
         return Ok(());
     }

@@ -14,7 +14,7 @@ const BUNDLED: &str = "hostpath.csi.kvol.io";
 
 /// kvol's bundled driver as the test-driver YAML its authors would write: an xfs class (so a
 /// loop-backed volume grows online without CAP_SYS_RESOURCE), snapshots, clones, expansion,
-/// one inline volume.
+/// fsGroup, one inline volume; `block: true` is added where loop devices can be made.
 const BUNDLED_DEFINITION: &str = "
 StorageClass:
   FromFile: xfs-class.yaml
@@ -34,6 +34,7 @@ DriverInfo:
     controllerExpansion: true
     nodeExpansion: true
     singleNodeVolume: true
+    fsGroup: true
 InlineVolumes:
 - Attributes: {}
 ";
@@ -135,10 +136,22 @@ fn bundled_command(dir: &Path) -> String {
     )
 }
 
+/// Whether the bundled driver can back raw block volumes here (loop devices).
+fn loop_devices_usable() -> bool {
+    Path::new("/dev/loop-control").exists()
+        && Command::new("losetup").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
 fn write_bundled_definition(dir: &Path) -> PathBuf {
     std::fs::write(dir.join("xfs-class.yaml"), XFS_CLASS).unwrap();
     let definition = dir.join("bundled.yaml");
-    std::fs::write(&definition, BUNDLED_DEFINITION).unwrap();
+    let mut text = BUNDLED_DEFINITION.to_string();
+    if loop_devices_usable() {
+        text = text.replace("    fsGroup: true\n", "    fsGroup: true\n    block: true\n");
+    } else {
+        println!("no loop devices here: the bundled driver's definition leaves out block");
+    }
+    std::fs::write(&definition, text).unwrap();
     definition
 }
 
@@ -168,7 +181,9 @@ fn the_bundled_driver_passes_every_case_that_applies_to_it() {
             "provision-defaults",
             "provision-from-snapshot",
             "provision-from-claim",
+            "snapshottable",
             "volumes-store-data",
+            "volumes-exec",
             "volume-io",
             "subpath-non-existent",
             "subpath-existing-directory",
@@ -178,6 +193,7 @@ fn the_bundled_driver_passes_every_case_that_applies_to_it() {
             "multivolume-two-volumes",
             "multivolume-same-volume-two-pods",
             "multivolume-read-only",
+            "fsgroup-always",
             "expand-offline",
             "expand-online",
             "ephemeral-read-write",
@@ -188,10 +204,15 @@ fn the_bundled_driver_passes_every_case_that_applies_to_it() {
             "driver-restart-stage-publish",
         ],
     );
+    if loop_devices_usable() {
+        assert_passed(&run, &["block-store-data"]);
+    }
     // The one case the definition does not allow, with upstream's reason.
     assert_eq!(run.result_of("provision-mount-options"), "skipped");
     assert!(run.stdout().contains("skipped provision-mount-options: driver \"hostpath.csi.kvol.io\" does not define supported mount option"));
-    assert!(run.junit.contains("tests=\"22\" failures=\"0\" errors=\"0\" skipped=\"1\""), "{}", run.junit);
+    let skipped = if loop_devices_usable() { 1 } else { 2 };
+    let counts = format!("tests=\"26\" failures=\"0\" errors=\"0\" skipped=\"{skipped}\"");
+    assert!(run.junit.contains(&counts), "{}", run.junit);
     assert!(run.junit.contains(
         "name=\"External Storage [Driver: hostpath.csi.kvol.io] [Testpattern: Dynamic PV (default fs)] volumes should store data\""
     ));
@@ -247,7 +268,9 @@ fn the_upstream_hostpath_driver_passes_with_its_projects_own_definition() {
         &[
             "provision-defaults",
             "provision-from-snapshot",
+            "snapshottable",
             "volumes-store-data",
+            "volumes-exec",
             "volume-io",
             "subpath-symlink-outside",
             "multivolume-two-volumes",
@@ -261,8 +284,12 @@ fn the_upstream_hostpath_driver_passes_with_its_projects_own_definition() {
             "driver-restart-stage-publish",
         ],
     );
-    // Its definition has no pvcDataSource: skipped as upstream skips it.
+    if loop_devices_usable() {
+        assert_passed(&run, &["block-store-data"]);
+    }
+    // Its definition has no pvcDataSource and no fsGroup: skipped as upstream skips them.
     assert_eq!(run.result_of("provision-from-claim"), "skipped");
+    assert_eq!(run.result_of("fsgroup-always"), "skipped");
     assert!(run.elapsed < Duration::from_secs(120), "the run took {:?}", run.elapsed);
 }
 

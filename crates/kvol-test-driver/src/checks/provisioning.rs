@@ -91,3 +91,91 @@ pub async fn from_claim(ctx: &mut Ctx<'_>) -> CaseOutcome {
     ctx.node.stop_pod(&pod).await?;
     Ok(End::Passed)
 }
+
+/// Upstream's snapshottable case: the snapshot's fields, a restore that holds the data as it
+/// was at the snapshot although the source changed after, and deletion (twice: the second is
+/// the idempotent repeat CSI requires).
+pub async fn snapshottable(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let source = ctx.node.provision(ctx.size, None).await?;
+    let before = data::pattern("snapshottable-before", 4096);
+    let pod = ctx.node.start_pod("source", &[Want::Persistent { volume: &source, read_only: false }]).await?;
+    data::write(&pod.volumes[0].path, "data", &before)?;
+    ctx.node.stop_pod(&pod).await?;
+    let snapshot = ctx.node.take_snapshot(&source).await?;
+    if let Some(problem) = snapshot_problem(&snapshot, &source.handle) {
+        return Err(Failure::new(format!("CreateSnapshot answered a snapshot that {problem}: {snapshot:?}")));
+    }
+    let pod = ctx.node.start_pod("modify", &[Want::Persistent { volume: &source, read_only: false }]).await?;
+    data::write(&pod.volumes[0].path, "data", b"modified after the snapshot")?;
+    ctx.node.stop_pod(&pod).await?;
+    let source_type = Type::Snapshot(SnapshotSource { snapshot_id: snapshot.snapshot_id.clone() });
+    let restored = ctx.node.provision(ctx.size, Some(source_type)).await?;
+    let pod =
+        ctx.node.start_pod("restored", &[Want::Persistent { volume: &restored, read_only: false }]).await?;
+    data::expect(
+        &pod.volumes[0].path,
+        "data",
+        &before,
+        "the volume restored from the snapshot (the source was modified after it)",
+    )?;
+    ctx.node.stop_pod(&pod).await?;
+    ctx.node.delete_snapshot(&snapshot.snapshot_id).await?;
+    ctx.node.delete_snapshot(&snapshot.snapshot_id).await.map_err(|f| {
+        Failure::new(format!(
+            "a second DeleteSnapshot of a deleted snapshot must succeed (CSI: idempotent): {}",
+            f.message
+        ))
+    })?;
+    Ok(End::Passed)
+}
+
+/// What is wrong with a ready snapshot of volume `source`. Pure.
+pub fn snapshot_problem(snapshot: &kvol_csi::proto::csi::Snapshot, source: &str) -> Option<String> {
+    if snapshot.snapshot_id.is_empty() {
+        return Some("has no snapshot_id".to_string());
+    }
+    if snapshot.source_volume_id != source {
+        return Some(format!("names source volume {:?}, not {source:?}", snapshot.source_volume_id));
+    }
+    if snapshot.creation_time.is_none() {
+        return Some("has no creation_time".to_string());
+    }
+    if snapshot.size_bytes < 0 {
+        return Some(format!("has a negative size_bytes {}", snapshot.size_bytes));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use kvol_csi::proto::csi::Snapshot;
+
+    use super::snapshot_problem;
+
+    #[test]
+    fn snapshot_fields_are_checked() {
+        let good = Snapshot {
+            snapshot_id: "s1".into(),
+            source_volume_id: "v1".into(),
+            creation_time: Some(Default::default()),
+            size_bytes: 10,
+            ready_to_use: true,
+            ..Default::default()
+        };
+        // (snapshot, problem starts with)
+        let table = [
+            (good.clone(), None),
+            (Snapshot { snapshot_id: String::new(), ..good.clone() }, Some("has no snapshot_id")),
+            (Snapshot { source_volume_id: "v2".into(), ..good.clone() }, Some("names source volume \"v2\"")),
+            (Snapshot { creation_time: None, ..good.clone() }, Some("has no creation_time")),
+            (Snapshot { size_bytes: -1, ..good.clone() }, Some("has a negative size_bytes")),
+        ];
+        for (snapshot, problem) in table {
+            let found = snapshot_problem(&snapshot, "v1");
+            match problem {
+                None => assert_eq!(found, None),
+                Some(start) => assert!(found.as_deref().is_some_and(|f| f.starts_with(start)), "{found:?}"),
+            }
+        }
+    }
+}

@@ -28,6 +28,104 @@ pub async fn store_data(ctx: &mut Ctx<'_>) -> CaseOutcome {
     Ok(End::Passed)
 }
 
+/// Upstream's "should allow exec of files on the volume": a script written to the volume runs
+/// (a volume mounted `noexec` would refuse it). Host-side: run from the published path.
+pub async fn exec(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    use std::os::unix::fs::PermissionsExt;
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let pod = ctx.node.start_pod("exec", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
+    let dir = &pod.volumes[0].path;
+    data::write(dir, "script.sh", b"#!/bin/sh\necho kvol-exec-ok\n")?;
+    let script = dir.join("script.sh");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| Failure::new(format!("cannot chmod {}: {e}", script.display())))?;
+    let output = std::process::Command::new(&script).output().map_err(|e| {
+        Failure::new(format!(
+            "cannot run {} from the volume: {e} (is the volume mounted noexec?)",
+            script.display()
+        ))
+    })?;
+    let printed = String::from_utf8_lossy(&output.stdout);
+    if printed.trim() != "kvol-exec-ok" {
+        return Err(Failure::new(format!("{} ran but printed {printed:?}", script.display())));
+    }
+    ctx.node.stop_pod(&pod).await?;
+    Ok(End::Passed)
+}
+
+/// "should store data" of a raw block volume: bytes written through the pod's device are read
+/// through the device of a pod started after the first was deleted (the volume unmapped,
+/// unpublished, unstaged and set up again).
+pub async fn block_store_data(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision_block(ctx.size).await?;
+    let content = data::pattern("block", 64 << 10);
+    let want = [Want::Persistent { volume: &volume, read_only: false }];
+    let writer = ctx.node.start_pod("block-writer", &want).await?;
+    write_device(&writer.volumes[0].path, &content)?;
+    ctx.node.stop_pod(&writer).await?;
+    let reader = ctx.node.start_pod("block-reader", &want).await?;
+    let found = read_device(&reader.volumes[0].path, content.len())?;
+    if found != content {
+        return Err(Failure::new(format!(
+            "the first {} bytes of the block device {} (sha256 {}) are not what the first pod wrote (sha256 {}): the data did not survive the volume's teardown and set-up",
+            content.len(),
+            reader.volumes[0].path.display(),
+            data::sha256_hex(&found),
+            data::sha256_hex(&content)
+        )));
+    }
+    ctx.node.stop_pod(&reader).await?;
+    Ok(End::Passed)
+}
+
+fn write_device(device: &std::path::Path, bytes: &[u8]) -> Result<(), Failure> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(device)
+        .map_err(|e| Failure::new(format!("cannot open the block device {}: {e}", device.display())))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Failure::new(format!("cannot write the block device {}: {e}", device.display())))
+}
+
+fn read_device(device: &std::path::Path, len: usize) -> Result<Vec<u8>, Failure> {
+    use std::io::Read as _;
+    let mut buffer = vec![0; len];
+    std::fs::File::open(device)
+        .and_then(|mut f| f.read_exact(&mut buffer))
+        .map_err(|e| Failure::new(format!("cannot read the block device {}: {e}", device.display())))?;
+    Ok(buffer)
+}
+
+/// fsGroupChangePolicy Always: a pod with fsGroup 1000 writes a file; a new pod with fsGroup
+/// 2000 finds the volume's root and that file given group 2000 (kubelet's ownership walk,
+/// here kvol's CSI plugin with the CSIDriver's `fsGroupPolicy: File`).
+pub async fn fs_group_always(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    use kvol_plugin::plugin::FsGroupChangePolicy::Always;
+    use std::os::unix::fs::MetadataExt;
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let want = [Want::Persistent { volume: &volume, read_only: false }];
+    let first = ctx.node.start_pod_with_fs_group("fsgroup-1000", &want, 1000, Always).await?;
+    data::write(&first.volumes[0].path, "file", b"owned")?;
+    ctx.node.stop_pod(&first).await?;
+    let second = ctx.node.start_pod_with_fs_group("fsgroup-2000", &want, 2000, Always).await?;
+    let dir = &second.volumes[0].path;
+    for path in [dir.clone(), dir.join("file")] {
+        let gid = std::fs::metadata(&path)
+            .map_err(|e| Failure::new(format!("cannot stat {}: {e}", path.display())))?
+            .gid();
+        if gid != 2000 {
+            return Err(Failure::new(format!(
+                "{} has group {gid}, not the new pod's fsGroup 2000 (fsGroupChangePolicy Always)",
+                path.display()
+            )));
+        }
+    }
+    ctx.node.stop_pod(&second).await?;
+    Ok(End::Passed)
+}
+
 /// Upstream's volumeIO: files of several sizes written, then read back in another pod with
 /// their size and checksum.
 pub async fn volume_io(ctx: &mut Ctx<'_>) -> CaseOutcome {
