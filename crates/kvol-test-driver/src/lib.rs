@@ -6,11 +6,13 @@
 //!   terminal table, JUnit XML, redaction).
 //! - doing it: [`driver`] (the driver's process or socket), [`node`] (kubelet's side, through
 //!   kvol's CSI client, CSI volume plugin, standalone provisioner messages and subPath code),
-//!   [`data`] (what a container would do with the volume), `checks` (the cases' bodies) and
+//!   [`data`] (what a container would do with the volume), [`container`] (runc on busybox for
+//!   the cases that run one), `checks` (the cases' bodies) and
 //!   [`run`] (a whole run).
 
 pub mod cases;
 mod checks;
+pub mod container;
 pub mod data;
 pub mod definition;
 pub mod driver;

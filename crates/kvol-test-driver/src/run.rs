@@ -47,7 +47,13 @@ pub struct Config {
     pub focus: Vec<String>,
     /// Each CSI call's deadline.
     pub call_timeout: Duration,
+    /// runc and a static busybox, for the cases that run containers; without them those
+    /// cases check host-side.
+    pub containers: Option<(PathBuf, PathBuf)>,
 }
+
+/// The cases that run their checks in a container when there are containers.
+pub const IN_CONTAINERS: [&str; 3] = ["volumes-store-data", "volumes-exec", "fsgroup-always"];
 
 /// What a run found.
 #[derive(Debug)]
@@ -193,7 +199,28 @@ async fn run_with_driver(
     )
     .await
     .map_err(|f| setup(f.message))?;
-    let mut ctx = Ctx { node: &node, driver, definition, size: claim_size(definition) };
+    let runtime = match &config.containers {
+        Some((runc, busybox)) => {
+            let runtime = crate::container::Runtime::new(runc, busybox, &work.join("containers"))
+                .map_err(|f| setup(f.message))?;
+            warnings.push(format!(
+                "containers: {} on a root of {}; {} check in containers, the other cases host-side",
+                runc.display(),
+                busybox.display(),
+                IN_CONTAINERS.join(", ")
+            ));
+            Some(runtime)
+        }
+        None => {
+            warnings.push(
+                "no --runc and --busybox: every case checks host-side, through the published path"
+                    .to_string(),
+            );
+            None
+        }
+    };
+    let mut ctx =
+        Ctx { node: &node, driver, definition, size: claim_size(definition), containers: runtime.as_ref() };
     let mut results = Vec::new();
     for (case, verdict) in cases::select(definition, facts, &config.focus) {
         let case_started = Instant::now();

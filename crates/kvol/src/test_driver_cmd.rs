@@ -35,6 +35,12 @@ pub struct TestDriverArgs {
     /// Each CSI call's deadline, in seconds.
     #[arg(long, default_value_t = 60)]
     pub call_timeout: u64,
+    /// runc, to run the containers of the cases that need one (with --busybox).
+    #[arg(long, env = "KVOL_RUNC", requires = "busybox")]
+    pub runc: Option<PathBuf>,
+    /// A static busybox, the containers' root (with --runc).
+    #[arg(long, env = "KVOL_BUSYBOX", requires = "runc")]
+    pub busybox: Option<PathBuf>,
     /// Also list each skipped case's reason after the table.
     #[arg(long)]
     pub show_skipped: bool,
@@ -53,6 +59,7 @@ pub fn run(args: &TestDriverArgs) -> anyhow::Result<ExitCode> {
         work_dir: args.work_dir.clone(),
         focus: args.focus.clone(),
         call_timeout: Duration::from_secs(args.call_timeout),
+        containers: args.runc.clone().zip(args.busybox.clone()),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

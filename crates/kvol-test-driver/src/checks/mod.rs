@@ -21,6 +21,8 @@ pub struct Ctx<'a> {
     pub definition: &'a DriverDefinition,
     /// The size the cases' claims ask for, in bytes.
     pub size: u64,
+    /// Real containers, when runc and a static busybox were given.
+    pub containers: Option<&'a crate::container::Runtime>,
 }
 
 /// How a case that did not fail ended.

@@ -1,6 +1,7 @@
 //! volumes, volumeIO, multiVolume and the volume's stats: data written in one pod read in the next, files of some MiB checksummed, several volumes in a pod, one volume in two pods (read-write and read-only), NodeGetVolumeStats against what was written.
 
 use super::{CaseOutcome, Ctx, End};
+use crate::container::{Bind, User};
 use crate::data;
 use crate::node::{Published, Want};
 use crate::report::{CallNote, Failure};
@@ -8,24 +9,58 @@ use crate::report::{CallNote, Failure};
 const MIB: usize = 1 << 20;
 
 /// Upstream's "should store data": a pod writes, is deleted (the volume unpublished and
-/// unstaged), and a new pod on the node reads it.
+/// Upstream's "should store data": a pod writes, is deleted (the volume unpublished and
+/// unstaged), and a new pod on the node reads it — in containers when there are containers.
 pub async fn store_data(ctx: &mut Ctx<'_>) -> CaseOutcome {
     let volume = ctx.node.provision(ctx.size, None).await?;
-    let content = data::pattern("volumes-store-data", 1024);
-    let injector =
-        ctx.node.start_pod("injector", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
-    data::write(&injector.volumes[0].path, "index.html", &content)?;
+    let content = format!("Hello from kvol test-driver, volume {}", volume.name);
+    let want = [Want::Persistent { volume: &volume, read_only: false }];
+    let injector = ctx.node.start_pod("injector", &want).await?;
+    write_in_pod(ctx, &injector.volumes[0], "index.html", &content)?;
     ctx.node.stop_pod(&injector).await?;
-    let client =
-        ctx.node.start_pod("client", &[Want::Persistent { volume: &volume, read_only: false }]).await?;
-    data::expect(
-        &client.volumes[0].path,
+    let client = ctx.node.start_pod("client", &want).await?;
+    expect_in_pod(
+        ctx,
+        &client.volumes[0],
         "index.html",
         &content,
         "the data did not survive the volume's NodeUnstageVolume and NodeStageVolume: a new pod, after the first was deleted",
     )?;
     ctx.node.stop_pod(&client).await?;
     Ok(End::Passed)
+}
+
+/// Writes `text` to the volume's file `name`: by a container's shell when there are
+/// containers, else on the host.
+fn write_in_pod(ctx: &Ctx<'_>, published: &Published, name: &str, text: &str) -> Result<(), Failure> {
+    let Some(runtime) = ctx.containers else { return data::write(&published.path, name, text.as_bytes()) };
+    let bind = [Bind { host: &published.path, read_only: false }];
+    runtime.run(&bind, &User::root(), &format!("echo -n '{text}' > /v0/{name} && sync"))?;
+    Ok(())
+}
+
+/// Checks that the volume's file `name` holds `text`, read by a container when there are
+/// containers, else on the host.
+fn expect_in_pod(
+    ctx: &Ctx<'_>,
+    published: &Published,
+    name: &str,
+    text: &str,
+    what: &str,
+) -> Result<(), Failure> {
+    let Some(runtime) = ctx.containers else {
+        return data::expect(&published.path, name, text.as_bytes(), what);
+    };
+    let bind = [Bind { host: &published.path, read_only: false }];
+    let found = runtime
+        .run(&bind, &User::root(), &format!("cat /v0/{name}"))
+        .map_err(|f| Failure::new(format!("{what}: the container cannot read /v0/{name}: {}", f.message)))?;
+    if found != text {
+        return Err(Failure::new(format!(
+            "{what}: the container read {found:?} from /v0/{name}, expected {text:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Upstream's "should allow exec of files on the volume": a script written to the volume runs
@@ -39,6 +74,20 @@ pub async fn exec(ctx: &mut Ctx<'_>) -> CaseOutcome {
     let script = dir.join("script.sh");
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| Failure::new(format!("cannot chmod {}: {e}", script.display())))?;
+    if let Some(runtime) = ctx.containers {
+        let bind = [Bind { host: dir, read_only: false }];
+        let printed = runtime.run(&bind, &User::root(), "/v0/script.sh").map_err(|f| {
+            Failure::new(format!(
+                "a container cannot run /v0/script.sh from the volume (mounted noexec?): {}",
+                f.message
+            ))
+        })?;
+        if printed.trim() != "kvol-exec-ok" {
+            return Err(Failure::new(format!("/v0/script.sh ran in the container but printed {printed:?}")));
+        }
+        ctx.node.stop_pod(&pod).await?;
+        return Ok(End::Passed);
+    }
     let output = std::process::Command::new(&script).output().map_err(|e| {
         Failure::new(format!(
             "cannot run {} from the volume: {e} (is the volume mounted noexec?)",
@@ -119,6 +168,24 @@ pub async fn fs_group_always(ctx: &mut Ctx<'_>) -> CaseOutcome {
             return Err(Failure::new(format!(
                 "{} has group {gid}, not the new pod's fsGroup 2000 (fsGroupChangePolicy Always)",
                 path.display()
+            )));
+        }
+    }
+    if let Some(runtime) = ctx.containers {
+        // A non-root user whose only way in is the fsGroup writes, and its file gets the group.
+        let user = User { uid: 1001, gid: 1001, groups: vec![2000] };
+        let bind = [Bind { host: dir, read_only: false }];
+        let group =
+            runtime.run(&bind, &user, "touch /v0/by-user && stat -c %g /v0/by-user").map_err(|f| {
+                Failure::new(format!(
+                    "a container as uid 1001 with fsGroup 2000 cannot write the volume: {}",
+                    f.message
+                ))
+            })?;
+        if group.trim() != "2000" {
+            return Err(Failure::new(format!(
+                "a file the container made in the volume has group {}, not the fsGroup 2000 (no setgid on the volume root?)",
+                group.trim()
             )));
         }
     }
