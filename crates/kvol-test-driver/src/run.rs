@@ -155,11 +155,17 @@ pub async fn run(config: &Config) -> Result<RunReport, RunError> {
     let work = config.work_dir.join(&run_id);
     std::fs::create_dir_all(&work)
         .map_err(|e| RunError::Read { path: work.clone(), reason: format!("cannot make it: {e}") })?;
-    let mut driver = Driver::start(&config.driver, &work).await?;
+    let mut driver = match Driver::start(&config.driver, &work).await {
+        Ok(driver) => driver,
+        Err(e) => {
+            remove_work_dir(&work, &mut warnings);
+            return Err(e.into());
+        }
+    };
     let outcome = run_with_driver(config, &definition, &mut driver, &work, &mut warnings).await;
     driver.stop().await;
-    let results = outcome?;
     remove_work_dir(&work, &mut warnings);
+    let results = outcome?;
     Ok(RunReport { driver: definition.driver_info.name.clone(), results, total: started.elapsed(), warnings })
 }
 

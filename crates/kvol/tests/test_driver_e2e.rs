@@ -404,3 +404,44 @@ fn a_driver_that_mounts_at_the_wrong_path_is_caught_when_it_publishes() {
         ],
     );
 }
+
+#[test]
+fn a_run_that_cannot_start_says_why_and_leaves_nothing() {
+    let (_root, dir) = scratch();
+    let definition = write_bundled_definition(&dir);
+    let nameless = dir.join("nameless.yaml");
+    std::fs::write(&nameless, "StorageClass: {FromName: true}\nDriverInfo: {Capabilities: {block: true}}\n")
+        .unwrap();
+    // (definition, driver arguments, exit code, what stderr says)
+    let table: [(&Path, &[&str], i32, &str); 4] = [
+        (&definition, &[], 2, "<--driver-socket <DRIVER_SOCKET>|--driver-command <DRIVER_COMMAND>>"),
+        (
+            &nameless,
+            &["--driver-command", "/bin/true {socket}"],
+            1,
+            "nameless.yaml: DriverInfo.Name: not set",
+        ),
+        (
+            &definition,
+            &["--driver-command", "/bin/true"],
+            1,
+            "it does not name the socket: put {socket} where",
+        ),
+        (
+            &definition,
+            &["--driver-command", "/bin/false {socket}"],
+            1,
+            "the driver exited (exit status: 1); its output is in",
+        ),
+    ];
+    for (file, args, code, said) in table {
+        let run = test_driver(&dir, file, args);
+        let stderr = String::from_utf8_lossy(&run.output.stderr);
+        assert_eq!(run.output.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+        assert!(run.junit.is_empty(), "no report without a run");
+    }
+    let left: Vec<_> =
+        std::fs::read_dir(dir.join("work")).into_iter().flatten().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
