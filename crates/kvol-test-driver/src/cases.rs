@@ -41,6 +41,8 @@ pub enum CaseId {
     VolumesExec,
     VolumeIo,
     BlockStoreData,
+    VolumeModeBlockAsFilesystem,
+    VolumeModeFilesystemAsBlock,
     SubPathNonExistent,
     SubPathExistingDirectory,
     SubPathFile,
@@ -111,7 +113,7 @@ const fn case(
 }
 
 /// The table.
-pub const CASES: [Case; 26] = [
+pub const CASES: [Case; 28] = [
     case(
         CaseId::ProvisionDefaults,
         "provision-defaults",
@@ -176,6 +178,22 @@ pub const CASES: [Case; 26] = [
         BLOCK,
         "should store data",
         &[Need::StorageClass, Need::Capability("persistence"), Need::Capability("block")],
+    ),
+    case(
+        CaseId::VolumeModeBlockAsFilesystem,
+        "volumemode-block-as-filesystem",
+        "volumeMode",
+        BLOCK,
+        "should fail to use a volume in a pod with mismatched mode",
+        &[Need::StorageClass, Need::Capability("block")],
+    ),
+    case(
+        CaseId::VolumeModeFilesystemAsBlock,
+        "volumemode-filesystem-as-block",
+        "volumeMode",
+        DYN,
+        "should fail to use a volume in a pod with mismatched mode",
+        CLASS,
     ),
     case(
         CaseId::SubPathNonExistent,

@@ -185,6 +185,7 @@ fn the_bundled_driver_passes_every_case_that_applies_to_it() {
             "volumes-store-data",
             "volumes-exec",
             "volume-io",
+            "volumemode-filesystem-as-block",
             "subpath-non-existent",
             "subpath-existing-directory",
             "subpath-file",
@@ -205,7 +206,7 @@ fn the_bundled_driver_passes_every_case_that_applies_to_it() {
         ],
     );
     if loop_devices_usable() {
-        assert_passed(&run, &["block-store-data"]);
+        assert_passed(&run, &["block-store-data", "volumemode-block-as-filesystem"]);
     }
     // With runc and busybox (the environment's KVOL_RUNC, KVOL_BUSYBOX) three cases check in
     // real containers; without them every case says it checked host-side.
@@ -220,8 +221,8 @@ fn the_bundled_driver_passes_every_case_that_applies_to_it() {
     // The one case the definition does not allow, with upstream's reason.
     assert_eq!(run.result_of("provision-mount-options"), "skipped");
     assert!(run.stdout().contains("skipped provision-mount-options: driver \"hostpath.csi.kvol.io\" does not define supported mount option"));
-    let skipped = if loop_devices_usable() { 1 } else { 2 };
-    let counts = format!("tests=\"26\" failures=\"0\" errors=\"0\" skipped=\"{skipped}\"");
+    let skipped = if loop_devices_usable() { 1 } else { 3 };
+    let counts = format!("tests=\"28\" failures=\"0\" errors=\"0\" skipped=\"{skipped}\"");
     assert!(run.junit.contains(&counts), "{}", run.junit);
     assert!(run.junit.contains(
         "name=\"External Storage [Driver: hostpath.csi.kvol.io] [Testpattern: Dynamic PV (default fs)] volumes should store data\""

@@ -5,6 +5,7 @@ mod ephemeral;
 mod expansion;
 mod provisioning;
 mod subpath;
+mod volume_mode;
 mod volumes;
 
 use crate::cases::CaseId;
@@ -46,6 +47,8 @@ pub async fn run(id: CaseId, ctx: &mut Ctx<'_>) -> CaseOutcome {
         CaseId::VolumesStoreData => volumes::store_data(ctx).await,
         CaseId::VolumesExec => volumes::exec(ctx).await,
         CaseId::BlockStoreData => volumes::block_store_data(ctx).await,
+        CaseId::VolumeModeBlockAsFilesystem => volume_mode::block_as_filesystem(ctx).await,
+        CaseId::VolumeModeFilesystemAsBlock => volume_mode::filesystem_as_block(ctx).await,
         CaseId::FsGroupAlways => volumes::fs_group_always(ctx).await,
         CaseId::VolumeIo => volumes::volume_io(ctx).await,
         CaseId::SubPathNonExistent => subpath::non_existent(ctx).await,
