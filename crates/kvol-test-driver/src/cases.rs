@@ -52,12 +52,14 @@ pub enum CaseId {
     MultiVolumeSameVolumeTwoPods,
     MultiVolumeReadOnly,
     FsGroupAlways,
+    FsGroupOnRootMismatch,
     ExpandOffline,
     ExpandOnline,
     EphemeralReadWrite,
     EphemeralReadOnly,
     EphemeralTwoPods,
     EphemeralMultiple,
+    GenericEphemeralReadWrite,
     VolumeStats,
     DriverRestartBetweenStageAndPublish,
 }
@@ -98,6 +100,7 @@ const DYN_EXPAND: &str = "Dynamic PV (default fs)(allowExpansion)";
 const INLINE: &str = "CSI Ephemeral-volume (default fs)";
 const BLOCK: &str = "Dynamic PV (block volmode)";
 const SNAPSHOT: &str = "Dynamic Snapshot (delete policy)";
+const GENERIC: &str = "Generic Ephemeral-volume (default fs) (late-binding)";
 const PERSIST: &[Need] = &[Need::StorageClass, Need::Capability("persistence")];
 const CLASS: &[Need] = &[Need::StorageClass];
 
@@ -113,7 +116,7 @@ const fn case(
 }
 
 /// The table.
-pub const CASES: [Case; 28] = [
+pub const CASES: [Case; 30] = [
     case(
         CaseId::ProvisionDefaults,
         "provision-defaults",
@@ -261,6 +264,14 @@ pub const CASES: [Case; 28] = [
         &[Need::StorageClass, Need::Capability("fsGroup")],
     ),
     case(
+        CaseId::FsGroupOnRootMismatch,
+        "fsgroup-on-root-mismatch",
+        "fsgroupchangepolicy",
+        DYN,
+        "(OnRootMismatch)[LinuxOnly], pod created with an initial fsgroup, volume contents ownership changed via chgrp in first pod, new pod with same fsgroup skips ownership changes to the volume contents",
+        &[Need::StorageClass, Need::Capability("fsGroup")],
+    ),
+    case(
         CaseId::ExpandOffline,
         "expand-offline",
         "volume-expand",
@@ -307,6 +318,14 @@ pub const CASES: [Case; 28] = [
         INLINE,
         "should support multiple inline ephemeral volumes",
         &[Need::InlineVolumes],
+    ),
+    case(
+        CaseId::GenericEphemeralReadWrite,
+        "generic-ephemeral-read-write",
+        "ephemeral",
+        GENERIC,
+        "should create read/write inline ephemeral volume",
+        CLASS,
     ),
     Case {
         upstream: false,

@@ -1,4 +1,4 @@
-//! ephemeral: CSI inline volumes from the definition's `InlineVolumes`, published straight into pods (no stage): read-write, read-only, two pods with the same definition, several in one pod.
+//! ephemeral: CSI inline volumes from the definition's `InlineVolumes`, published straight into pods (no stage): read-write, read-only, two pods with the same definition, several in one pod; and a generic ephemeral volume, a claim that lives and dies with its pod.
 
 use std::collections::BTreeMap;
 
@@ -81,5 +81,19 @@ pub async fn multiple(ctx: &mut Ctx<'_>) -> CaseOutcome {
         )?;
     }
     ctx.node.stop_pod(&pod).await?;
+    Ok(End::Passed)
+}
+
+/// A generic ephemeral volume: a claim made for the pod from its template, provisioned,
+/// published read/write, and deleted with the pod.
+pub async fn generic_read_write(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let want = [Want::Persistent { volume: &volume, read_only: false }];
+    let pod = ctx.node.start_pod("generic-ephemeral", &want).await?;
+    data::write(&pod.volumes[0].path, "data", b"generic ephemeral")?;
+    data::expect(&pod.volumes[0].path, "data", b"generic ephemeral", "the generic ephemeral volume")?;
+    ctx.node.stop_pod(&pod).await?;
+    // The claim goes with its pod, and its volume with the claim.
+    ctx.node.delete(&volume).await?;
     Ok(End::Passed)
 }

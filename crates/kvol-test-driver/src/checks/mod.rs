@@ -50,6 +50,7 @@ pub async fn run(id: CaseId, ctx: &mut Ctx<'_>) -> CaseOutcome {
         CaseId::VolumeModeBlockAsFilesystem => volume_mode::block_as_filesystem(ctx).await,
         CaseId::VolumeModeFilesystemAsBlock => volume_mode::filesystem_as_block(ctx).await,
         CaseId::FsGroupAlways => volumes::fs_group_always(ctx).await,
+        CaseId::FsGroupOnRootMismatch => volumes::fs_group_on_root_mismatch(ctx).await,
         CaseId::VolumeIo => volumes::volume_io(ctx).await,
         CaseId::SubPathNonExistent => subpath::non_existent(ctx).await,
         CaseId::SubPathExistingDirectory => subpath::existing_directory(ctx).await,
@@ -65,6 +66,7 @@ pub async fn run(id: CaseId, ctx: &mut Ctx<'_>) -> CaseOutcome {
         CaseId::EphemeralReadOnly => ephemeral::read_only(ctx).await,
         CaseId::EphemeralTwoPods => ephemeral::two_pods(ctx).await,
         CaseId::EphemeralMultiple => ephemeral::multiple(ctx).await,
+        CaseId::GenericEphemeralReadWrite => ephemeral::generic_read_write(ctx).await,
         CaseId::VolumeStats => volumes::stats(ctx).await,
         CaseId::DriverRestartBetweenStageAndPublish => {
             disruptive::restart_between_stage_and_publish(ctx).await

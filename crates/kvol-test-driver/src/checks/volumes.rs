@@ -147,6 +147,43 @@ fn read_device(device: &std::path::Path, len: usize) -> Result<Vec<u8>, Failure>
     Ok(buffer)
 }
 
+/// fsGroupChangePolicy OnRootMismatch: a pod with fsGroup 1000 writes a file whose group is
+/// then changed (as `chgrp` in the pod would); a new pod with the same fsGroup finds the
+/// volume's root already right, so the file keeps the group it was given.
+pub async fn fs_group_on_root_mismatch(ctx: &mut Ctx<'_>) -> CaseOutcome {
+    use kvol_plugin::plugin::FsGroupChangePolicy::OnRootMismatch;
+    use std::os::unix::fs::MetadataExt;
+    let volume = ctx.node.provision(ctx.size, None).await?;
+    let want = [Want::Persistent { volume: &volume, read_only: false }];
+    let first = ctx.node.start_pod_with_fs_group("fsgroup-first", &want, 1000, OnRootMismatch).await?;
+    let file = first.volumes[0].path.join("file");
+    data::write(&first.volumes[0].path, "file", b"owned")?;
+    nix::unistd::chown(&file, None, Some(nix::unistd::Gid::from_raw(3000)))
+        .map_err(|e| Failure::new(format!("cannot chgrp {}: {e}", file.display())))?;
+    ctx.node.stop_pod(&first).await?;
+    let second = ctx.node.start_pod_with_fs_group("fsgroup-second", &want, 1000, OnRootMismatch).await?;
+    let dir = &second.volumes[0].path;
+    let gid = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .map(|m| m.gid())
+            .map_err(|e| Failure::new(format!("cannot stat {}: {e}", path.display())))
+    };
+    let (root, file) = (gid(dir)?, gid(&dir.join("file"))?);
+    if root != 1000 {
+        return Err(Failure::new(format!(
+            "the volume's root {} has group {root}, not the fsGroup 1000",
+            dir.display()
+        )));
+    }
+    if file != 3000 {
+        return Err(Failure::new(format!(
+            "the file whose group the first pod changed to 3000 has group {file}: the ownership walk ran although the root matched (OnRootMismatch)"
+        )));
+    }
+    ctx.node.stop_pod(&second).await?;
+    Ok(End::Passed)
+}
+
 /// fsGroupChangePolicy Always: a pod with fsGroup 1000 writes a file; a new pod with fsGroup
 /// 2000 finds the volume's root and that file given group 2000 (kubelet's ownership walk,
 /// here kvol's CSI plugin with the CSIDriver's `fsGroupPolicy: File`).
