@@ -602,11 +602,6 @@ impl Node {
         self.made().volumes.retain(|v| v.handle != volume.handle);
         Ok(())
     }
-
-    /// Forgets a volume staged for the pods (after the driver lost it: a restart test).
-    pub fn staged_path(&self, handle: &str) -> Option<PathBuf> {
-        self.made().staged.get(handle).map(|e| e.0.clone())
-    }
 }
 
 /// Checks that NodePublishVolume left a mount at the target path, as every filesystem volume
