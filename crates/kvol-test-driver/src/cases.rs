@@ -117,6 +117,8 @@ const fn case(
 
 /// The table.
 pub const CASES: [Case; 30] = [
+    // Upstream's name for the plain create-use-delete test in the suites of v1.14 to about
+    // v1.20; later versions fold it into the other provisioning tests.
     case(
         CaseId::ProvisionDefaults,
         "provision-defaults",
