@@ -41,13 +41,14 @@ use crate::proto::csi::controller_client::ControllerClient;
 use crate::proto::csi::identity_client::IdentityClient;
 use crate::proto::csi::node_client::NodeClient;
 use crate::proto::csi::{
-    ControllerGetCapabilitiesRequest, ControllerPublishVolumeRequest, ControllerServiceCapability,
-    ControllerUnpublishVolumeRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest,
-    GetPluginInfoResponse, NodeExpandVolumeRequest, NodeGetCapabilitiesRequest, NodeGetInfoRequest,
-    NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
-    NodeServiceCapability, NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest,
-    PluginCapability, ProbeRequest, controller_service_capability, node_service_capability,
-    plugin_capability,
+    ControllerExpandVolumeRequest, ControllerGetCapabilitiesRequest, ControllerPublishVolumeRequest,
+    ControllerServiceCapability, ControllerUnpublishVolumeRequest, CreateSnapshotRequest,
+    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest, GetPluginCapabilitiesRequest,
+    GetPluginInfoRequest, GetPluginInfoResponse, NodeExpandVolumeRequest, NodeGetCapabilitiesRequest,
+    NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodeServiceCapability, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, PluginCapability, ProbeRequest, Snapshot, Volume,
+    controller_service_capability, node_service_capability, plugin_capability,
 };
 
 /// Upstream's `csiTimeout`: the deadline of every CSI call.
@@ -496,6 +497,53 @@ impl CsiClient {
         self.run("ControllerUnpublishVolume", controller.controller_unpublish_volume(self.request(request)))
             .await?;
         Ok(())
+    }
+
+    /// `CreateVolume`; the volume the driver made (or already had under that name).
+    pub async fn create_volume(&self, request: CreateVolumeRequest) -> Result<Volume> {
+        let mut controller = ControllerClient::new(self.channel.clone());
+        let response = self.run("CreateVolume", controller.create_volume(self.request(request))).await?;
+        response.volume.ok_or_else(|| CsiError::Driver {
+            driver: self.inner.driver.clone(),
+            reason: "CreateVolume answered without a volume".to_string(),
+        })
+    }
+
+    /// `DeleteVolume` of `volume_id`.
+    pub async fn delete_volume(&self, volume_id: &str, secrets: BTreeMap<String, String>) -> Result<()> {
+        let request =
+            DeleteVolumeRequest { volume_id: volume_id.to_string(), secrets: secrets.into_iter().collect() };
+        let mut controller = ControllerClient::new(self.channel.clone());
+        self.run("DeleteVolume", controller.delete_volume(self.request(request))).await?;
+        Ok(())
+    }
+
+    /// `CreateSnapshot`; the snapshot the driver took (or already had under that name).
+    pub async fn create_snapshot(&self, request: CreateSnapshotRequest) -> Result<Snapshot> {
+        let mut controller = ControllerClient::new(self.channel.clone());
+        let response = self.run("CreateSnapshot", controller.create_snapshot(self.request(request))).await?;
+        response.snapshot.ok_or_else(|| CsiError::Driver {
+            driver: self.inner.driver.clone(),
+            reason: "CreateSnapshot answered without a snapshot".to_string(),
+        })
+    }
+
+    /// `DeleteSnapshot` of `snapshot_id`.
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        let request = DeleteSnapshotRequest { snapshot_id: snapshot_id.to_string(), ..Default::default() };
+        let mut controller = ControllerClient::new(self.channel.clone());
+        self.run("DeleteSnapshot", controller.delete_snapshot(self.request(request))).await?;
+        Ok(())
+    }
+
+    /// `ControllerExpandVolume`; the capacity the driver reports and whether the node must
+    /// grow the volume too.
+    pub async fn controller_expand(&self, request: ControllerExpandVolumeRequest) -> Result<(i64, bool)> {
+        let mut controller = ControllerClient::new(self.channel.clone());
+        let response = self
+            .run("ControllerExpandVolume", controller.controller_expand_volume(self.request(request)))
+            .await?;
+        Ok((response.capacity_bytes, response.node_expansion_required))
     }
 
     /// A request carrying the call deadline as its `grpc-timeout`.

@@ -19,6 +19,7 @@ pub mod pod_exec_cmd;
 pub mod pod_logs_cmd;
 pub mod runner_cmd;
 pub mod status_cmd;
+pub mod test_driver_cmd;
 pub mod translate_cmd;
 
 use std::io::{Read, Write};
@@ -79,6 +80,10 @@ pub enum Command {
     /// OCI), hand a pod over and take it back, watch.
     #[command(subcommand)]
     Pod(pod_cmd::PodCommand),
+    /// Run the node half of Kubernetes' external storage e2e suites against a CSI driver, from
+    /// the driver's test-driver YAML: provisioning, volumes, volumeIO, subPath, multiVolume,
+    /// expansion, ephemeral and a driver restart, each named after its upstream test.
+    TestDriver(test_driver_cmd::TestDriverArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -256,6 +261,7 @@ pub fn run(cli: Cli) -> ExitCode {
             components_cluster_cmd::run_apply(args, &config.storage)
         }
         Command::Migrate(command) => migrate_cmd::run(&gates, command),
+        Command::TestDriver(args) => test_driver_cmd::run(args),
     };
     match result {
         Ok(code) => code,

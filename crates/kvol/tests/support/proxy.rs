@@ -1,4 +1,4 @@
-//! A misbehaving CSI driver for tests: a gRPC proxy in front of a real driver that, for NodeStageVolume and NodePublishVolume, lets the real driver do the work and then answers normally, answers `UNAVAILABLE`, or never answers; it keeps the driver's own books of what is staged and published.
+//! A misbehaving CSI driver for tests: a gRPC proxy in front of a real driver that, for NodeStageVolume and NodePublishVolume, lets the real driver do the work and then answers normally, answers `UNAVAILABLE`, or never answers; it keeps the driver's own books of what is staged and published; or, told a [`Fault`], is a driver with that one bug.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,6 +28,37 @@ pub enum Behaviour {
     /// Forward the call; when the driver did the work, never answer (the caller's deadline, or
     /// its death, ends the call).
     HangAfterWork,
+}
+
+/// One bug the proxy gives the driver behind it (`kvol test-driver`'s broken drivers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(dead_code)] // not every test that shares this module uses it
+pub enum Fault {
+    /// NodePublishVolume's `readonly` is dropped: the volume is published writable.
+    IgnoreReadonly,
+    /// NodeUnstageVolume first deletes everything in the staged volume.
+    LoseDataOnUnstage,
+    /// NodeGetVolumeStats says nothing is used and everything is available.
+    LyingStats,
+    /// NodePublishVolume (and NodeUnpublishVolume) use `<target_path>-elsewhere`.
+    WrongPath,
+}
+
+/// The path a [`Fault::WrongPath`] driver mounts at instead of `target`.
+fn elsewhere(target: &str) -> String {
+    format!("{target}-elsewhere")
+}
+
+/// Deletes what a directory holds (a staged volume's data), leaving the directory.
+fn empty_dir(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let _ = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+    }
 }
 
 /// The driver's books as the proxy saw the real driver's successful answers.
@@ -64,9 +95,14 @@ struct Shared {
     rng: Mutex<fastrand::Rng>,
     ledger: Mutex<Ledger>,
     hanging: AtomicUsize,
+    fault: Mutex<Option<Fault>>,
 }
 
 impl Shared {
+    fn has(&self, fault: Fault) -> bool {
+        *self.fault.lock().unwrap() == Some(fault)
+    }
+
     fn behaviour(&self) -> Behaviour {
         if self.calm.load(Ordering::SeqCst) {
             return Behaviour::Answer;
@@ -186,11 +222,24 @@ forwarding!(Controller, ControllerClient, [
 ], {});
 
 forwarding!(Node, NodeClient, [
-    node_get_volume_stats: NodeGetVolumeStatsRequest => NodeGetVolumeStatsResponse,
     node_expand_volume: NodeExpandVolumeRequest => NodeExpandVolumeResponse,
     node_get_capabilities: NodeGetCapabilitiesRequest => NodeGetCapabilitiesResponse,
     node_get_info: NodeGetInfoRequest => NodeGetInfoResponse,
 ], {
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let mut answer = NodeClient::new(self.0.backend.clone()).node_get_volume_stats(request.into_inner()).await?;
+        if self.0.has(Fault::LyingStats) {
+            for usage in &mut answer.get_mut().usage {
+                usage.available = usage.total;
+                usage.used = 0;
+            }
+        }
+        Ok(answer)
+    }
+
     async fn node_stage_volume(
         &self,
         request: Request<NodeStageVolumeRequest>,
@@ -212,6 +261,9 @@ forwarding!(Node, NodeClient, [
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let request = request.into_inner();
+        if self.0.has(Fault::LoseDataOnUnstage) {
+            empty_dir(Path::new(&request.staging_target_path));
+        }
         let key = (request.volume_id.clone(), PathBuf::from(&request.staging_target_path));
         self.book(move |mut node| async move { node.node_unstage_volume(request).await }, move |ledger| {
             ledger.unstages += 1;
@@ -224,7 +276,13 @@ forwarding!(Node, NodeClient, [
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        let request = request.into_inner();
+        let mut request = request.into_inner();
+        if self.0.has(Fault::IgnoreReadonly) {
+            request.readonly = false;
+        }
+        if self.0.has(Fault::WrongPath) {
+            request.target_path = elsewhere(&request.target_path);
+        }
         let key = (request.volume_id.clone(), PathBuf::from(&request.target_path));
         let behaviour = self.0.behaviour();
         let answer = self
@@ -242,7 +300,10 @@ forwarding!(Node, NodeClient, [
         &self,
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
-        let request = request.into_inner();
+        let mut request = request.into_inner();
+        if self.0.has(Fault::WrongPath) {
+            request.target_path = elsewhere(&request.target_path);
+        }
         let key = (request.volume_id.clone(), PathBuf::from(&request.target_path));
         self.book(move |mut node| async move { node.node_unpublish_volume(request).await }, move |ledger| {
             ledger.unpublishes += 1;
@@ -291,6 +352,7 @@ impl ChaosDriver {
             rng: Mutex::new(fastrand::Rng::with_seed(config.seed)),
             ledger: Mutex::new(Ledger::default()),
             hanging: AtomicUsize::new(0),
+            fault: Mutex::new(None),
         });
         let proxy = Proxy(Arc::clone(&shared));
         let _ = std::fs::remove_file(config.socket);
@@ -321,6 +383,12 @@ impl ChaosDriver {
             }
         });
         ChaosDriver { shared, runtime: Some(runtime) }
+    }
+
+    /// From now on the driver has `fault` (and no other).
+    #[allow(dead_code)] // not every test that shares this module uses it
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        *self.shared.fault.lock().unwrap() = fault;
     }
 
     /// While calm, every call is answered normally.
