@@ -42,6 +42,17 @@ pub struct AgentArgs {
     /// node-ID annotation and volumes in use. `--manifests`, when given, adds static pods.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// kubelet's TLS bootstrap: when the `--kubeconfig` file is missing or its client
+    /// certificate unusable (none, unreadable, expired), this kubeconfig (a bootstrap token)
+    /// asks for the node's client certificate (a CertificateSigningRequest for
+    /// `kubernetes.io/kube-apiserver-client-kubelet`, waited for until approved and signed),
+    /// which is kept in `--cert-dir`, and `--kubeconfig` is written to use it.
+    #[arg(long, value_name = "FILE", requires = "kubeconfig")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Where the node's client certificate and its key are kept (kubelet's flag:
+    /// `kubelet-client-current.pem`); default `<root-dir>/pki`.
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
     /// Cluster mode with the configuration kube-rs infers: `KUBECONFIG`, `~/.kube/config`,
     /// or the pod's service account when run in a pod.
     #[arg(long)]
@@ -284,8 +295,18 @@ pub fn run(
         }),
         _ => None,
     };
+    let bootstrap = args.bootstrap_kubeconfig.clone().zip(args.kubeconfig.clone()).map(|(from, to)| {
+        kvol_cluster::bootstrap::Bootstrap {
+            bootstrap_kubeconfig: from,
+            kubeconfig: to,
+            cert_dir: args.cert_dir.clone().unwrap_or_else(|| config.root_dir.join("pki")),
+            node: config.node_name.clone(),
+            timeout: kvol_cluster::bootstrap::ANSWER_TIMEOUT,
+        }
+    });
     let cluster = (args.cluster || args.kubeconfig.is_some()).then(|| ClusterMode {
         kubeconfig: args.kubeconfig.clone(),
+        bootstrap,
         static_pods: args.manifests.clone(),
         register,
         kubelet_api,
@@ -312,6 +333,7 @@ pub fn run(
         };
         let mut runner = runner.map(crate::runner_cmd::RunnerSetup::start).transpose()?;
         let reports = runner.as_mut().and_then(|r| r.reports.take());
+        let taints = runner.as_ref().map(|r| r.taints.clone());
         let mut settled = None;
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -324,7 +346,7 @@ pub fn run(
         };
         match cluster {
             Some(mode) => {
-                let parts = mode.start(&mut config, reports).await?;
+                let parts = mode.start(&mut config, reports, taints).await?;
                 run_agent_with_source(config, parts.source, shutdown).await.map_err(anyhow::Error::msg)?;
                 if let Some(keeper) = parts.keeper {
                     keeper.stop().await;
@@ -334,6 +356,9 @@ pub fn run(
                 }
                 if let Some(mirrors) = parts.mirrors {
                     mirrors.stop();
+                }
+                if let Some(taints) = parts.taints {
+                    taints.abort();
                 }
                 let _ = parts.kubelet_api_stop.send(true);
             }
@@ -368,12 +393,16 @@ struct ClusterParts {
     writer: Option<kvol_cluster::pod_status::PodStatusWriter>,
     /// The static pods' mirror pods, kept when kvol keeps the Node.
     mirrors: Option<kvol_cluster::mirror_pods::MirrorKeeper>,
+    /// The Node's taints followed for the runner's admission, when kvol keeps the Node.
+    taints: Option<tokio::task::JoinHandle<()>>,
     kubelet_api_stop: tokio::sync::watch::Sender<bool>,
 }
 
 /// How cluster mode was asked for.
 struct ClusterMode {
     kubeconfig: Option<PathBuf>,
+    /// kubelet's TLS bootstrap, to make the kubeconfig's credentials first when needed.
+    bootstrap: Option<kvol_cluster::bootstrap::Bootstrap>,
     /// A manifests directory beside the API, for static pods.
     static_pods: Option<PathBuf>,
     /// Register the Node (the runtime's endpoint, `--max-pods`, what the node holds back):
@@ -391,7 +420,13 @@ impl ClusterMode {
         self,
         config: &mut AgentConfig,
         reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport>>,
+        taints: Option<tokio::sync::watch::Sender<Vec<k8s_openapi::api::core::v1::Taint>>>,
     ) -> anyhow::Result<ClusterParts> {
+        if let Some(bootstrap) = &self.bootstrap {
+            let started = Instant::now();
+            let joined = kvol_cluster::bootstrap::ensure(bootstrap).await?;
+            tracing::info!(node = %bootstrap.node, ?joined, ms = started.elapsed().as_millis() as u64, "node credentials");
+        }
         let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
         let node = config.node_name.clone();
         let facts = self.facts(&node, &config.state_dir).await;
@@ -438,6 +473,9 @@ impl ClusterMode {
         let writer = reports.filter(|_| keeper.is_some()).map(|r| {
             kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), config.node_name.clone(), r)
         });
+        let taints = taints
+            .filter(|_| keeper.is_some())
+            .map(|tx| kvol_cluster::node_taints::follow(client.clone(), &node, tx));
         let (kubelet_api_stop, stopped) = tokio::sync::watch::channel(false);
         if let Some(mut api) = self.kubelet_api.filter(|_| keeper.is_some()) {
             let reviews = std::sync::Arc::new(kvol_kubelet_api::reviews::ApiReviews::new(client.clone()));
@@ -452,7 +490,7 @@ impl ClusterMode {
                 }
             });
         }
-        Ok(ClusterParts { source, keeper, writer, mirrors, kubelet_api_stop })
+        Ok(ClusterParts { source, keeper, writer, mirrors, taints, kubelet_api_stop })
     }
 
     /// The node's facts when kvol registers it (it runs the node's pods).
