@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::config::Kubeconfig;
 use kube::{Api, Client};
+use rcgen::PublicKeyData;
 
 use crate::client_cert::{
     Answer, CURRENT_FILE, PENDING_KEY_FILE, ServerAccess, Unusable, answer, certificate_request,
@@ -85,7 +86,7 @@ pub async fn ensure(b: &Bootstrap) -> Result<Joined, BootstrapError> {
     };
     std::fs::create_dir_all(&b.cert_dir).map_err(file_error(&b.cert_dir))?;
     let key = pending_key(b)?;
-    let public_key = key.public_key_der();
+    let public_key = key.subject_public_key_info();
     let name = request_name(&public_key, &b.node);
     let pem = certificate_request(&key, &b.node).map_err(|e| BootstrapError::Key(b.node.clone(), e))?;
     let api: Api<CertificateSigningRequest> = Api::all(client);
