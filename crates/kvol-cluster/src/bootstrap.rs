@@ -56,13 +56,17 @@ pub enum BootstrapError {
         "node {node}: certificate signing request {name} was denied (reason {reason:?}, message {message:?}); delete it to ask again with a new key"
     )]
     Denied { node: String, name: String, reason: String, message: String },
-    #[error("node {node}: certificate signing request {name} failed (reason {reason:?}, message {message:?})")]
+    #[error(
+        "node {node}: certificate signing request {name} failed (reason {reason:?}, message {message:?})"
+    )]
     Failed { node: String, name: String, reason: String, message: String },
     #[error(
         "node {node}: certificate signing request {name} was not approved and signed within {timeout:?} (`kubectl certificate approve {name}` approves it)"
     )]
     Timeout { node: String, name: String, timeout: Duration },
-    #[error("node {node}: certificate signing request {name} was deleted or replaced while it was waited for")]
+    #[error(
+        "node {node}: certificate signing request {name} was deleted or replaced while it was waited for"
+    )]
     Gone { node: String, name: String },
     #[error("node {node}: the certificate issued for {name} is unusable: {why}")]
     Issued { node: String, name: String, why: Unusable },
@@ -93,8 +97,11 @@ pub async fn ensure(b: &Bootstrap) -> Result<Joined, BootstrapError> {
     let uid = create_or_find(&api, b, &name, &pem, &public_key).await?;
     tracing::info!(node = %b.node, request = name, "waiting for the client certificate to be approved and signed");
     let certificate = wait_issued(&api, b, &name, &uid).await?;
-    judge_certificate(&certificate, Timestamp::now().as_second())
-        .map_err(|why| BootstrapError::Issued { node: b.node.clone(), name: name.clone(), why })?;
+    judge_certificate(&certificate, Timestamp::now().as_second()).map_err(|why| BootstrapError::Issued {
+        node: b.node.clone(),
+        name: name.clone(),
+        why,
+    })?;
     let current = keep_certificate(b, &certificate, &key.serialize_pem())?;
     let pending = b.cert_dir.join(PENDING_KEY_FILE);
     if let Err(e) = std::fs::remove_file(&pending) {
@@ -138,7 +145,8 @@ async fn bootstrap_client(b: &Bootstrap) -> Result<(ServerAccess, Client), Boots
     };
     let config = Kubeconfig::read_from(&b.bootstrap_kubeconfig).map_err(|e| bad(e.to_string()))?;
     let access = ServerAccess::of(&config).map_err(bad)?;
-    let client = crate::client::client(Some(&b.bootstrap_kubeconfig)).await.map_err(|e| bad(e.to_string()))?;
+    let client =
+        crate::client::client(Some(&b.bootstrap_kubeconfig)).await.map_err(|e| bad(e.to_string()))?;
     Ok((access, client))
 }
 
@@ -149,12 +157,17 @@ fn pending_key(b: &Bootstrap) -> Result<rcgen::KeyPair, BootstrapError> {
     if let Ok(text) = std::fs::read_to_string(&path) {
         match rcgen::KeyPair::from_pem(&text) {
             Ok(key) => return Ok(key),
-            Err(e) => tracing::warn!(node = %b.node, path = %path.display(), error = %e, "pending key unreadable: a new one"),
+            Err(e) => {
+                tracing::warn!(node = %b.node, path = %path.display(), error = %e, "pending key unreadable: a new one")
+            }
         }
     }
     let key = rcgen::KeyPair::generate().map_err(|e| BootstrapError::Key(b.node.clone(), e))?;
-    write_private(&path, key.serialize_pem().as_bytes())
-        .map_err(|source| BootstrapError::File { node: b.node.clone(), path, source })?;
+    write_private(&path, key.serialize_pem().as_bytes()).map_err(|source| BootstrapError::File {
+        node: b.node.clone(),
+        path,
+        source,
+    })?;
     Ok(key)
 }
 
@@ -206,7 +219,8 @@ async fn wait_issued(
     let (node, name_) = (b.node.clone(), name.to_string());
     let found = loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let waited = tokio::time::timeout(left, kube::runtime::wait::await_condition(api.clone(), name, ended));
+        let waited =
+            tokio::time::timeout(left, kube::runtime::wait::await_condition(api.clone(), name, ended));
         match waited.await {
             Err(_) => return Err(BootstrapError::Timeout { node, name: name_, timeout: b.timeout }),
             Ok(Ok(found)) => break found,
@@ -221,8 +235,12 @@ async fn wait_issued(
     };
     match answer(&csr) {
         Answer::Issued(certificate) => Ok(certificate),
-        Answer::Denied { reason, message } => Err(BootstrapError::Denied { node, name: name_, reason, message }),
-        Answer::Failed { reason, message } => Err(BootstrapError::Failed { node, name: name_, reason, message }),
+        Answer::Denied { reason, message } => {
+            Err(BootstrapError::Denied { node, name: name_, reason, message })
+        }
+        Answer::Failed { reason, message } => {
+            Err(BootstrapError::Failed { node, name: name_, reason, message })
+        }
         Answer::Pending => unreachable!("the wait ends on an answer"),
     }
 }
@@ -252,7 +270,8 @@ fn keep_certificate(b: &Bootstrap, certificate: &[u8], key_pem: &str) -> Result<
 /// Writes `data` to `path` readable by its owner only, whole or not at all.
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("kvol-tmp");
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     file.write_all(data)?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)

@@ -87,9 +87,11 @@ pub fn incompatibility(found: &CertificateSigningRequest, public_key_der: &[u8])
 /// The public key (SubjectPublicKeyInfo, DER) of a PEM PKCS#10 request.
 fn request_public_key(pem: &[u8]) -> Result<Vec<u8>, String> {
     use x509_parser::prelude::FromDer;
-    let (_, block) = x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("its request is not PEM: {e}"))?;
-    let (_, request) = x509_parser::certification_request::X509CertificationRequest::from_der(&block.contents)
-        .map_err(|e| format!("its request does not parse: {e}"))?;
+    let (_, block) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("its request is not PEM: {e}"))?;
+    let (_, request) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&block.contents)
+            .map_err(|e| format!("its request does not parse: {e}"))?;
     Ok(request.certification_request_info.subject_pki.raw.to_vec())
 }
 
@@ -107,7 +109,8 @@ pub fn answer(csr: &CertificateSigningRequest) -> Answer {
     let Some(status) = &csr.status else { return Answer::Pending };
     let mut approved = false;
     for condition in status.conditions.iter().flatten() {
-        let said = || (condition.reason.clone().unwrap_or_default(), condition.message.clone().unwrap_or_default());
+        let said =
+            || (condition.reason.clone().unwrap_or_default(), condition.message.clone().unwrap_or_default());
         match condition.type_.as_str() {
             "Denied" => {
                 let (reason, message) = said();
@@ -189,7 +192,10 @@ impl ServerAccess {
             .and_then(|c| c.cluster.as_ref())
             .ok_or_else(|| format!("its cluster {} is missing", context.cluster))?;
         Ok(ServerAccess {
-            server: cluster.server.clone().ok_or_else(|| format!("its cluster {} has no server", context.cluster))?,
+            server: cluster
+                .server
+                .clone()
+                .ok_or_else(|| format!("its cluster {} has no server", context.cluster))?,
             // A file's CA wins over data, as kubelet writes it.
             certificate_authority_data: match &cluster.certificate_authority {
                 Some(_) => None,

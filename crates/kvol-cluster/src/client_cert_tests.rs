@@ -1,5 +1,7 @@
 use k8s_openapi::ByteString;
-use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus};
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
+};
 use kube::config::Kubeconfig;
 use rcgen::PublicKeyData;
 
@@ -33,7 +35,11 @@ fn a_certificate_is_usable_until_it_expires_and_only_when_there_is_one() {
         ("one valid, one expired: expired", &both, Err("expired")),
         ("a key and no certificate", &key_only, Err("no client certificate")),
         ("nothing", "", Err("no client certificate")),
-        ("a broken certificate", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", Err("not a certificate")),
+        (
+            "a broken certificate",
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            Err("not a certificate"),
+        ),
     ];
     for (what, pem, expected) in cases {
         let judged = judge_certificate(pem.as_bytes(), 1_700_000_000).map_err(|e| e.to_string());
@@ -104,7 +110,10 @@ fn a_request_found_under_our_name_is_ours_only_with_our_key_signer_and_usages() 
         }
     }
     assert_eq!(ours.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
-    assert_eq!(ours.spec.usages.as_deref(), Some(&["digital signature".to_string(), "key encipherment".into(), "client auth".into()][..]));
+    assert_eq!(
+        ours.spec.usages.as_deref(),
+        Some(&["digital signature".to_string(), "key encipherment".into(), "client auth".into()][..])
+    );
     assert_eq!(ours.spec.expiration_seconds, None, "the signer's default duration, as kubelet asks");
 }
 
@@ -135,10 +144,18 @@ fn a_requests_answer_is_kubelets_reading_of_its_conditions() {
     let cases = [
         ("no status", CertificateSigningRequest::default(), Answer::Pending),
         ("approved, not signed yet", with_conditions(&[("Approved", "AutoApproved")], None), Answer::Pending),
-        ("approved and signed", with_conditions(&[("Approved", "AutoApproved")], Some("PEM")), Answer::Issued(b"PEM".to_vec())),
+        (
+            "approved and signed",
+            with_conditions(&[("Approved", "AutoApproved")], Some("PEM")),
+            Answer::Issued(b"PEM".to_vec()),
+        ),
         ("a certificate without approval", with_conditions(&[], Some("PEM")), Answer::Pending),
         ("denied", with_conditions(&[("Denied", "NotYou")], None), denied("NotYou")),
-        ("approved then denied", with_conditions(&[("Approved", "A"), ("Denied", "NotYou")], Some("PEM")), denied("NotYou")),
+        (
+            "approved then denied",
+            with_conditions(&[("Approved", "A"), ("Denied", "NotYou")], Some("PEM")),
+            denied("NotYou"),
+        ),
         (
             "failed",
             with_conditions(&[("Approved", "A"), ("Failed", "SignerBroken")], None),
@@ -165,25 +182,45 @@ fn the_kubeconfig_written_keeps_the_bootstraps_server_and_points_at_the_certific
         insecure,
     };
     let cases = [
-        ("CA data", "    server: https://10.0.0.1:6443\n    certificate-authority-data: Q0E=", access("https://10.0.0.1:6443", None, Some("Q0E="), false)),
-        ("a CA file wins over data", "    server: https://a:6443\n    certificate-authority: /etc/ca.crt\n    certificate-authority-data: Q0E=", access("https://a:6443", Some("/etc/ca.crt"), None, false)),
-        ("insecure", "    server: https://a:6443\n    insecure-skip-tls-verify: true", access("https://a:6443", None, None, true)),
+        (
+            "CA data",
+            "    server: https://10.0.0.1:6443\n    certificate-authority-data: Q0E=",
+            access("https://10.0.0.1:6443", None, Some("Q0E="), false),
+        ),
+        (
+            "a CA file wins over data",
+            "    server: https://a:6443\n    certificate-authority: /etc/ca.crt\n    certificate-authority-data: Q0E=",
+            access("https://a:6443", Some("/etc/ca.crt"), None, false),
+        ),
+        (
+            "insecure",
+            "    server: https://a:6443\n    insecure-skip-tls-verify: true",
+            access("https://a:6443", None, None, true),
+        ),
     ];
     for (what, cluster, expected) in cases {
         let found = ServerAccess::of(&bootstrap(cluster)).unwrap();
         assert_eq!(found, expected, "{what}");
-        let text = serde_saphyr::to_string(&kubeconfig(&found, "/var/lib/kubelet/pki/kubelet-client-current.pem")).unwrap();
+        let text =
+            serde_saphyr::to_string(&kubeconfig(&found, "/var/lib/kubelet/pki/kubelet-client-current.pem"))
+                .unwrap();
         let read = Kubeconfig::from_yaml(&text).unwrap();
         assert_eq!(ServerAccess::of(&read).unwrap(), expected, "{what}: read back\n{text}");
         let user = read.auth_infos[0].auth_info.as_ref().unwrap();
-        assert_eq!(user.client_certificate.as_deref(), Some("/var/lib/kubelet/pki/kubelet-client-current.pem"), "{what}");
+        assert_eq!(
+            user.client_certificate.as_deref(),
+            Some("/var/lib/kubelet/pki/kubelet-client-current.pem"),
+            "{what}"
+        );
         assert_eq!(user.client_key, user.client_certificate, "{what}");
         assert!(user.token.is_none(), "{what}: the bootstrap token is not carried over");
     }
     let mut no_context = bootstrap("    server: https://a");
     no_context.current_context = None;
     assert!(ServerAccess::of(&no_context).unwrap_err().contains("current-context"));
-    assert!(ServerAccess::of(&bootstrap("    insecure-skip-tls-verify: true")).unwrap_err().contains("no server"));
+    assert!(
+        ServerAccess::of(&bootstrap("    insecure-skip-tls-verify: true")).unwrap_err().contains("no server")
+    );
 }
 
 #[test]

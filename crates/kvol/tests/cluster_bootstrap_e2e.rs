@@ -115,11 +115,16 @@ async fn bootstrap_tokens(client: &kube::Client) {
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
-    for ((id, secret), group) in [(TOKEN, "system:bootstrappers:kvol"), (MANUAL_TOKEN, "system:bootstrappers:kvol-manual")] {
-        create(&secrets, json!({"metadata": {"name": format!("bootstrap-token-{id}")},
+    for ((id, secret), group) in
+        [(TOKEN, "system:bootstrappers:kvol"), (MANUAL_TOKEN, "system:bootstrappers:kvol-manual")]
+    {
+        create(
+            &secrets,
+            json!({"metadata": {"name": format!("bootstrap-token-{id}")},
             "type": "bootstrap.kubernetes.io/token",
             "stringData": {"token-id": id, "token-secret": secret, "usage-bootstrap-authentication": "true",
-                "auth-extra-groups": group}}))
+                "auth-extra-groups": group}}),
+        )
         .await;
     }
     let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
@@ -131,7 +136,11 @@ async fn bootstrap_tokens(client: &kube::Client) {
     for body in [
         bind("kvol-bootstrappers", "system:node-bootstrapper", "system:bootstrappers:kvol"),
         bind("kvol-manual-bootstrappers", "system:node-bootstrapper", "system:bootstrappers:kvol-manual"),
-        bind("kvol-auto-approve", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "system:bootstrappers:kvol"),
+        bind(
+            "kvol-auto-approve",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            "system:bootstrappers:kvol",
+        ),
     ] {
         create(&bindings, body).await;
     }
@@ -203,9 +212,14 @@ fn join_and_run_a_pod(runtime: &tokio::runtime::Runtime, client: &kube::Client, 
         "{subject}"
     );
     let kubeconfig = std::fs::read_to_string(&node.kubeconfig).unwrap();
-    assert!(kubeconfig.contains(&current.display().to_string()) && !kubeconfig.contains(TOKEN.1), "{kubeconfig}");
+    assert!(
+        kubeconfig.contains(&current.display().to_string()) && !kubeconfig.contains(TOKEN.1),
+        "{kubeconfig}"
+    );
     assert!(!node.cert_dir.join("kubelet-client.key.tmp").exists(), "the pending key is removed once issued");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(node.cert_dir.join(&issued)).unwrap().permissions());
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(node.cert_dir.join(&issued)).unwrap().permissions(),
+    );
     assert_eq!(mode & 0o077, 0, "the key's file is its owner's only: {mode:o}");
     drop(kvol);
     issued
@@ -223,7 +237,8 @@ fn start_again_with_the_written_certificate(
     let start = Instant::now();
     let _kvol = node.start();
     runtime.block_on(async {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(client.clone(), "kube-node-lease");
         let renewed = |lease: &k8s_openapi::api::coordination::v1::Lease| {
             lease.spec.as_ref()?.renew_time.as_ref().map(|t| t.0)
         };
@@ -266,7 +281,7 @@ fn a_denied_request(runtime: &tokio::runtime::Runtime, client: &kube::Client, no
         .await;
         let requests = requests_of(client, MANUAL_TOKEN.0).await;
         let names: Vec<_> = requests.iter().filter_map(|r| r.metadata.name.clone()).collect();
-        assert_eq!(names, [name.clone()], "the same request after the restart");
+        assert_eq!(names, std::slice::from_ref(&name), "the same request after the restart");
         let api: Api<CertificateSigningRequest> = Api::all(client.clone());
         let deny = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "reason": "NotThisNode",
             "message": "kvol's test denies it"}]}});
@@ -277,7 +292,11 @@ fn a_denied_request(runtime: &tokio::runtime::Runtime, client: &kube::Client, no
         if let Some(status) = kvol.0.try_wait().unwrap() {
             break status;
         }
-        assert!(denied.elapsed() < Duration::from_secs(30), "kvol still runs after the denial:\n{}", node.log_text());
+        assert!(
+            denied.elapsed() < Duration::from_secs(30),
+            "kvol still runs after the denial:\n{}",
+            node.log_text()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     eprintln!("denied → kvol exited ({status}) in {} ms", denied.elapsed().as_millis());

@@ -1,4 +1,4 @@
-//! A kvol node in a real cluster: `kvol agent --kubeconfig --container-runtime-endpoint` on a private containerd registers its Node (Ready, its Lease renewed), runs a pod the API binds to it and writes the pod's status as kubelet does (Running, Ready, container statuses), and, when the pod is deleted, stops its containers, lets its volumes go and deletes the object with grace 0; a node whose Lease a kubelet renews is refused with a non-zero exit; with kube-controller-manager's node lifecycle controller, the node stays Ready while kvol runs and turns Unknown once it is stopped.
+//! A kvol node in a real cluster: `kvol agent --kubeconfig --container-runtime-endpoint` on a private containerd registers its Node (Ready, its Lease renewed), runs a pod the API binds to it and writes the pod's status as kubelet does (Running, Ready, container statuses), rejects pods as kubelet's admission does (resources, node affinity, a NoExecute taint of its Node not tolerated), and, when the pod is deleted, stops its containers, lets its volumes go and deletes the object with grace 0; a node whose Lease a kubelet renews is refused with a non-zero exit; with kube-controller-manager's node lifecycle controller, the node stays Ready while kvol runs and turns Unknown once it is stopped.
 //!
 //! Needs root, `KVOL_KUBE_APISERVER` and `KVOL_ETCD`, and containerd, runc and a static busybox
 //! (skipped, saying so, without them); the node lifecycle part also `KVOL_KUBE_CONTROLLER_MANAGER`.
@@ -260,11 +260,19 @@ async fn taints_judged(client: &kube::Client, log: &Path) {
     let hard = json!([{"key": "kvol.test/hard", "operator": "Exists", "effect": "NoExecute"}]);
     // (pod, its tolerations, the phase, the reason, the message)
     let table = [
-        ("intolerant", json!([]), "Failed", Some("TaintToleration"), Some("Pod was rejected: Predicate TaintToleration failed")),
+        (
+            "intolerant",
+            json!([]),
+            "Failed",
+            Some("TaintToleration"),
+            Some("Pod was rejected: Predicate TaintToleration failed"),
+        ),
         ("tolerant", hard, "Running", None, None),
     ];
     for (name, tolerations, _, _, _) in &table {
-        pods.create(&Default::default(), &serde_json::from_value(pod(name, tolerations.clone())).unwrap()).await.unwrap();
+        pods.create(&Default::default(), &serde_json::from_value(pod(name, tolerations.clone())).unwrap())
+            .await
+            .unwrap();
     }
     for (name, _, phase, reason, message) in table {
         let status = until(&format!("{name} {phase}"), Duration::from_secs(30), log, async || {
@@ -272,10 +280,19 @@ async fn taints_judged(client: &kube::Client, log: &Path) {
             (status.phase.as_deref() == Some(phase)).then_some(status)
         })
         .await;
-        assert_eq!((status.reason.as_deref(), status.message.as_deref()), (reason, message), "{name}: {status:?}");
-        pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+        assert_eq!(
+            (status.reason.as_deref(), status.message.as_deref()),
+            (reason, message),
+            "{name}: {status:?}"
+        );
+        pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .await
+            .unwrap();
     }
-    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}}))).await.unwrap();
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}})))
+        .await
+        .unwrap();
 }
 
 /// A static pod from the manifests directory: run as `<name>-<node>`, shown in the API by a

@@ -26,7 +26,10 @@ fn its_command_is_one_kvol_takes() {
     let help = Command::new(env!("CARGO_BIN_EXE_kvol")).args(["agent", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     for flag in words.iter().filter(|w| w.starts_with("--")) {
-        assert!(help.contains(&format!("  {flag} ")) || help.contains(&format!("  {flag}\n")), "{flag} not in kvol agent --help");
+        assert!(
+            help.contains(&format!("  {flag} ")) || help.contains(&format!("  {flag}\n")),
+            "{flag} not in kvol agent --help"
+        );
     }
     assert!(!help.contains("  --no-such-flag "), "the check finds what is not there");
     // The flags parse (clap stops at an unknown one before --help).

@@ -107,8 +107,11 @@ impl ControlPlane {
             "--node-monitor-grace-period=20s".into(),
         ];
         replace_flags(&mut controller_args, controllers);
-        let controllers =
-            start(&binaries.controller_manager, &controller_args, &logs.path().join("kube-controller-manager.log"));
+        let controllers = start(
+            &binaries.controller_manager,
+            &controller_args,
+            &logs.path().join("kube-controller-manager.log"),
+        );
         let scheduler = start(
             &binaries.scheduler,
             &[kubeconfig, "--leader-elect=false".into(), "--secure-port=0".into()],
