@@ -1,4 +1,4 @@
-//! kubelet's TLS bootstrap against the real control plane: kube-apiserver with bootstrap tokens, the Node authorizer and NodeRestriction, kube-controller-manager approving and signing node client certificates. A kvol node given only a bootstrap kubeconfig asks for its certificate, gets it auto-approved and signed, writes it and a kubeconfig as `system:node:<name>`, registers its Node Ready and runs a pod; started again it uses the written certificate and asks for none; a node whose request is not approved keeps the same request across a restart (the same pending key) and, denied, exits non-zero saying so.
+//! kubelet's TLS bootstrap against the real control plane: kube-apiserver with bootstrap tokens, the Node authorizer and NodeRestriction, kube-controller-manager approving and signing node client certificates. A kvol node given only a bootstrap kubeconfig asks for its certificate, gets it auto-approved and signed, writes it and a kubeconfig as `system:node:<name>`, registers its Node Ready and runs a pod; started again it uses the written certificate and asks for none (its bootstrap kubeconfig moved away); its certificate broken, it asks again; a node whose request is not approved keeps the same request across a restart (the same pending key) and, denied, exits non-zero saying so.
 //!
 //! Needs root, `KVOL_KUBE_APISERVER`, `KVOL_ETCD`, `KVOL_KUBE_CONTROLLER_MANAGER`,
 //! `KVOL_KUBE_SCHEDULER`, containerd, runc and a static busybox; skipped, saying which, without them.
@@ -65,6 +65,7 @@ fn a_node_joins_with_a_bootstrap_token_and_a_denied_one_says_so() {
 
     let issued = join_and_run_a_pod(&runtime, &client, &node);
     start_again_with_the_written_certificate(&runtime, &client, &node, &issued);
+    a_broken_certificate_is_asked_for_again(&runtime, &client, &node, &issued);
     let manual = bootstrap_kubeconfig(&plane.server.kubeconfig, scratch.path(), "manual.conf", MANUAL_TOKEN);
     let refused = Joiner::new(scratch.path(), DENIED_NODE, &manual, &containerd.endpoint());
     a_denied_request(&runtime, &client, &refused);
@@ -225,36 +226,69 @@ fn join_and_run_a_pod(runtime: &tokio::runtime::Runtime, client: &kube::Client, 
     issued
 }
 
+/// Waits until a kvol started at `start` renews the node's Lease (kvol runs as the node); how long.
+async fn lease_renewed(client: &kube::Client, node: &Joiner, start: Instant) -> u128 {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let renewed = |lease: &Lease| lease.spec.as_ref()?.renew_time.as_ref().map(|t| t.0);
+    let first = renewed(&leases.get(node.name).await.unwrap());
+    until("the lease renewed by the new start", Duration::from_secs(30), &node.log, async || {
+        let now = renewed(&leases.get(node.name).await.ok()?);
+        (now > first).then_some(())
+    })
+    .await;
+    start.elapsed().as_millis()
+}
+
+const ASKING: &str = "asking for the node's client certificate";
+
 /// Started again, kvol finds the written kubeconfig usable: no new request, the same file, the
-/// node Ready again (its Lease renewed by the new process).
+/// bootstrap kubeconfig not even read (it is moved away), the node's Lease renewed by the new
+/// process.
 fn start_again_with_the_written_certificate(
     runtime: &tokio::runtime::Runtime,
     client: &kube::Client,
     node: &Joiner,
     issued: &Path,
 ) {
-    let before = node.log_text().matches("asking for the node's client certificate").count();
+    let before = node.log_text().matches(ASKING).count();
+    let away = node.bootstrap.with_extension("away");
+    std::fs::rename(&node.bootstrap, &away).unwrap();
     let start = Instant::now();
-    let _kvol = node.start();
+    let kvol = node.start();
     runtime.block_on(async {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(client.clone(), "kube-node-lease");
-        let renewed = |lease: &k8s_openapi::api::coordination::v1::Lease| {
-            lease.spec.as_ref()?.renew_time.as_ref().map(|t| t.0)
-        };
-        let first = renewed(&leases.get(node.name).await.unwrap());
-        until("the lease renewed by the second start", Duration::from_secs(30), &node.log, async || {
-            let now = renewed(&leases.get(node.name).await.ok()?);
-            (now > first).then_some(())
-        })
-        .await;
-        eprintln!("second start → lease renewed in {} ms", start.elapsed().as_millis());
+        let ms = lease_renewed(client, node, start).await;
+        eprintln!("second start → lease renewed in {ms} ms");
         assert_eq!(requests_of(client, TOKEN.0).await.len(), 1, "no new request");
     });
-    let after = node.log_text().matches("asking for the node's client certificate").count();
+    drop(kvol);
+    std::fs::rename(&away, &node.bootstrap).unwrap();
+    let after = node.log_text().matches(ASKING).count();
     assert_eq!(after, before, "the second start asks for nothing:\n{}", node.log_text());
     let current = std::fs::read_link(node.cert_dir.join("kubelet-client-current.pem")).unwrap();
     assert_eq!(current, issued, "the same certificate");
+}
+
+/// The written certificate broken (its file overwritten): the next start finds it unusable and
+/// asks again, a second request, and runs as the node on the new certificate.
+fn a_broken_certificate_is_asked_for_again(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    node: &Joiner,
+    issued: &Path,
+) {
+    std::fs::write(node.cert_dir.join(issued), "not a certificate\n").unwrap();
+    let before = node.log_text().matches(ASKING).count();
+    let start = Instant::now();
+    let _kvol = node.start();
+    runtime.block_on(async {
+        let ms = lease_renewed(client, node, start).await;
+        eprintln!("broken certificate → asked again, lease renewed in {ms} ms");
+        assert_eq!(requests_of(client, TOKEN.0).await.len(), 2, "a second request");
+    });
+    assert_eq!(node.log_text().matches(ASKING).count(), before + 1, "{}", node.log_text());
+    let subject = subject_of(&node.cert_dir.join("kubelet-client-current.pem"));
+    assert!(subject.contains(&format!("CN = system:node:{}", node.name)), "{subject}");
 }
 
 /// A token whose requests the controller does not approve: the request waits; kvol killed and
