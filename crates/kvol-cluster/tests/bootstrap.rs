@@ -29,6 +29,9 @@ fn kubeconfig_with(user: &str) -> String {
     )
 }
 
+/// Usable, or unusable for a reason the function recognises.
+type Expected = Result<(), fn(&Unusable) -> bool>;
+
 #[test]
 fn a_kubeconfigs_certificate_is_usable_only_when_it_has_a_valid_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -37,7 +40,7 @@ fn a_kubeconfigs_certificate_is_usable_only_when_it_has_a_valid_one() {
     std::fs::write(dir.path().join("current.pem"), format!("{good}{key}")).unwrap();
     std::fs::write(dir.path().join("old.pem"), &old).unwrap();
     let data = base64::engine::general_purpose::STANDARD.encode(&good);
-    let cases: Vec<(&str, Option<String>, Result<(), fn(&Unusable) -> bool>)> = vec![
+    let cases: Vec<(&str, Option<String>, Expected)> = vec![
         ("no kubeconfig", None, Err(|u| *u == Unusable::Missing)),
         (
             "a token, no certificate",
@@ -107,7 +110,7 @@ async fn a_request_unanswered_times_out_is_found_again_and_once_signed_is_writte
     assert!(b.cert_dir.join("kubelet-client.key.tmp").exists() && !b.kubeconfig.exists());
     let again = ensure(&b).await.unwrap_err();
     assert!(matches!(&again, BootstrapError::Timeout { name: n, .. } if n == name), "{again}");
-    assert_eq!(requests(&client).await, [name.clone()], "asked again under the same name");
+    assert_eq!(requests(&client).await, std::slice::from_ref(name), "asked again under the same name");
     let waiting = tokio::spawn({
         let b = b.clone();
         async move { ensure(&Bootstrap { timeout: Duration::from_secs(30), ..b }).await }
