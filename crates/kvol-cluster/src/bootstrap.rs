@@ -15,6 +15,7 @@ use rcgen::PublicKeyData;
 use crate::client_cert::{
     Answer, CURRENT_FILE, PENDING_KEY_FILE, ServerAccess, Unusable, answer, certificate_request,
     incompatibility, issued_file_name, judge_certificate, kubeconfig, request_name, request_object,
+    rotation_deadline, validity,
 };
 
 /// How long kubelet waits for its request to be answered.
@@ -112,6 +113,89 @@ pub async fn ensure(b: &Bootstrap) -> Result<Joined, BootstrapError> {
     write_private(&b.kubeconfig, text.as_bytes()).map_err(file_error(&b.kubeconfig))?;
     tracing::info!(node = %b.node, request = name, kubeconfig = %b.kubeconfig.display(), "client certificate issued");
     Ok(Joined::Issued { request: name })
+}
+
+/// kubelet's client certificate rotation (`--rotate-certificates`): once the current
+/// certificate is 70–90 % through its life, a new key and a request made with the node's own
+/// credentials (`client`; the API names it `csr-…`), waited for and kept as the current
+/// certificate, which the kubeconfig written by [`ensure`] points at; then `rotated` is told
+/// the request's name. Only a kubeconfig that uses the certificate directory's current file is
+/// rotated. A failed request is asked again after a minute.
+pub fn keep_rotating(
+    client: Client,
+    b: Bootstrap,
+    rotated: tokio::sync::oneshot::Sender<String>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let current = b.cert_dir.join(CURRENT_FILE);
+        if !uses_current_file(&b.kubeconfig, &current) {
+            tracing::warn!(node = %b.node, kubeconfig = %b.kubeconfig.display(), "not rotated: the kubeconfig's certificate is not {}", current.display());
+            return;
+        }
+        let Some((from, to)) = std::fs::read(&current).ok().and_then(|pem| validity(&pem)) else {
+            tracing::warn!(node = %b.node, path = %current.display(), "not rotated: the current certificate is unreadable");
+            return;
+        };
+        let deadline = rotation_deadline(from, to, jitter());
+        let wait = deadline.saturating_sub(Timestamp::now().as_second()).max(0) as u64;
+        tracing::info!(node = %b.node, rotate_in_s = wait, "client certificate rotation planned");
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        loop {
+            match renew(client.clone(), &b).await {
+                Ok(name) => {
+                    let _ = rotated.send(name);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(node = %b.node, error = %e, "client certificate not rotated; again in a minute");
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+            }
+        }
+    })
+}
+
+/// Whether the kubeconfig's client certificate is the file `current`.
+fn uses_current_file(kubeconfig: &Path, current: &Path) -> bool {
+    let Ok(config) = Kubeconfig::read_from(kubeconfig) else { return false };
+    let user = crate::client_cert::current_user(&config);
+    user.and_then(|u| u.client_certificate.as_deref()).is_some_and(|file| Path::new(file) == current)
+}
+
+/// A number from 0 to 1, random; `KVOL_ROTATION_JITTER` fixes it (tests: a rotation at a known
+/// point of the certificate's life).
+fn jitter() -> f64 {
+    if let Some(fixed) = std::env::var("KVOL_ROTATION_JITTER").ok().and_then(|v| v.parse().ok()) {
+        return fixed;
+    }
+    let mut bytes = [0u8; 4];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+    f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX)
+}
+
+/// One rotation: a new key, a request named by the API, the certificate kept as current.
+async fn renew(client: Client, b: &Bootstrap) -> Result<String, BootstrapError> {
+    let key = rcgen::KeyPair::generate().map_err(|e| BootstrapError::Key(b.node.clone(), e))?;
+    let pem = certificate_request(&key, &b.node).map_err(|e| BootstrapError::Key(b.node.clone(), e))?;
+    let mut object = request_object("", &pem);
+    object.metadata.name = None;
+    object.metadata.generate_name = Some("csr-".into());
+    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let made = api.create(&PostParams::default(), &object).await.map_err(|e| BootstrapError::Request {
+        node: b.node.clone(),
+        why: format!("cannot create a request to rotate the client certificate: {e}"),
+    })?;
+    let (name, uid) = (made.metadata.name.unwrap_or_default(), made.metadata.uid.unwrap_or_default());
+    tracing::info!(node = %b.node, request = name, "rotating the client certificate: waiting for the request to be approved and signed");
+    let certificate = wait_issued(&api, b, &name, &uid).await?;
+    judge_certificate(&certificate, Timestamp::now().as_second()).map_err(|why| BootstrapError::Issued {
+        node: b.node.clone(),
+        name: name.clone(),
+        why,
+    })?;
+    keep_certificate(b, &certificate, &key.serialize_pem())?;
+    tracing::info!(node = %b.node, request = name, "client certificate rotated");
+    Ok(name)
 }
 
 /// Whether the kubeconfig at `path` has a usable client certificate.

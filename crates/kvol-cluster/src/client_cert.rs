@@ -166,6 +166,21 @@ pub fn judge_certificate(pem: &[u8], now: i64) -> Result<(), Unusable> {
     Ok(())
 }
 
+/// The validity of the first certificate in `pem`: not before, not after (unix seconds).
+pub fn validity(pem: &[u8]) -> Option<(i64, i64)> {
+    let block = x509_parser::pem::Pem::iter_from_buffer(pem).flatten().find(|b| b.label == "CERTIFICATE")?;
+    let cert = block.parse_x509().ok()?;
+    Some((cert.validity().not_before.timestamp(), cert.validity().not_after.timestamp()))
+}
+
+/// When kubelet's certificate manager rotates a certificate valid from `not_before` to
+/// `not_after` (unix seconds): at 70 % to 90 % of its life, where in that span chosen by
+/// `jitter` (0 to 1, random per node, so that nodes that joined together do not rotate together).
+pub fn rotation_deadline(not_before: i64, not_after: i64, jitter: f64) -> i64 {
+    let life = (not_after - not_before).max(0) as f64;
+    not_before + (life * (0.7 + 0.2 * jitter.clamp(0.0, 1.0))).round() as i64
+}
+
 /// How the bootstrap kubeconfig reaches the API server, kept in the kubeconfig written.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerAccess {

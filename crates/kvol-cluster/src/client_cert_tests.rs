@@ -228,3 +228,22 @@ fn an_issued_certificate_is_kept_under_kubelets_store_name() {
     let at = Timestamp::from_second(1_700_000_000).unwrap();
     assert_eq!(issued_file_name(at), "kubelet-client-2023-11-14-22-13-20.pem");
 }
+
+#[test]
+fn a_certificate_is_rotated_at_70_to_90_per_cent_of_its_life() {
+    // (not before, not after, jitter, deadline)
+    let cases = [
+        (1_000, 2_000, 0.0, 1_700),
+        (1_000, 2_000, 1.0, 1_900),
+        (1_000, 2_000, 0.5, 1_800),
+        (0, 31_536_000, 0.25, 23_652_000),
+        (1_000, 2_000, 7.0, 1_900),
+        (2_000, 1_000, 0.5, 2_000),
+    ];
+    for (from, to, jitter, deadline) in cases {
+        assert_eq!(rotation_deadline(from, to, jitter), deadline, "{from}..{to} at {jitter}");
+    }
+    let (cert, _) = certificate("n1", 1_000, 2_000_000_000);
+    assert_eq!(validity(cert.as_bytes()), Some((1_000, 2_000_000_000)));
+    assert_eq!(validity(b"not a certificate"), None);
+}

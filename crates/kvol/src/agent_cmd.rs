@@ -53,6 +53,13 @@ pub struct AgentArgs {
     /// `kubelet-client-current.pem`); default `<root-dir>/pki`.
     #[arg(long, value_name = "DIR")]
     pub cert_dir: Option<PathBuf>,
+    /// Rotate the client certificate the bootstrap got (kubelet's flag): at 70–90 % of its
+    /// life a new key and request, made with the node's own credentials; once it is signed kvol
+    /// starts itself again (the same process, exec) on the new certificate, adopting the node's
+    /// pods and volumes as any restart does.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true",
+        action = clap::ArgAction::Set, value_name = "BOOL", requires = "bootstrap_kubeconfig")]
+    pub rotate_certificates: bool,
     /// Cluster mode with the configuration kube-rs infers: `KUBECONFIG`, `~/.kube/config`,
     /// or the pod's service account when run in a pod.
     #[arg(long)]
@@ -299,7 +306,11 @@ pub fn run(
         kvol_cluster::bootstrap::Bootstrap {
             bootstrap_kubeconfig: from,
             kubeconfig: to,
-            cert_dir: args.cert_dir.clone().unwrap_or_else(|| config.root_dir.join("pki")),
+            // Absolute: the kubeconfig written names the certificate by this path.
+            cert_dir: std::path::absolute(
+                args.cert_dir.clone().unwrap_or_else(|| config.root_dir.join("pki")),
+            )
+            .unwrap_or_default(),
             node: config.node_name.clone(),
             timeout: kvol_cluster::bootstrap::ANSWER_TIMEOUT,
         }
@@ -307,12 +318,16 @@ pub fn run(
     let cluster = (args.cluster || args.kubeconfig.is_some()).then(|| ClusterMode {
         kubeconfig: args.kubeconfig.clone(),
         bootstrap,
+        rotate: args.rotate_certificates,
         static_pods: args.manifests.clone(),
         register,
         kubelet_api,
     });
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
-    runtime.block_on(async move {
+    // Set when a rotated client certificate asks for a start again on it.
+    let again = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let again_set = again.clone();
+    let outcome = runtime.block_on(async move {
         // Settled: whether, and the pods as they were then (before the agent stops under them).
         let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<(bool, String)>();
         if let Some(limit) = settle {
@@ -335,6 +350,7 @@ pub fn run(
         let reports = runner.as_mut().and_then(|r| r.reports.take());
         let taints = runner.as_ref().map(|r| r.taints.clone());
         let mut settled = None;
+        let (rotated_tx, rotated_rx) = tokio::sync::oneshot::channel::<String>();
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .expect("a SIGTERM handler");
@@ -342,11 +358,15 @@ pub fn run(
                 _ = term.recv() => tracing::info!("SIGTERM"),
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
                 outcome = settled_rx, if settle.is_some() => settled = outcome.ok(),
+                Ok(request) = rotated_rx => {
+                    tracing::info!(request, "starting again with the rotated client certificate");
+                    again_set.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
             }
         };
         match cluster {
             Some(mode) => {
-                let parts = mode.start(&mut config, reports, taints).await?;
+                let parts = mode.start(&mut config, reports, taints, rotated_tx).await?;
                 run_agent_with_source(config, parts.source, shutdown).await.map_err(anyhow::Error::msg)?;
                 if let Some(keeper) = parts.keeper {
                     keeper.stop().await;
@@ -357,8 +377,8 @@ pub fn run(
                 if let Some(mirrors) = parts.mirrors {
                     mirrors.stop();
                 }
-                if let Some(taints) = parts.taints {
-                    taints.abort();
+                for task in [parts.taints, parts.rotation].into_iter().flatten() {
+                    task.abort();
                 }
                 let _ = parts.kubelet_api_stop.send(true);
             }
@@ -382,7 +402,22 @@ pub fn run(
             (None, _) => {}
         }
         outcome
-    })
+    });
+    if again.load(std::sync::atomic::Ordering::SeqCst) {
+        drop(runtime);
+        return Err(start_again());
+    }
+    outcome
+}
+
+/// Replaces this process by kvol run again with the same arguments (it returns only the
+/// error of a failed exec).
+fn start_again() -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    let error = std::process::Command::new("/proc/self/exe").arg0(argv0).args(args).exec();
+    anyhow::anyhow!("cannot start again on the rotated client certificate: {error}")
 }
 
 /// What cluster mode runs: the object source, and when kvol runs the node's pods the Node's
@@ -395,6 +430,8 @@ struct ClusterParts {
     mirrors: Option<kvol_cluster::mirror_pods::MirrorKeeper>,
     /// The Node's taints followed for the runner's admission, when kvol keeps the Node.
     taints: Option<tokio::task::JoinHandle<()>>,
+    /// The client certificate's rotation (`--rotate-certificates`).
+    rotation: Option<tokio::task::JoinHandle<()>>,
     kubelet_api_stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -403,6 +440,8 @@ struct ClusterMode {
     kubeconfig: Option<PathBuf>,
     /// kubelet's TLS bootstrap, to make the kubeconfig's credentials first when needed.
     bootstrap: Option<kvol_cluster::bootstrap::Bootstrap>,
+    /// Rotate the bootstrap's client certificate.
+    rotate: bool,
     /// A manifests directory beside the API, for static pods.
     static_pods: Option<PathBuf>,
     /// Register the Node (the runtime's endpoint, `--max-pods`, what the node holds back):
@@ -421,6 +460,7 @@ impl ClusterMode {
         config: &mut AgentConfig,
         reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport>>,
         taints: Option<tokio::sync::watch::Sender<Vec<k8s_openapi::api::core::v1::Taint>>>,
+        rotated: tokio::sync::oneshot::Sender<String>,
     ) -> anyhow::Result<ClusterParts> {
         if let Some(bootstrap) = &self.bootstrap {
             let started = Instant::now();
@@ -428,6 +468,12 @@ impl ClusterMode {
             tracing::info!(node = %bootstrap.node, ?joined, ms = started.elapsed().as_millis() as u64, "node credentials");
         }
         let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
+        let rotation = match (&self.bootstrap, self.rotate) {
+            (Some(b), true) => {
+                Some(kvol_cluster::bootstrap::keep_rotating(client.clone(), b.clone(), rotated))
+            }
+            _ => None,
+        };
         let node = config.node_name.clone();
         let facts = self.facts(&node, &config.state_dir).await;
         let keeper = kvol_cluster::node_registration::take_node(client.clone(), &node, facts)
@@ -490,7 +536,7 @@ impl ClusterMode {
                 }
             });
         }
-        Ok(ClusterParts { source, keeper, writer, mirrors, taints, kubelet_api_stop })
+        Ok(ClusterParts { source, keeper, writer, mirrors, taints, rotation, kubelet_api_stop })
     }
 
     /// The node's facts when kvol registers it (it runs the node's pods).

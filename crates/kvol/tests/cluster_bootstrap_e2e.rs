@@ -53,6 +53,9 @@ fn a_node_joins_with_a_bootstrap_token_and_a_denied_one_says_so() {
         vec![
             format!("--cluster-signing-cert-file={}", ca.display()),
             format!("--cluster-signing-key-file={}", ca_key.display()),
+            // Certificates of 140 s (valid from 5 min before they are signed: 440 s), so that
+            // a rotation at 70 % of their life comes 8 s after they are signed.
+            "--cluster-signing-duration=140s".into(),
         ],
     );
     let client = runtime.block_on(plane.server.client());
@@ -66,6 +69,7 @@ fn a_node_joins_with_a_bootstrap_token_and_a_denied_one_says_so() {
     let issued = join_and_run_a_pod(&runtime, &client, &node);
     start_again_with_the_written_certificate(&runtime, &client, &node, &issued);
     a_broken_certificate_is_asked_for_again(&runtime, &client, &node, &issued);
+    the_certificate_rotates(&runtime, &client, &node);
     let manual = bootstrap_kubeconfig(&plane.server.kubeconfig, scratch.path(), "manual.conf", MANUAL_TOKEN);
     let refused = Joiner::new(scratch.path(), DENIED_NODE, &manual, &containerd.endpoint());
     a_denied_request(&runtime, &client, &refused);
@@ -96,12 +100,16 @@ impl Joiner {
     }
 
     fn start(&self) -> Process {
+        Process(self.command().spawn().unwrap())
+    }
+
+    fn command(&self) -> Command {
         std::fs::create_dir_all(self.root.with_file_name("pki")).unwrap();
         let ca = self.root.parent().unwrap().parent().unwrap().join("pki/ca.crt");
         std::fs::copy(ca, self.root.with_file_name("pki").join("ca.crt")).unwrap();
         let mut command = agent(self.name, &self.kubeconfig, &self.root, &self.endpoint, &self.log);
         command.arg("--bootstrap-kubeconfig").arg(&self.bootstrap).arg("--cert-dir").arg(&self.cert_dir);
-        Process(command.spawn().unwrap())
+        command
     }
 
     fn log_text(&self) -> String {
@@ -141,6 +149,12 @@ async fn bootstrap_tokens(client: &kube::Client) {
             "kvol-auto-approve",
             "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
             "system:bootstrappers:kvol",
+        ),
+        // kubeadm's binding for nodes renewing their own certificates.
+        bind(
+            "kvol-auto-approve-renewals",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "system:nodes",
         ),
     ] {
         create(&bindings, body).await;
@@ -343,4 +357,55 @@ fn a_denied_request(runtime: &tokio::runtime::Runtime, client: &kube::Client, no
     );
     let nodes: Api<Node> = Api::all(client.clone());
     assert!(runtime.block_on(nodes.get_opt(DENIED_NODE)).unwrap().is_none(), "no Node for a denied node");
+}
+
+/// With `--rotate-certificates` (and the jitter fixed at 70 % of the life): before the
+/// certificate expires kvol asks, as `system:node:<node>`, for a new one, gets it approved by the
+/// controller, keeps it as current, and starts itself again on it (the same process): the
+/// node's Lease renewed after that, its pod still running in the same container.
+fn the_certificate_rotates(runtime: &tokio::runtime::Runtime, client: &kube::Client, node: &Joiner) {
+    let before = std::fs::read_link(node.cert_dir.join("kubelet-client-current.pem")).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let container = |pod: Pod| {
+        let status = pod.status?.container_statuses?.into_iter().next()?;
+        Some((status.container_id?, status.restart_count))
+    };
+    let running = runtime.block_on(pods.get("joined")).ok().and_then(container).expect("the joined pod runs");
+    let start = Instant::now();
+    let mut kvol = Process(
+        node.command().arg("--rotate-certificates").env("KVOL_ROTATION_JITTER", "0").spawn().unwrap(),
+    );
+    let user = format!("system:node:{}", node.name);
+    runtime.block_on(async {
+        let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+        let renewal = until("a renewal request signed", Duration::from_secs(60), &node.log, async || {
+            let listed = api.list(&Default::default()).await.ok()?;
+            let mine =
+                listed.items.into_iter().find(|r| r.spec.username.as_deref() == Some(user.as_str()))?;
+            mine.status.as_ref()?.certificate.as_ref()?;
+            Some(mine)
+        })
+        .await;
+        eprintln!("rotation: renewal signed {} ms after the start", start.elapsed().as_millis());
+        assert!(renewal.metadata.name.as_deref().is_some_and(|n| n.starts_with("csr-")), "{renewal:?}");
+        // The new process image registers the node again (its Lease renewed first).
+        let signed = Instant::now();
+        until("kvol started again and the node registered", Duration::from_secs(30), &node.log, async || {
+            let log = node.log_text();
+            let (_, after) = log.split_once("starting again with the rotated client certificate")?;
+            (after.contains("joined=Kept") && after.contains("node registered")).then_some(())
+        })
+        .await;
+        eprintln!(
+            "rotation: node registered again {} ms after the renewal was signed",
+            signed.elapsed().as_millis()
+        );
+    });
+    assert!(kvol.0.try_wait().unwrap().is_none(), "kvol runs on, the same process:\n{}", node.log_text());
+    let after = std::fs::read_link(node.cert_dir.join("kubelet-client-current.pem")).unwrap();
+    assert_ne!(after, before, "a new current certificate");
+    let subject = subject_of(&node.cert_dir.join(&after));
+    assert!(subject.contains(&format!("CN = {user}")), "{subject}");
+    let still = runtime.block_on(pods.get("joined")).ok().and_then(container);
+    assert_eq!(still, Some(running), "the pod's container adopted, not restarted");
 }
