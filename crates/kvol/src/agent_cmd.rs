@@ -404,7 +404,8 @@ pub fn run(
         outcome
     });
     if again.load(std::sync::atomic::Ordering::SeqCst) {
-        drop(runtime);
+        // The runtime is not dropped first: that would wait for blocking calls (one stuck on a
+        // dead mount never returns); the exec ends every thread.
         return Err(start_again());
     }
     outcome

@@ -18,7 +18,7 @@ fn its_command_is_one_kvol_takes() {
     assert_eq!(exec.len(), 1, "one ExecStart");
     let words: Vec<&str> = exec[0].split_whitespace().collect();
     assert_eq!(&words[..2], ["/usr/local/bin/kvol", "agent"]);
-    let joins = ["--kubeconfig", "--bootstrap-kubeconfig", "--cert-dir"];
+    let joins = ["--kubeconfig", "--bootstrap-kubeconfig", "--cert-dir", "--rotate-certificates"];
     for flag in joins.into_iter().chain(["--container-runtime-endpoint", "--client-ca-file"]) {
         assert!(words.contains(&flag), "{flag} in {words:?}");
     }
