@@ -96,14 +96,7 @@ pub async fn ensure(b: &Bootstrap) -> Result<Joined, BootstrapError> {
     let pem = certificate_request(&key, &b.node).map_err(|e| BootstrapError::Key(b.node.clone(), e))?;
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let uid = create_or_find(&api, b, &name, &pem, &public_key).await?;
-    tracing::info!(node = %b.node, request = name, "waiting for the client certificate to be approved and signed");
-    let certificate = wait_issued(&api, b, &name, &uid).await?;
-    judge_certificate(&certificate, Timestamp::now().as_second()).map_err(|why| BootstrapError::Issued {
-        node: b.node.clone(),
-        name: name.clone(),
-        why,
-    })?;
-    let current = keep_certificate(b, &certificate, &key.serialize_pem())?;
+    let current = wait_and_keep(&api, b, &name, &uid, &key).await?;
     let pending = b.cert_dir.join(PENDING_KEY_FILE);
     if let Err(e) = std::fs::remove_file(&pending) {
         tracing::warn!(node = %b.node, path = %pending.display(), error = %e, "pending key not removed");
@@ -186,14 +179,7 @@ async fn renew(client: Client, b: &Bootstrap) -> Result<String, BootstrapError> 
         why: format!("cannot create a request to rotate the client certificate: {e}"),
     })?;
     let (name, uid) = (made.metadata.name.unwrap_or_default(), made.metadata.uid.unwrap_or_default());
-    tracing::info!(node = %b.node, request = name, "rotating the client certificate: waiting for the request to be approved and signed");
-    let certificate = wait_issued(&api, b, &name, &uid).await?;
-    judge_certificate(&certificate, Timestamp::now().as_second()).map_err(|why| BootstrapError::Issued {
-        node: b.node.clone(),
-        name: name.clone(),
-        why,
-    })?;
-    keep_certificate(b, &certificate, &key.serialize_pem())?;
+    wait_and_keep(&api, b, &name, &uid, &key).await?;
     tracing::info!(node = %b.node, request = name, "client certificate rotated");
     Ok(name)
 }
@@ -286,6 +272,25 @@ async fn create_or_find(
         }
     };
     Ok(made.metadata.uid.unwrap_or_default())
+}
+
+/// Waits for the request `name` (`uid`) to be signed, checks the certificate it gets, and keeps
+/// it with `key` as the current one; the current file's path.
+async fn wait_and_keep(
+    api: &Api<CertificateSigningRequest>,
+    b: &Bootstrap,
+    name: &str,
+    uid: &str,
+    key: &rcgen::KeyPair,
+) -> Result<PathBuf, BootstrapError> {
+    tracing::info!(node = %b.node, request = name, "waiting for the client certificate to be approved and signed");
+    let certificate = wait_issued(api, b, name, uid).await?;
+    judge_certificate(&certificate, Timestamp::now().as_second()).map_err(|why| BootstrapError::Issued {
+        node: b.node.clone(),
+        name: name.to_string(),
+        why,
+    })?;
+    keep_certificate(b, &certificate, &key.serialize_pem())
 }
 
 /// Watches the request until it is issued, denied or failed, deleted, or `b.timeout` passes.
