@@ -356,8 +356,12 @@ fn keep_certificate(b: &Bootstrap, certificate: &[u8], key_pem: &str) -> Result<
     Ok(current)
 }
 
-/// Writes `data` to `path` readable by its owner only, whole or not at all.
+/// Writes `data` to `path` readable by its owner only, whole or not at all (its directory made
+/// when missing, as kubelet writes its kubeconfig).
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
     let tmp = path.with_extension("kvol-tmp");
     let mut file =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;

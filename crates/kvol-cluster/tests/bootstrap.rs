@@ -94,7 +94,8 @@ async fn a_request_unanswered_times_out_is_found_again_and_once_signed_is_writte
     // controller answers them here.
     let b = Bootstrap {
         bootstrap_kubeconfig: server.kubeconfig.clone(),
-        kubeconfig: dir.path().join("kubeconfig"),
+        // In a directory not made yet, as kubelet's /etc/kubernetes/kubelet.conf may be.
+        kubeconfig: dir.path().join("etc/kubeconfig"),
         cert_dir: dir.path().join("pki"),
         node: "n1".into(),
         timeout: Duration::from_secs(2),
