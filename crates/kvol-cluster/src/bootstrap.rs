@@ -54,7 +54,7 @@ pub enum BootstrapError {
     #[error("node {node}: cannot ask for a client certificate: {why}")]
     Request { node: String, why: String },
     #[error(
-        "node {node}: certificate signing request {name} was denied (reason {reason:?}, message {message:?}); delete it to ask again with a new key"
+        "node {node}: certificate signing request {name} was denied (reason {reason:?}, message {message:?}); the node asks again once it is deleted (`kubectl delete csr {name}`)"
     )]
     Denied { node: String, name: String, reason: String, message: String },
     #[error(
