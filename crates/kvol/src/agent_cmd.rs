@@ -480,6 +480,11 @@ impl ClusterMode {
         let keeper = kvol_cluster::node_registration::take_node(client.clone(), &node, facts)
             .await
             .map_err(anyhow::Error::msg)?;
+        // The taints first: the runner admits the pods the source is about to give it.
+        let taints = match taints.filter(|_| keeper.is_some()) {
+            Some(tx) => Some(kvol_cluster::node_taints::follow(client.clone(), &node, tx).await),
+            None => None,
+        };
         tracing::info!(node, "cluster mode: waiting for the node's pods from the api server");
         let api = kvol_cluster::source::ApiSource::start(client.clone(), &node).await;
         config.provision_claims = false;
@@ -520,9 +525,6 @@ impl ClusterMode {
         let writer = reports.filter(|_| keeper.is_some()).map(|r| {
             kvol_cluster::pod_status::PodStatusWriter::start(client.clone(), config.node_name.clone(), r)
         });
-        let taints = taints
-            .filter(|_| keeper.is_some())
-            .map(|tx| kvol_cluster::node_taints::follow(client.clone(), &node, tx));
         let (kubelet_api_stop, stopped) = tokio::sync::watch::channel(false);
         if let Some(mut api) = self.kubelet_api.filter(|_| keeper.is_some()) {
             let reviews = std::sync::Arc::new(kvol_kubelet_api::reviews::ApiReviews::new(client.clone()));
