@@ -12,9 +12,11 @@
 //! [`tokens::ApiTokens`] the service-account tokens their CSIDrivers ask for.
 
 pub mod attachments;
+pub mod bootstrap;
 pub mod bundles;
 pub mod claims;
 pub mod client;
+pub mod client_cert;
 pub mod events;
 mod follow;
 pub mod inventory;
@@ -22,6 +24,7 @@ pub mod merged;
 pub mod mirror_pods;
 pub mod node_objects;
 pub mod node_registration;
+pub mod node_taints;
 pub mod pod_status;
 pub mod refs;
 pub mod source;

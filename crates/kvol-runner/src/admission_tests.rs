@@ -34,12 +34,12 @@ fn pods_admitted_or_refused_with_kubelets_reasons() {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let taints = vec![Taint {
-        key: "gone".into(),
-        effect: "NoExecute".into(),
-        value: Some("yes".into()),
-        time_added: None,
-    }];
+    let taints = vec![
+        Taint { key: "gone".into(), effect: "NoExecute".into(), value: Some("yes".into()), time_added: None },
+        // The scheduler's to judge, not kubelet's admission: no row is refused by it.
+        Taint { key: "busy".into(), effect: "NoSchedule".into(), value: None, time_added: None },
+        Taint { key: "spare".into(), effect: "PreferNoSchedule".into(), value: None, time_added: None },
+    ];
     let node = NodeView {
         name: "n1",
         labels: &labels,
@@ -162,6 +162,18 @@ fn pods_admitted_or_refused_with_kubelets_reasons() {
             json!({"tolerations": [{"key": "gone", "operator": "Equal", "value": "no", "effect": "NoExecute"}]}),
             vec![],
             Err(("TaintToleration", "Predicate TaintToleration failed")),
+        ),
+        (
+            "tolerating the key with the NoSchedule effect only",
+            json!({"tolerations": [{"key": "gone", "operator": "Exists", "effect": "NoSchedule"}]}),
+            vec![],
+            Err(("TaintToleration", "Predicate TaintToleration failed")),
+        ),
+        (
+            "the NoExecute taint tolerated, the NoSchedule one not: admitted (kubelet judges NoExecute only)",
+            json!({"tolerations": tolerate}),
+            vec![],
+            Ok(()),
         ),
         (
             "tolerated by an empty key and Exists",

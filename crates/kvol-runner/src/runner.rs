@@ -38,6 +38,9 @@ pub struct RunnerConfig {
     pub node_labels: BTreeMap<String, String>,
     /// How many pods the node takes (kubelet's `--max-pods`).
     pub max_pods: u32,
+    /// The node's taints as its Node has them (kept current in cluster mode, where kvol keeps
+    /// the Node; none standalone): a pod not tolerating a NoExecute one is rejected.
+    pub node_taints: watch::Receiver<Vec<k8s_openapi::api::core::v1::Taint>>,
     /// How often the runtime is looked at when nothing happens.
     pub poll: Duration,
 }
@@ -82,6 +85,7 @@ impl Runner {
             node: config.node,
             node_labels: config.node_labels.clone(),
             max_pods: config.max_pods,
+            node_taints: config.node_taints.clone(),
             admitted: Mutex::new(BTreeMap::new()),
             status: watch::channel(Arc::new(BTreeMap::new())).0,
             relist: Notify::new(),

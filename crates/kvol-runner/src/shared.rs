@@ -28,6 +28,8 @@ pub struct Shared {
     /// The node's labels (its node affinity is judged against them) and its pod limit.
     pub node_labels: BTreeMap<String, String>,
     pub max_pods: u32,
+    /// The node's taints, as the Node has them now.
+    pub node_taints: watch::Receiver<Vec<k8s_openapi::api::core::v1::Taint>>,
     /// What each admitted pod takes of the node, by uid (kubelet's admission counts them).
     pub(crate) admitted: Mutex<BTreeMap<String, crate::admission::Share>>,
     /// Every pod's status, by uid.
@@ -123,12 +125,13 @@ impl Shared {
             crate::admission::share_of(pod)
         } else {
             let others: Vec<_> = admitted.iter().filter(|(u, _)| *u != uid).map(|(_, s)| s.clone()).collect();
+            let taints = self.node_taints.borrow().clone();
             let node = crate::admission::NodeView {
                 name: &self.node_name,
                 labels: &self.node_labels,
                 allocatable: self.node,
                 max_pods: self.max_pods,
-                taints: &[],
+                taints: &taints,
             };
             crate::admission::admit(pod, &node, &others)?
         };

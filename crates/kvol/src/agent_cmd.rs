@@ -42,6 +42,24 @@ pub struct AgentArgs {
     /// node-ID annotation and volumes in use. `--manifests`, when given, adds static pods.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// kubelet's TLS bootstrap: when the `--kubeconfig` file is missing or its client
+    /// certificate unusable (none, unreadable, expired), this kubeconfig (a bootstrap token)
+    /// asks for the node's client certificate (a CertificateSigningRequest for
+    /// `kubernetes.io/kube-apiserver-client-kubelet`, waited for until approved and signed),
+    /// which is kept in `--cert-dir`, and `--kubeconfig` is written to use it.
+    #[arg(long, value_name = "FILE", requires = "kubeconfig")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Where the node's client certificate and its key are kept (kubelet's flag:
+    /// `kubelet-client-current.pem`); default `<root-dir>/pki`.
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// Rotate the client certificate the bootstrap got (kubelet's flag): at 70–90 % of its
+    /// life a new key and request, made with the node's own credentials; once it is signed kvol
+    /// starts itself again (the same process, exec) on the new certificate, adopting the node's
+    /// pods and volumes as any restart does.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true",
+        action = clap::ArgAction::Set, value_name = "BOOL", requires = "bootstrap_kubeconfig")]
+    pub rotate_certificates: bool,
     /// Cluster mode with the configuration kube-rs infers: `KUBECONFIG`, `~/.kube/config`,
     /// or the pod's service account when run in a pod.
     #[arg(long)]
@@ -284,14 +302,32 @@ pub fn run(
         }),
         _ => None,
     };
+    let bootstrap = args.bootstrap_kubeconfig.clone().zip(args.kubeconfig.clone()).map(|(from, to)| {
+        kvol_cluster::bootstrap::Bootstrap {
+            bootstrap_kubeconfig: from,
+            kubeconfig: to,
+            // Absolute: the kubeconfig written names the certificate by this path.
+            cert_dir: std::path::absolute(
+                args.cert_dir.clone().unwrap_or_else(|| config.root_dir.join("pki")),
+            )
+            .unwrap_or_default(),
+            node: config.node_name.clone(),
+            timeout: kvol_cluster::bootstrap::ANSWER_TIMEOUT,
+        }
+    });
     let cluster = (args.cluster || args.kubeconfig.is_some()).then(|| ClusterMode {
         kubeconfig: args.kubeconfig.clone(),
+        bootstrap,
+        rotate: args.rotate_certificates,
         static_pods: args.manifests.clone(),
         register,
         kubelet_api,
     });
     let settle = args.until_settled.then(|| Duration::from_secs(args.settle_timeout_seconds));
-    runtime.block_on(async move {
+    // Set when a rotated client certificate asks for a start again on it.
+    let again = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let again_set = again.clone();
+    let outcome = runtime.block_on(async move {
         // Settled: whether, and the pods as they were then (before the agent stops under them).
         let (settled_tx, settled_rx) = tokio::sync::oneshot::channel::<(bool, String)>();
         if let Some(limit) = settle {
@@ -312,7 +348,9 @@ pub fn run(
         };
         let mut runner = runner.map(crate::runner_cmd::RunnerSetup::start).transpose()?;
         let reports = runner.as_mut().and_then(|r| r.reports.take());
+        let taints = runner.as_ref().map(|r| r.taints.clone());
         let mut settled = None;
+        let (rotated_tx, rotated_rx) = tokio::sync::oneshot::channel::<String>();
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .expect("a SIGTERM handler");
@@ -320,11 +358,15 @@ pub fn run(
                 _ = term.recv() => tracing::info!("SIGTERM"),
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
                 outcome = settled_rx, if settle.is_some() => settled = outcome.ok(),
+                Ok(request) = rotated_rx => {
+                    tracing::info!(request, "starting again with the rotated client certificate");
+                    again_set.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
             }
         };
         match cluster {
             Some(mode) => {
-                let parts = mode.start(&mut config, reports).await?;
+                let parts = mode.start(&mut config, reports, taints, rotated_tx).await?;
                 run_agent_with_source(config, parts.source, shutdown).await.map_err(anyhow::Error::msg)?;
                 if let Some(keeper) = parts.keeper {
                     keeper.stop().await;
@@ -334,6 +376,9 @@ pub fn run(
                 }
                 if let Some(mirrors) = parts.mirrors {
                     mirrors.stop();
+                }
+                for task in [parts.taints, parts.rotation].into_iter().flatten() {
+                    task.abort();
                 }
                 let _ = parts.kubelet_api_stop.send(true);
             }
@@ -357,7 +402,23 @@ pub fn run(
             (None, _) => {}
         }
         outcome
-    })
+    });
+    if again.load(std::sync::atomic::Ordering::SeqCst) {
+        // The runtime is not dropped first: that would wait for blocking calls (one stuck on a
+        // dead mount never returns); the exec ends every thread.
+        return Err(start_again());
+    }
+    outcome
+}
+
+/// Replaces this process by kvol run again with the same arguments (it returns only the
+/// error of a failed exec).
+fn start_again() -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    let error = std::process::Command::new("/proc/self/exe").arg0(argv0).args(args).exec();
+    anyhow::anyhow!("cannot start again on the rotated client certificate: {error}")
 }
 
 /// What cluster mode runs: the object source, and when kvol runs the node's pods the Node's
@@ -368,12 +429,20 @@ struct ClusterParts {
     writer: Option<kvol_cluster::pod_status::PodStatusWriter>,
     /// The static pods' mirror pods, kept when kvol keeps the Node.
     mirrors: Option<kvol_cluster::mirror_pods::MirrorKeeper>,
+    /// The Node's taints followed for the runner's admission, when kvol keeps the Node.
+    taints: Option<tokio::task::JoinHandle<()>>,
+    /// The client certificate's rotation (`--rotate-certificates`).
+    rotation: Option<tokio::task::JoinHandle<()>>,
     kubelet_api_stop: tokio::sync::watch::Sender<bool>,
 }
 
 /// How cluster mode was asked for.
 struct ClusterMode {
     kubeconfig: Option<PathBuf>,
+    /// kubelet's TLS bootstrap, to make the kubeconfig's credentials first when needed.
+    bootstrap: Option<kvol_cluster::bootstrap::Bootstrap>,
+    /// Rotate the bootstrap's client certificate.
+    rotate: bool,
     /// A manifests directory beside the API, for static pods.
     static_pods: Option<PathBuf>,
     /// Register the Node (the runtime's endpoint, `--max-pods`, what the node holds back):
@@ -391,13 +460,31 @@ impl ClusterMode {
         self,
         config: &mut AgentConfig,
         reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport>>,
+        taints: Option<tokio::sync::watch::Sender<Vec<k8s_openapi::api::core::v1::Taint>>>,
+        rotated: tokio::sync::oneshot::Sender<String>,
     ) -> anyhow::Result<ClusterParts> {
+        if let Some(bootstrap) = &self.bootstrap {
+            let started = Instant::now();
+            let joined = kvol_cluster::bootstrap::ensure(bootstrap).await?;
+            tracing::info!(node = %bootstrap.node, ?joined, ms = started.elapsed().as_millis() as u64, "node credentials");
+        }
         let client = kvol_cluster::client::client(self.kubeconfig.as_deref()).await?;
+        let rotation = match (&self.bootstrap, self.rotate) {
+            (Some(b), true) => {
+                Some(kvol_cluster::bootstrap::keep_rotating(client.clone(), b.clone(), rotated))
+            }
+            _ => None,
+        };
         let node = config.node_name.clone();
         let facts = self.facts(&node, &config.state_dir).await;
         let keeper = kvol_cluster::node_registration::take_node(client.clone(), &node, facts)
             .await
             .map_err(anyhow::Error::msg)?;
+        // The taints first: the runner admits the pods the source is about to give it.
+        let taints = match taints.filter(|_| keeper.is_some()) {
+            Some(tx) => Some(kvol_cluster::node_taints::follow(client.clone(), &node, tx).await),
+            None => None,
+        };
         tracing::info!(node, "cluster mode: waiting for the node's pods from the api server");
         let api = kvol_cluster::source::ApiSource::start(client.clone(), &node).await;
         config.provision_claims = false;
@@ -452,7 +539,7 @@ impl ClusterMode {
                 }
             });
         }
-        Ok(ClusterParts { source, keeper, writer, mirrors, kubelet_api_stop })
+        Ok(ClusterParts { source, keeper, writer, mirrors, taints, rotation, kubelet_api_stop })
     }
 
     /// The node's facts when kvol registers it (it runs the node's pods).

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Taint;
 use kvol_api::ObjectSet;
 use kvol_api::projection::NodeResources;
 use kvol_node::AgentConfig;
@@ -15,6 +16,7 @@ use tokio::sync::watch;
 pub struct RunnerSetup {
     config: RunnerConfig,
     objects: watch::Receiver<Arc<ObjectSet>>,
+    taints: watch::Sender<Vec<Taint>>,
 }
 
 /// Sets `config` up to feed a runner on the CRI `endpoint`: the agent's objects tapped, the
@@ -32,6 +34,7 @@ pub fn prepare(
     let _ = std::fs::remove_file(config.state_dir.join("runner").join(VOLUMES_ONLY_FILE));
     let (tap, objects) = watch::channel(Arc::new(ObjectSet::default()));
     config.objects_tap = Some(tap);
+    let (taints, node_taints) = watch::channel(Vec::new());
     let log_root = if embedded { config.state_dir.join("logs/pods") } else { PathBuf::from("/var/log/pods") };
     let runner = RunnerConfig {
         endpoint: endpoint.to_string(),
@@ -47,16 +50,19 @@ pub fn prepare(
             crate::node_facts::go_arch(std::env::consts::ARCH),
         ),
         max_pods,
+        node_taints,
         poll: Duration::from_secs(1),
     };
-    Ok(RunnerSetup { config: runner, objects })
+    Ok(RunnerSetup { config: runner, objects, taints })
 }
 
-/// A running runner: the sender stops it; its pods' API status reports, for cluster mode.
+/// A running runner: the sender stops it; its pods' API status reports, and the node's taints
+/// it admits pods by, for cluster mode.
 #[derive(Debug)]
 pub struct StartedRunner {
     pub stop: watch::Sender<bool>,
     pub reports: Option<tokio::sync::mpsc::UnboundedReceiver<kvol_api::pod::PodReport>>,
+    pub taints: watch::Sender<Vec<Taint>>,
 }
 
 /// The file that says why this agent runs no pods though a runtime was asked for.
@@ -88,6 +94,6 @@ impl RunnerSetup {
         let reports = runner.reports();
         let (stop_tx, stop_rx) = watch::channel(false);
         tokio::spawn(runner.run(self.objects, stop_rx));
-        Ok(StartedRunner { stop: stop_tx, reports: Some(reports) })
+        Ok(StartedRunner { stop: stop_tx, reports: Some(reports), taints: self.taints })
     }
 }

@@ -1,4 +1,4 @@
-//! A kvol node in a real cluster: `kvol agent --kubeconfig --container-runtime-endpoint` on a private containerd registers its Node (Ready, its Lease renewed), runs a pod the API binds to it and writes the pod's status as kubelet does (Running, Ready, container statuses), and, when the pod is deleted, stops its containers, lets its volumes go and deletes the object with grace 0; a node whose Lease a kubelet renews is refused with a non-zero exit; with kube-controller-manager's node lifecycle controller, the node stays Ready while kvol runs and turns Unknown once it is stopped.
+//! A kvol node in a real cluster: `kvol agent --kubeconfig --container-runtime-endpoint` on a private containerd registers its Node (Ready, its Lease renewed), runs a pod the API binds to it and writes the pod's status as kubelet does (Running, Ready, container statuses), rejects pods as kubelet's admission does (resources, node affinity, a NoExecute taint of its Node not tolerated), and, when the pod is deleted, stops its containers, lets its volumes go and deletes the object with grace 0; a node whose Lease a kubelet renews is refused with a non-zero exit; with kube-controller-manager's node lifecycle controller, the node stays Ready while kvol runs and turns Unknown once it is stopped.
 //!
 //! Needs root, `KVOL_KUBE_APISERVER` and `KVOL_ETCD`, and containerd, runc and a static busybox
 //! (skipped, saying so, without them); the node lifecycle part also `KVOL_KUBE_CONTROLLER_MANAGER`.
@@ -67,6 +67,7 @@ fn a_kvol_node_joins_runs_a_pod_writes_its_status_and_deletes_it() {
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(NODE));
         run_and_delete_a_pod(&client, &log).await;
         rejected_pods(&client, &log).await;
+        taints_judged(&client, &log).await;
         a_crash_loop(&client, &log).await;
         a_static_pod_and_its_mirror(&client, &manifests, &log).await;
         refuse_a_kubelets_node(&client, &server.kubeconfig, &root, &containerd.endpoint(), &log).await;
@@ -236,6 +237,62 @@ async fn rejected_pods(client: &kube::Client, log: &Path) {
             && e.involved_object.name.as_deref() == Some("greedy")),
         "kubelet's Event of the rejection"
     );
+}
+
+/// The Node tainted NoExecute and NoSchedule (kubelet's admission judges only NoExecute): a
+/// pod not tolerating the NoExecute taint is rejected as kubelet rejects it (TaintToleration),
+/// one tolerating it runs though it does not tolerate the NoSchedule one.
+async fn taints_judged(client: &kube::Client, log: &Path) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let taints = json!({"spec": {"taints": [{"key": "kvol.test/hard", "value": "yes", "effect": "NoExecute"},
+        {"key": "kvol.test/soft", "value": "yes", "effect": "NoSchedule"}]}});
+    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(taints)).await.unwrap();
+    until("the runner told of the taints", Duration::from_secs(10), log, async || {
+        std::fs::read_to_string(log).ok()?.contains("kvol.test/hard").then_some(())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = |name: &str, tolerations: serde_json::Value| {
+        json!({"metadata": {"name": name}, "spec": {"nodeName": NODE, "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1, "tolerations": tolerations,
+            "containers": [{"name": "main", "image": IMAGE, "command": ["sleep", "100000"]}]}})
+    };
+    let hard = json!([{"key": "kvol.test/hard", "operator": "Exists", "effect": "NoExecute"}]);
+    // (pod, its tolerations, the phase, the reason, the message)
+    let table = [
+        (
+            "intolerant",
+            json!([]),
+            "Failed",
+            Some("TaintToleration"),
+            Some("Pod was rejected: Predicate TaintToleration failed"),
+        ),
+        ("tolerant", hard, "Running", None, None),
+    ];
+    for (name, tolerations, _, _, _) in &table {
+        pods.create(&Default::default(), &serde_json::from_value(pod(name, tolerations.clone())).unwrap())
+            .await
+            .unwrap();
+    }
+    for (name, _, phase, reason, message) in table {
+        let status = until(&format!("{name} {phase}"), Duration::from_secs(30), log, async || {
+            let status = pods.get(name).await.ok()?.status?;
+            (status.phase.as_deref() == Some(phase)).then_some(status)
+        })
+        .await;
+        assert_eq!(
+            (status.reason.as_deref(), status.message.as_deref()),
+            (reason, message),
+            "{name}: {status:?}"
+        );
+        pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .await
+            .unwrap();
+    }
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}})))
+        .await
+        .unwrap();
 }
 
 /// A static pod from the manifests directory: run as `<name>-<node>`, shown in the API by a

@@ -71,33 +71,45 @@ impl ControlPlane {
     pub fn start(binaries: &Binaries) -> ControlPlane {
         let pki = kvol_test_support::ScratchRoot::new();
         kubelet_client_pki(pki.path());
-        let server = ApiServer::start_with(
-            &binaries.apiserver,
-            &binaries.etcd,
-            vec![
-                format!("--kubelet-client-certificate={}", pki.path().join("client.crt").display()),
-                format!("--kubelet-client-key={}", pki.path().join("client.key").display()),
-                "--kubelet-preferred-address-types=InternalIP".into(),
-                // The controllers make the service accounts: every pod gets kube-api-access.
-                "--disable-admission-plugins=".into(),
-            ],
-        );
+        ControlPlane::start_with(binaries, pki, Vec::new(), Vec::new())
+    }
+
+    /// [`ControlPlane::start`] with the PKI `pki` (made by `kubelet_client_pki`: its CA may
+    /// also sign clients' certificates) and more flags for the API server and the controllers;
+    /// a flag given replaces the default of the same name.
+    pub fn start_with(
+        binaries: &Binaries,
+        pki: kvol_test_support::ScratchRoot,
+        apiserver: Vec<String>,
+        controllers: Vec<String>,
+    ) -> ControlPlane {
+        let mut apiserver_args = vec![
+            format!("--kubelet-client-certificate={}", pki.path().join("client.crt").display()),
+            format!("--kubelet-client-key={}", pki.path().join("client.key").display()),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            // The controllers make the service accounts: every pod gets kube-api-access.
+            "--disable-admission-plugins=".into(),
+        ];
+        replace_flags(&mut apiserver_args, apiserver);
+        let server = ApiServer::start_with(&binaries.apiserver, &binaries.etcd, apiserver_args);
         let logs = kvol_test_support::ScratchRoot::new();
         let kubeconfig = format!("--kubeconfig={}", server.kubeconfig.display());
         let api_dir = server.dir.path();
+        let mut controller_args = vec![
+            kubeconfig.clone(),
+            "--controllers=*".into(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--use-service-account-credentials=false".into(),
+            format!("--service-account-private-key-file={}", api_dir.join("pki/sa.key").display()),
+            format!("--root-ca-file={}", api_dir.join("certs/apiserver.crt").display()),
+            "--node-monitor-period=1s".into(),
+            "--node-monitor-grace-period=20s".into(),
+        ];
+        replace_flags(&mut controller_args, controllers);
         let controllers = start(
             &binaries.controller_manager,
-            &[
-                kubeconfig.clone(),
-                "--controllers=*".into(),
-                "--leader-elect=false".into(),
-                "--secure-port=0".into(),
-                "--use-service-account-credentials=false".into(),
-                format!("--service-account-private-key-file={}", api_dir.join("pki/sa.key").display()),
-                format!("--root-ca-file={}", api_dir.join("certs/apiserver.crt").display()),
-                "--node-monitor-period=1s".into(),
-                "--node-monitor-grace-period=20s".into(),
-            ],
+            &controller_args,
             &logs.path().join("kube-controller-manager.log"),
         );
         let scheduler = start(
@@ -114,6 +126,14 @@ impl ControlPlane {
         std::fs::create_dir_all(dir.join("pki")).unwrap();
         std::fs::copy(self.pki.path().join("ca.crt"), dir.join("pki/ca.crt")).unwrap();
     }
+}
+
+/// `defaults` with `extra` added, each flag of `extra` (`--name=value`) replacing the default
+/// of the same name.
+fn replace_flags(defaults: &mut Vec<String>, extra: Vec<String>) {
+    let name = |flag: &str| flag.split('=').next().unwrap_or(flag).to_string();
+    defaults.retain(|d| !extra.iter().any(|e| name(e) == name(d)));
+    defaults.extend(extra);
 }
 
 /// Creates the object `body` describes.
