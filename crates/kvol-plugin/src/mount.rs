@@ -89,7 +89,16 @@ pub trait Mounter: Send + Sync + fmt::Debug {
     fn mounts_under(&self, path: &Path) -> Result<Vec<MountPoint>, MountError> {
         Ok(self.mount_points()?.into_iter().filter(|m| m.target.starts_with(path)).collect())
     }
+    /// Whether the mount exactly on `path` (the latest, should several be stacked there) is a
+    /// tmpfs; `false` when nothing is mounted there.
+    fn is_tmpfs_mount(&self, path: &Path) -> Result<bool, MountError> {
+        let on_path = self.mounts_under(path)?.into_iter().filter(|m| m.target == path).last();
+        Ok(on_path.is_some_and(|m| m.fstype == "tmpfs"))
+    }
 }
+
+/// `statfs(2)`'s `f_type` of a tmpfs.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// How many times [`SystemMounter::unmount`] retries a busy mount.
 const UNMOUNT_BUSY_RETRIES: u32 = 5;
@@ -262,6 +271,21 @@ impl Mounter for SystemMounter {
     fn mount_points(&self) -> Result<Vec<MountPoint>, MountError> {
         let text = read_mountinfo()?;
         parse_mountinfo(&text).map_err(parse_error)
+    }
+
+    /// A `statx(2)` and a `statfs(2)` (each through [`probe`]) instead of the mount table:
+    /// at node scale the table holds thousands of mounts and every read formats them all.
+    fn is_tmpfs_mount(&self, path: &Path) -> Result<bool, MountError> {
+        if !self.is_mount_point(path)? {
+            return Ok(false);
+        }
+        match probe(path, PROBE_DEADLINE, |p: &Path| rustix::fs::statfs(p)) {
+            Some(Ok(fs)) => Ok(fs.f_type as i64 == TMPFS_MAGIC),
+            _ => {
+                let on_path = self.mounts_under(path)?.into_iter().filter(|m| m.target == path).last();
+                Ok(on_path.is_some_and(|m| m.fstype == "tmpfs"))
+            }
+        }
     }
 
     /// Parses only the lines of mounts at or below `path`: on a node with thousands of
@@ -525,7 +549,13 @@ impl Mounter for RecordingMounter {
         self.record(call, "bind-mount onto", target, Some(point))
     }
 
+    /// As the kernel: a mount with others below it is busy.
     fn unmount(&self, target: &Path) -> Result<(), MountError> {
+        let below = self.lock().table.iter().any(|m| m.target != target && m.target.starts_with(target));
+        if below {
+            self.lock().calls.push(MountCall::Unmount { target: target.to_path_buf() });
+            return Err(MountError::new("unmount", target, io::Error::from_raw_os_error(16)));
+        }
         self.record(MountCall::Unmount { target: target.to_path_buf() }, "unmount", target, None)
     }
 

@@ -318,6 +318,31 @@ async fn empty_dir_teardown_refuses_while_a_foreign_mount_lies_below() {
     sandbox.assert_nothing_mounted();
 }
 
+#[tokio::test]
+async fn plain_empty_dir_teardown_never_enters_a_foreign_mount_below() {
+    enter_private_mount_namespace();
+    let sandbox = Sandbox::new();
+    let plugin = EmptyDirPlugin::new(sandbox.host.clone());
+    let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
+    plugin.publish(&publish_request(&empty_dir(None, None), &dir, false)).await.unwrap();
+    let foreign = dir.join("deep/foreign");
+    fs::create_dir_all(&foreign).unwrap();
+    SystemMounter.mount("tmpfs", &foreign, "tmpfs", false, &[]).unwrap();
+    fs::write(foreign.join("precious"), b"not the volume's").unwrap();
+
+    let err = plugin.unpublish(&unpublish_request(&dir)).await.unwrap_err();
+    assert!(
+        matches!(&err, PluginError::ForeignMounts { mounts, .. } if mounts == std::slice::from_ref(&foreign)),
+        "{err}"
+    );
+    assert!(foreign.join("precious").exists(), "nothing in the foreign mount was deleted");
+
+    SystemMounter.unmount(&foreign).unwrap();
+    plugin.unpublish(&unpublish_request(&dir)).await.unwrap();
+    assert!(!dir.exists());
+    sandbox.assert_nothing_mounted();
+}
+
 /// A victim directory holding an empty `data` directory, the name a plugin's teardown would
 /// remove if it followed a link into the victim.
 fn victim_with_empty(name: &str) -> (kvol_test_support::ScratchRoot, PathBuf) {

@@ -107,8 +107,18 @@ pub(crate) fn set_up(host: &PluginHost, req: &PublishRequest<'_>, medium: Medium
     Ok(())
 }
 
-/// Mounts a tmpfs on `dir` unless one is there already.
+/// Mounts a tmpfs on `dir` unless one is there already. Asks about `dir` alone (not the
+/// mount table) unless something other than a tmpfs is mounted there.
 fn set_up_tmpfs(mounter: &dyn Mounter, dir: &Path, size_limit: Option<u64>) -> Result<()> {
+    let table_path = mount_table_path(dir);
+    if mounter.is_tmpfs_mount(&table_path)? {
+        return Ok(());
+    }
+    if !mounter.is_mount_point(&table_path)? {
+        // The tmpfs root comes up 1777 (sticky, world-writable) and stays so, as upstream leaves it.
+        mounter.mount("tmpfs", dir, "tmpfs", false, &tmpfs_options(size_limit))?;
+        return Ok(());
+    }
     let on_dir = mounts_on(mounter, dir)?;
     if let Some(last) = on_dir.last() {
         if last.fstype == "tmpfs" {
@@ -126,12 +136,39 @@ fn set_up_tmpfs(mounter: &dyn Mounter, dir: &Path, size_limit: Option<u64>) -> R
 /// Takes a volume set up by [`set_up`] down: its tmpfs, if any, unmounted and the directory
 /// deleted with its contents; refused while anything else is mounted at or below it. Already
 /// gone: success.
+///
+/// Asks about the directory alone, not the mount table (which at node scale holds thousands
+/// of mounts, each formatted at every read): a tmpfs with anything mounted below it cannot be
+/// unmounted (the kernel says busy), and the removal never enters a mount. Only when either
+/// refuses is the table read, to name what is mounted there. A plain directory's own files
+/// may then be partly removed already; a mount's never are.
 pub(crate) fn tear_down(host: &PluginHost, dir: &Path) -> Result<()> {
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(PluginError::io("inspect", dir, e)),
         Ok(_) => {}
     }
+    let mounter = host.mounter.as_ref();
+    let table_path = mount_table_path(dir);
+    // Latest first, should tmpfs mounts be stacked.
+    while mounter.is_tmpfs_mount(&table_path)? {
+        if mounter.unmount(&table_path).is_err() {
+            return tear_down_by_table(host, dir);
+        }
+    }
+    if mounter.is_mount_point(&table_path)? {
+        return tear_down_by_table(host, dir);
+    }
+    let root = host.paths.open_root()?;
+    match root.remove_all(dir) {
+        Ok(()) => Ok(()),
+        Err(_) => tear_down_by_table(host, dir),
+    }
+}
+
+/// [`tear_down`] by the mount table: what is mounted at or below the directory, named when it
+/// is not the volume's own tmpfs.
+fn tear_down_by_table(host: &PluginHost, dir: &Path) -> Result<()> {
     let mounter = host.mounter.as_ref();
     let table_path = mount_table_path(dir);
     let mounts = mounter.mounts_under(&table_path)?;
@@ -380,12 +417,14 @@ mod tests {
         assert_eq!(mounter.calls().len(), 2);
     }
 
+    /// (A plain directory with a mount below is refused by the removal itself, which never
+    /// enters a mount: a real mount's test, in `tests/local_mounts.rs`.)
     #[test]
     fn unpublish_refuses_while_foreign_mounts_lie_below() {
         let (root, host, mounter) = recording_host();
         let plugin = EmptyDirPlugin::new(host);
         let dir = plugin.pod_volume_dir("uid-1", "cache").unwrap();
-        block_on(plugin.publish(&publish_request(&spec(None, None), &dir, false))).unwrap();
+        block_on(plugin.publish(&publish_request(&spec(Some("Memory"), None), &dir, false))).unwrap();
         let inner = dir.join("inner");
         fs::create_dir(&inner).unwrap();
         mounter.bind(&root.path().join("precious"), &inner, false).unwrap();
@@ -399,7 +438,8 @@ mod tests {
             )
         );
         assert!(inner.exists());
-        assert!(!mounter.calls().iter().any(|c| matches!(c, MountCall::Unmount { .. })));
+        let table = mounter.mount_points().unwrap();
+        assert_eq!(table.len(), 2, "the volume's tmpfs and the foreign mount stay: {table:?}");
     }
 
     #[test]
