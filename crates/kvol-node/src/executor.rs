@@ -561,7 +561,19 @@ pub fn apply(actual: &mut ActualState, change: ActualChange) {
         ActualChange::SetPublished(v) => {
             // One target, one volume: another record of the pod at the same target (one
             // reconstructed under its directory's name) is this one, and goes.
-            actual.published.retain(|k, p| k == &v.key || k.pod_uid != v.key.pod_uid || p.target != v.target);
+            // Only the pod's own records are looked at: at node scale a pass over every record
+            // per publish is quadratic.
+            let pod_first = PodVolumeKey { pod_uid: v.key.pod_uid.clone(), volume: String::new() };
+            let same_target: Vec<PodVolumeKey> = actual
+                .published
+                .range(pod_first..)
+                .take_while(|(k, _)| k.pod_uid == v.key.pod_uid)
+                .filter(|(k, p)| **k != v.key && p.target == v.target)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in same_target {
+                actual.published.remove(&key);
+            }
             actual.published.insert(v.key.clone(), v);
         }
         ActualChange::RemovePublished(key) => {

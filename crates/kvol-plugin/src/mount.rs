@@ -92,7 +92,7 @@ pub trait Mounter: Send + Sync + fmt::Debug {
     /// Whether the mount exactly on `path` (the latest, should several be stacked there) is a
     /// tmpfs; `false` when nothing is mounted there.
     fn is_tmpfs_mount(&self, path: &Path) -> Result<bool, MountError> {
-        let on_path = self.mounts_under(path)?.into_iter().filter(|m| m.target == path).last();
+        let on_path = self.mounts_under(path)?.into_iter().rfind(|m| m.target == path);
         Ok(on_path.is_some_and(|m| m.fstype == "tmpfs"))
     }
 }
@@ -280,9 +280,11 @@ impl Mounter for SystemMounter {
             return Ok(false);
         }
         match probe(path, PROBE_DEADLINE, |p: &Path| rustix::fs::statfs(p)) {
+            // `f_type`'s width differs between architectures.
+            #[allow(clippy::unnecessary_cast)]
             Some(Ok(fs)) => Ok(fs.f_type as i64 == TMPFS_MAGIC),
             _ => {
-                let on_path = self.mounts_under(path)?.into_iter().filter(|m| m.target == path).last();
+                let on_path = self.mounts_under(path)?.into_iter().rfind(|m| m.target == path);
                 Ok(on_path.is_some_and(|m| m.fstype == "tmpfs"))
             }
         }

@@ -19,7 +19,7 @@ use crate::actual::repair::{adopt_leftovers, repair_drift};
 use crate::config::AgentConfig;
 use crate::desired::pods::{NodeContext, desired_state_on};
 use crate::desired::resolve_all;
-use crate::executor::Executor;
+use crate::executor::{ExecSnapshot, Executor};
 use crate::model::{DesiredState, ObjectSet};
 use crate::reconciler::{Resolutions, expansions, plan, republish, waits_for_in_use};
 use crate::report::metrics::Metrics;
@@ -197,11 +197,15 @@ impl Loop<'_> {
             self.resync(&view.desired);
         }
         self.submit(&view, &resolutions);
-        self.offer_runtime_view(&view, &resolutions);
+        // One snapshot for everything shown after the plan: while a snapshot holds the actual
+        // state, an operation ending copies it whole (copy on write), so each one taken
+        // costs a copy at node scale.
+        let exec = self.executor.snapshot();
+        self.offer_runtime_view(&view, &resolutions, &exec);
         let submitted = pass_started.elapsed();
-        let problems = self.problems(&view.objects);
+        let problems = self.problems(&view.objects, &exec);
         let inputs = ReportInputs {
-            executor: self.executor.version(),
+            executor: exec.version,
             source: Arc::clone(&view.source),
             provisioned: view.overlays,
             plugins: snapshot.generation(),
@@ -211,7 +215,7 @@ impl Loop<'_> {
         };
         let changed = self.last_report.as_ref().is_none_or(|(last, _)| *last != inputs);
         let since = self.last_report.as_ref().map(|(_, at)| at.elapsed());
-        let written = match status_write(changed, since, REPORT_REFRESH, self.executor.is_idle()) {
+        let written = match status_write(changed, since, REPORT_REFRESH, exec.running.is_empty()) {
             StatusWrite::Now => {
                 let written = self.report(
                     inputs.problems.clone(),
@@ -219,6 +223,7 @@ impl Loop<'_> {
                     &view.desired,
                     &resolutions,
                     &snapshot,
+                    &exec,
                 );
                 self.last_report = Some((inputs, Instant::now()));
                 written
@@ -229,6 +234,7 @@ impl Loop<'_> {
             }
             StatusWrite::NotYet => false,
         };
+        drop(exec);
         self.offer_claimed_volumes(&view);
         tracing::debug!(
             elapsed_us = pass_started.elapsed().as_micros() as u64,
@@ -314,9 +320,8 @@ impl Loop<'_> {
 
     /// The node as the runtime API answers from it, made again when the objects, the runner's
     /// pods or the executor's state changed.
-    fn offer_runtime_view(&mut self, view: &ObjectsView, resolutions: &Resolutions) {
-        let exec = self.executor.snapshot();
-        let inputs = (self.executor.version(), Arc::clone(&view.source), view.overlays);
+    fn offer_runtime_view(&mut self, view: &ObjectsView, resolutions: &Resolutions, exec: &ExecSnapshot) {
+        let inputs = (exec.version, Arc::clone(&view.source), view.overlays);
         let same = self
             .last_view
             .as_ref()
@@ -324,7 +329,7 @@ impl Loop<'_> {
         if same {
             return;
         }
-        let volumes = crate::report::status_report::volume_statuses(&view.desired, resolutions, &exec);
+        let volumes = crate::report::status_report::volume_statuses(&view.desired, resolutions, exec);
         let made = crate::runtime::view::make(&view.objects, volumes, &exec.actual);
         self.runtime_view.send_if_modified(|current| {
             if **current == made {

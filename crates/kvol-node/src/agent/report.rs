@@ -37,18 +37,17 @@ impl Loop<'_> {
 
     /// The problems status shows: the source's, a damaged journal kept aside, orphans left, failed provisionings, the
     /// components', the snapshots'.
-    pub(super) fn problems(&mut self, objects: &ObjectSet) -> Vec<String> {
+    pub(super) fn problems(&mut self, objects: &ObjectSet, exec: &ExecSnapshot) -> Vec<String> {
         let mut problems: Vec<String> = objects.problems.iter().map(ToString::to_string).collect();
         problems.extend(self.journal_damage.iter().cloned());
         if !self.orphans_left.is_empty() {
             // Now a published volume's directory: no longer a problem.
-            let exec = self.executor.snapshot();
             self.orphans_left
                 .retain(|(path, _)| !exec.actual.published.values().any(|p| p.target.starts_with(path)));
             problems.extend(self.orphans_left.iter().map(|(_, reason)| reason.clone()));
         }
         problems.extend(self.pod_dirs_left.iter().map(|(_, reason)| reason.clone()));
-        problems.extend(crate::report::claim_status::deferred_expansions(&self.executor.snapshot().actual));
+        problems.extend(crate::report::claim_status::deferred_expansions(&exec.actual));
         let claims = self.claims;
         problems.extend(claims.map(|c| c.expansion_problems(objects)).unwrap_or_default());
         let failures = claims.map(ClaimsController::provisioning_failures).unwrap_or_default();
@@ -77,14 +76,14 @@ impl Loop<'_> {
         desired: &DesiredState,
         resolutions: &Resolutions,
         snapshot: &Snapshot,
+        exec: &ExecSnapshot,
     ) -> bool {
-        let exec = self.executor.snapshot();
         let mut report = status_report(
             self.config,
             problems,
             desired,
             resolutions,
-            &exec,
+            exec,
             self.started,
             &self.metrics_address,
             snapshot,
@@ -100,7 +99,7 @@ impl Loop<'_> {
             .filter_map(|(key, kept)| Some((key, kept.resize_status?)))
             .collect();
         report.claims = crate::report::claim_status::claim_sizes(objects, &resize_statuses);
-        self.tell(objects, desired, resolutions, &exec, report.csi_node.clone());
+        self.tell(objects, desired, resolutions, exec, report.csi_node.clone());
         let count = |phase: Phase| report.volumes.iter().filter(|v| v.phase == phase).count() as i64;
         // An uncertain volume that failed is failing; one being published again is neither.
         let failing_uncertain =
