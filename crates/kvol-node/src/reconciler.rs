@@ -279,6 +279,24 @@ pub fn republish(
         .collect()
 }
 
+/// When [`republish`] next finds a timed republish due (a volume of a plugin that asks to be
+/// published again, `period` after its last publish), or `None` when no published volume is
+/// of such a plugin; a volume already due gives `now`. Pure.
+pub fn next_republish(
+    resolutions: &Resolutions,
+    actual: &ActualState,
+    published_at: &BTreeMap<PodVolumeKey, Instant>,
+    now: Instant,
+    period: Duration,
+) -> Option<Instant> {
+    actual
+        .published
+        .iter()
+        .filter(|(key, _)| resolutions.get(*key).is_some_and(|r| r.as_ref().is_ok_and(|r| r.republish)))
+        .map(|(key, _)| published_at.get(key).map_or(now, |at| (*at + period).max(now)))
+        .min()
+}
+
 /// The node's part of expansion, kubelet's: a published filesystem volume whose persistent
 /// volume's capacity grew past the size the node last made its filesystem is grown to it
 /// (`NodeExpandVolume`), online, by its plugin. Only certain records of volumes still wanted as
@@ -647,21 +665,29 @@ mod tests {
         let mut actual = ActualState::default();
         actual.published.insert(key("p1", "data"), published(&asks, "p1", "data"));
         actual.published.insert(key("p2", "data"), published(&plain, "p2", "data"));
-        // (last publish of p1/data, whether it is due)
+        // (last publish of p1/data, whether it is due, when the next one falls due)
         let rows = [
-            (None, true),
-            (Some(now - Duration::from_secs(61)), true),
-            (Some(now - period), true),
-            (Some(now - Duration::from_secs(59)), false),
-            (Some(now), false),
+            (None, true, now),
+            (Some(now - Duration::from_secs(61)), true, now),
+            (Some(now - period), true, now),
+            (Some(now - Duration::from_secs(59)), false, now + Duration::from_secs(1)),
+            (Some(now), false, now + period),
         ];
-        for (last, due) in rows {
+        for (last, due, next) in rows {
             let at: BTreeMap<PodVolumeKey, Instant> =
                 last.map(|t| (key("p1", "data"), t)).into_iter().collect();
             let ops = names(&republish(&desired, &resolutions, &actual, &at, now, period));
             let want: &[&str] = if due { &["volume_mount pod:p1/data"] } else { &[] };
             assert_eq!(ops, want, "last publish {last:?}");
+            assert_eq!(
+                next_republish(&resolutions, &actual, &at, now, period),
+                Some(next),
+                "last publish {last:?}"
+            );
         }
+        // No published volume of a plugin that asks: no timed republish ever falls due.
+        let plain_only: Resolutions = [(key("p2", "data"), Ok(plain.clone()))].into();
+        assert_eq!(next_republish(&plain_only, &actual, &BTreeMap::new(), now, period), None);
         // Not wanted any more, or wanted as something else: no republish.
         let none = BTreeMap::new();
         assert!(republish(&DesiredState::default(), &resolutions, &actual, &none, now, period).is_empty());
