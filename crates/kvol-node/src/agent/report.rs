@@ -66,6 +66,14 @@ impl Loop<'_> {
         problems
     }
 
+    /// Refreshes the status file's time when the last report is still what it shows (nothing
+    /// it is made from changed, nothing runs); whether it did.
+    pub(super) fn touch_status(&mut self) -> bool {
+        self.last_status.is_some()
+            && !self.status_unwritable
+            && crate::report::status::touch_status(&self.config.state_dir).is_ok()
+    }
+
     /// The status report, the volume gauges, and the status file — written when something
     /// other than the clock changed, or every 5 s so `updated` stays fresh: a busy pass should
     /// not cost a file write. Returns whether the file was written.

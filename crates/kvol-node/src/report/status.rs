@@ -206,8 +206,16 @@ pub fn write_status(root: &Path, report: &StatusReport) -> std::io::Result<()> {
     .map_err(|e| std::io::Error::new(e.source.kind(), e.to_string()))
 }
 
+/// Marks the status file current without writing it again (its modification time, which
+/// [`read_status`] takes as `updated` when later): an idle agent at node scale would otherwise
+/// rewrite a report of thousands of volumes, unchanged, every few seconds.
+pub fn touch_status(root: &Path) -> std::io::Result<()> {
+    fs::File::options().write(true).open(status_path(root))?.set_modified(std::time::SystemTime::now())
+}
+
 /// The report in `<state dir>/status.json`; the message says what is wrong when there is none or
-/// it cannot be read.
+/// it cannot be read. `updated` is the later of the report's own and the file's modification
+/// time (see [`touch_status`]).
 pub fn read_status(root: &Path) -> Result<StatusReport, String> {
     let path = status_path(root);
     let text = match fs::read_to_string(&path) {
@@ -221,7 +229,14 @@ pub fn read_status(root: &Path) -> Result<StatusReport, String> {
         }
         Err(e) => return Err(format!("cannot read the status at {}: {e}", path.display())),
     };
-    serde_json::from_str(&text).map_err(|e| format!("the status at {} is corrupt: {e}", path.display()))
+    let mut report: StatusReport = serde_json::from_str(&text)
+        .map_err(|e| format!("the status at {} is corrupt: {e}", path.display()))?;
+    let touched = fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let touched_ms = touched
+        .and_then(|t| t.duration_since(std::time::SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64);
+    report.updated_unix_ms = report.updated_unix_ms.max(touched_ms);
+    Ok(report)
 }
 
 /// Whether process `pid` is alive on this machine (`/proc/<pid>` exists).
@@ -838,6 +853,10 @@ vol-2   acme/disk  failed                                          -            
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("kvol");
         let mut r = report(vec![volume("default/web", "data", Phase::Staging)]);
+        // Later than the file's modification time, so the report's own time is read back.
+        let now_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        r.updated_unix_ms = now_ms + 60_000;
         write_status(&root, &r).unwrap();
         assert_eq!(read_status(&root).unwrap(), r);
         r.volumes[0].phase = Phase::Published;
@@ -845,6 +864,23 @@ vol-2   acme/disk  failed                                          -            
         assert_eq!(read_status(&root).unwrap(), r);
         let names: Vec<_> = fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["status.json"], "no temporary file is left");
+    }
+
+    #[test]
+    fn a_touched_status_reads_as_updated_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("kvol");
+        let r = report(Vec::new());
+        write_status(&root, &r).unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(r.updated_unix_ms);
+        fs::File::options().write(true).open(status_path(&root)).unwrap().set_modified(old).unwrap();
+        assert_eq!(read_status(&root).unwrap().updated_unix_ms, r.updated_unix_ms, "the report's own time");
+        let before =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        touch_status(&root).unwrap();
+        let read = read_status(&root).unwrap();
+        assert!(read.updated_unix_ms >= before, "{} < {before}", read.updated_unix_ms);
+        assert_eq!(StatusReport { updated_unix_ms: r.updated_unix_ms, ..read }, r, "nothing else changes");
     }
 
     #[test]
