@@ -3,6 +3,7 @@
 //! `cargo bench -p kvol --bench agent` (root: it mounts, in a private mount namespace of the
 //! bench thread that the agent inherits). `KVOL_BENCH_PODS` sets N (default 50); `KVOL_BENCH_AGENT_LOG` sets the agent's `KVOL_LOG` and `KVOL_BENCH_AGENT_LOG_FILE` where its log goes.
 
+use kvol_test_support::write_whole as write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -97,12 +98,6 @@ fn memory(pid: u32) -> (f64, f64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-fn write(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
-}
-
 struct Agent(Child);
 
 impl Drop for Agent {
@@ -131,10 +126,7 @@ fn main() {
             .arg(&root)
             .env("KVOL_LOG", std::env::var("KVOL_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::null())
-            .stderr(match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
-                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
-                None => Stdio::null(),
-            })
+            .stderr(kvol_test_support::bench_agent_log())
             .spawn()
             .unwrap(),
     );

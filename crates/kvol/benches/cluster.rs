@@ -141,10 +141,7 @@ fn main() {
             .arg(&root)
             .env("KVOL_LOG", std::env::var("KVOL_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::null())
-            .stderr(match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
-                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
-                None => Stdio::null(),
-            })
+            .stderr(kvol_test_support::bench_agent_log())
             .spawn()
             .unwrap(),
     );

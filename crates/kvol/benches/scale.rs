@@ -7,6 +7,7 @@
 //! set up ≤ 5 s, idle CPU ≤ 1 % of a core, teardown ≤ 5 s, RSS ≤ 100 MB, and every figure at
 //! most 5.5× the one for 200 pods.
 
+use kvol_test_support::write_whole as write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,12 +40,6 @@ fn pod(i: usize) -> String {
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: s{i}, namespace: default}}\ndata: {{token: dG9rZW4=}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: default, labels: {{app: scale}}}}\nspec:\n  containers: {}\n  volumes:\n{volumes}\n",
         kvol_test_support::pods::containers_using("app", &volumes)
     )
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
 struct Agent(Child);
@@ -153,10 +148,7 @@ fn run(pods: usize, idle_window: Duration) -> Run {
             .arg(&root)
             .env("KVOL_LOG", std::env::var("KVOL_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::null())
-            .stderr(match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
-                Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
-                None => Stdio::null(),
-            })
+            .stderr(kvol_test_support::bench_agent_log())
             .spawn()
             .unwrap(),
     );

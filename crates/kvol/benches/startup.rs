@@ -10,6 +10,7 @@
 //! never asserted; the goals: the first pass ≤ 1 s, all torn down ≤ 5 s, with or without the
 //! unrelated mounts.
 
+use kvol_test_support::write_whole as write;
 use std::io::{BufRead, BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,12 +33,6 @@ fn pod(i: usize) -> String {
         kvol_test_support::pods::containers_using("app", &volumes.join("\n")),
         volumes.join("\n")
     )
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
 struct Agent {
