@@ -318,6 +318,22 @@ fn detach_loop_devices(root: &Path) {
     }
 }
 
+/// Writes `text` to `dir/name` as a source sees a manifest land: whole, renamed into place
+/// from a dot-file beside it.
+pub fn write_whole(dir: &Path, name: &str, text: &str) {
+    let tmp = dir.join(format!(".{name}"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// Where a bench's agent logs: the file `KVOL_BENCH_AGENT_LOG_FILE` names, else nowhere.
+pub fn bench_agent_log() -> std::process::Stdio {
+    match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
+        Some(path) => std::process::Stdio::from(std::fs::File::create(path).unwrap()),
+        None => std::process::Stdio::null(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,21 +372,5 @@ mod tests {
             assert!(!status.success(), "stopped by a signal: {status:?}");
         }
         assert!(!root.exists(), "{} removed", root.display());
-    }
-}
-
-/// Writes `text` to `dir/name` as a source sees a manifest land: whole, renamed into place
-/// from a dot-file beside it.
-pub fn write_whole(dir: &Path, name: &str, text: &str) {
-    let tmp = dir.join(format!(".{name}"));
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, dir.join(name)).unwrap();
-}
-
-/// Where a bench's agent logs: the file `KVOL_BENCH_AGENT_LOG_FILE` names, else nowhere.
-pub fn bench_agent_log() -> std::process::Stdio {
-    match std::env::var_os("KVOL_BENCH_AGENT_LOG_FILE") {
-        Some(path) => std::process::Stdio::from(std::fs::File::create(path).unwrap()),
-        None => std::process::Stdio::null(),
     }
 }

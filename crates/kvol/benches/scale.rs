@@ -239,8 +239,11 @@ fn main() {
     print_table(&runs);
 }
 
+/// A line of the table: its name, its figure of a run, its goal.
+type Row = (&'static str, fn(&Run) -> f64, &'static str);
+
 fn print_table(runs: &[Run]) {
-    let rows: [(&str, fn(&Run) -> f64, &str); 5] = [
+    let rows: [Row; 5] = [
         ("every volume set up (s)", |r| r.set_up.as_secs_f64(), "≤ 5 s"),
         ("RSS (MiB)", |r| r.rss_mib, "≤ 100 MB"),
         ("idle CPU (% of a core)", |r| r.idle_cpu_share * 100.0, "≤ 1 %"),
