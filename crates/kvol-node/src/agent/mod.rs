@@ -194,7 +194,14 @@ async fn drive(
     let mut objects_rx = source.subscribe();
     let mut runner_rx = runner.subscribe();
     loop {
-        agent.pass();
+        let took = agent.pass();
+        let rest = pass::pacing(took, !agent.executor.is_idle());
+        if !rest.is_zero() {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(rest) => {}
+            }
+        }
         tokio::select! {
             _ = &mut shutdown => break,
             changed = objects_rx.changed() => { if changed.is_err() { break; } }
