@@ -25,3 +25,17 @@ pub use gates::{FeatureGates, Gate, GateError};
 pub use objects::{ObjectSet, SourceProblem};
 pub use plugin::MigratablePlugin;
 pub use volume_mode::VolumeMode;
+
+/// What a JSON value is, in words, for errors that say what was found instead of what was
+/// expected ("expected a mapping, found a list").
+pub fn json_kind(value: &k8s_openapi::serde_json::Value) -> &'static str {
+    use k8s_openapi::serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}

@@ -155,7 +155,13 @@ pub fn parse(text: &str, file: &str) -> Result<DriverDefinition, DefinitionError
     let top = match value {
         Value::Object(map) => map,
         Value::Null => Map::new(),
-        other => return Err(field_error(file, "", format!("expected a mapping, found {}", kind(&other)))),
+        other => {
+            return Err(field_error(
+                file,
+                "",
+                format!("expected a mapping, found {}", kvol_api::json_kind(&other)),
+            ));
+        }
     };
     let mut reader = Reader { file, warnings: Vec::new() };
     let mut definition = DriverDefinition::default();
@@ -195,17 +201,6 @@ fn canonical(key: &str, names: &[&'static str]) -> Option<&'static str> {
     names.iter().find(|n| **n == key).or_else(|| names.iter().find(|n| n.eq_ignore_ascii_case(key))).copied()
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
-}
-
 fn field_error(file: &str, field: &str, reason: String) -> DefinitionError {
     DefinitionError::Field { file: file.to_string(), field: field.to_string(), reason }
 }
@@ -232,7 +227,9 @@ impl Reader<'_> {
         match value {
             Value::Object(map) => Ok(Some(map)),
             Value::Null => Ok(None),
-            other => Err(self.error(field, format!("expected a mapping, found {}", kind(other)))),
+            other => {
+                Err(self.error(field, format!("expected a mapping, found {}", kvol_api::json_kind(other))))
+            }
         }
     }
 
@@ -242,7 +239,9 @@ impl Reader<'_> {
             Value::Null => Ok(String::new()),
             // Quantities such as `Min: 1` arrive as numbers.
             Value::Number(n) => Ok(n.to_string()),
-            other => Err(self.error(field, format!("expected a string, found {}", kind(other)))),
+            other => {
+                Err(self.error(field, format!("expected a string, found {}", kvol_api::json_kind(other))))
+            }
         }
     }
 
@@ -250,14 +249,17 @@ impl Reader<'_> {
         match value {
             Value::Bool(b) => Ok(*b),
             Value::Null => Ok(false),
-            other => Err(self.error(field, format!("expected true or false, found {}", kind(other)))),
+            other => {
+                Err(self
+                    .error(field, format!("expected true or false, found {}", kvol_api::json_kind(other))))
+            }
         }
     }
 
     fn integer(&self, value: &Value, field: &str) -> Result<i64, DefinitionError> {
-        value
-            .as_i64()
-            .ok_or_else(|| self.error(field, format!("expected a whole number, found {}", kind(value))))
+        value.as_i64().ok_or_else(|| {
+            self.error(field, format!("expected a whole number, found {}", kvol_api::json_kind(value)))
+        })
     }
 
     fn class(&mut self, value: &Value, field: &str) -> Result<ClassSource, DefinitionError> {
@@ -291,7 +293,10 @@ impl Reader<'_> {
             Value::Array(items) => items,
             Value::Null => return Ok(Vec::new()),
             other => {
-                return Err(self.error("InlineVolumes", format!("expected a list, found {}", kind(other))));
+                return Err(self.error(
+                    "InlineVolumes",
+                    format!("expected a list, found {}", kvol_api::json_kind(other)),
+                ));
             }
         };
         let mut volumes = Vec::new();
@@ -326,7 +331,10 @@ impl Reader<'_> {
             Value::Object(map) => Ok(map.keys().cloned().collect()),
             Value::Array(items) => items.iter().map(|v| self.string(v, field)).collect(),
             Value::Null => Ok(BTreeSet::new()),
-            other => Err(self.error(field, format!("expected a mapping of members, found {}", kind(other)))),
+            other => Err(self.error(
+                field,
+                format!("expected a mapping of members, found {}", kvol_api::json_kind(other)),
+            )),
         }
     }
 
@@ -334,7 +342,7 @@ impl Reader<'_> {
         match value {
             Value::Array(items) => items.iter().map(|v| self.string(v, field)).collect(),
             Value::Null => Ok(Vec::new()),
-            other => Err(self.error(field, format!("expected a list, found {}", kind(other)))),
+            other => Err(self.error(field, format!("expected a list, found {}", kvol_api::json_kind(other)))),
         }
     }
 

@@ -87,7 +87,7 @@ fn type_object(value: Value) -> Result<Object, String> {
     if !value.is_object() {
         return Err(format!(
             "not a Kubernetes object: a document must be a mapping, found {}",
-            json_type(&value)
+            kvol_api::json_kind(&value)
         ));
     }
     let kind = value.get("kind").and_then(Value::as_str).ok_or("missing \"kind\"")?.to_string();
@@ -113,17 +113,6 @@ fn type_object(value: Value) -> Result<Object, String> {
         "StorageClass" => Object::StorageClass(Box::new(serde_json::from_value(value).map_err(invalid)?)),
         _ => Object::Pod(Box::new(serde_json::from_value(value).map_err(invalid)?)),
     })
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
 }
 
 /// Output format of results.

@@ -224,22 +224,11 @@ fn label_of(value: &Value) -> String {
     format!("{kind}/{name}")
 }
 
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
-}
-
 fn type_object(value: Value) -> Result<Object, String> {
     if !value.is_object() {
         return Err(format!(
             "not a Kubernetes object: a document must be a mapping, found {}",
-            json_type(&value)
+            kvol_api::json_kind(&value)
         ));
     }
     let label = label_of(&value);
